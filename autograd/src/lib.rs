@@ -1,0 +1,1 @@
+//! oxtrain-autograd: not built yet; see the workspace README for the plan.

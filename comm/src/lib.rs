@@ -1,0 +1,1 @@
+//! oxtrain-comm: not built yet; see the workspace README for the plan.

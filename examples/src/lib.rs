@@ -1,0 +1,1 @@
+//! Example programs live beside this crate as `[[example]]` targets.

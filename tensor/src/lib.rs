@@ -1,0 +1,36 @@
+//! oxtrain-tensor: strided n-dimensional tensors, the numeric core of oxtrain.
+//!
+//! A [`Tensor`] is an `Arc` to its [`Storage`] plus a [`Layout`] (shape, strides, offset), a
+//! [`DType`] and a [`Device`]. Views share storage; `contiguous()` copies only when it must.
+//! Ops live in `ops/`, one folder per family, each dispatching on the storage's backend.
+//!
+//! Errors: mistakes in tensor math (shapes that do not broadcast, a dtype an op cannot take)
+//! panic with a message naming the op and the shapes, as PyTorch raises; anything that touches
+//! the outside world (files, devices, memory) returns [`Result`].
+#![doc = include_str!("../README.md")]
+
+pub use half;
+
+#[macro_use]
+mod storage;
+mod device;
+mod dtype;
+mod error;
+mod layout;
+pub mod ops;
+mod shape;
+pub mod strided;
+mod tensor;
+#[doc(hidden)]
+pub mod testing;
+
+pub use device::Device;
+pub use dtype::{DType, Element, FloatElement};
+pub use error::{Error, Result};
+pub use layout::Layout;
+pub use ops::binary::{BinaryOp, CmpOp};
+pub use ops::unary::UnaryOp;
+pub use ops::view::ShapeArg;
+pub use shape::{broadcast_shapes, Dim, Dims, Shape};
+pub use storage::{CpuStorage, Storage};
+pub use tensor::{Tensor, TensorData};

@@ -1,0 +1,1 @@
+//! Tests of this op family (fixtures from the script beside them).

@@ -1,0 +1,9 @@
+//! Tensor operations, one folder per family. Each folder holds the family's public API (methods
+//! on [`Tensor`](crate::Tensor)), its CPU kernels and its tests; the CUDA backend adds a kernel
+//! source and a dispatch arm beside them.
+
+pub mod binary;
+pub mod convert;
+pub mod creation;
+pub mod unary;
+pub mod view;

@@ -1,0 +1,304 @@
+//! The `Tensor` type: shared storage seen through a layout.
+
+use crate::dtype::{DType, Element};
+use crate::layout::Layout;
+use crate::shape::{Dim, Shape};
+use crate::storage::{CpuStorage, Storage};
+use crate::{Device, Error, Result};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// An n-dimensional array on a device.
+///
+/// Cloning is cheap: clones and views (reshape, permute, narrow, expand, ...) share storage
+/// through an `Arc` and differ only in their [`Layout`].
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<RwLock<Storage>>,
+    layout: Layout,
+    dtype: DType,
+    device: Device,
+}
+
+impl Tensor {
+    /// A tensor over the whole of `storage`, row-major with `shape`.
+    pub(crate) fn from_storage(storage: Storage, shape: impl Into<Shape>) -> Tensor {
+        let layout = Layout::contiguous(shape);
+        debug_assert_eq!(layout.elem_count(), storage.len());
+        Tensor {
+            dtype: storage.dtype(),
+            device: storage.device(),
+            storage: Arc::new(RwLock::new(storage)),
+            layout,
+        }
+    }
+
+    pub(crate) fn from_cpu(storage: CpuStorage, shape: impl Into<Shape>) -> Tensor {
+        Tensor::from_storage(Storage::Cpu(storage), shape)
+    }
+
+    /// The same storage seen through another layout: how every view op is made.
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        debug_assert!(layout.storage_extent() <= self.storage().len());
+        Tensor { storage: self.storage.clone(), layout, dtype: self.dtype, device: self.device }
+    }
+
+    /// Moves host data onto `device`.
+    pub(crate) fn from_cpu_on(
+        storage: CpuStorage,
+        shape: impl Into<Shape>,
+        device: Device,
+    ) -> Result<Tensor> {
+        device.check_available()?;
+        Ok(Tensor::from_cpu(storage, shape))
+    }
+
+    /// A tensor that takes ownership of `data`, viewed with `shape`.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape.elem_count() != data.len() {
+            let expected = shape.elem_count();
+            return Err(Error::ElementCount { shape: shape.into_vec(), expected, got: data.len() });
+        }
+        Tensor::from_cpu_on(T::into_storage(data), shape, device)
+    }
+
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape, device)
+    }
+
+    /// A tensor from a scalar or (nested) array, shape inferred: `Tensor::new([[1f32, 2.], [3., 4.]], Device::Cpu)`.
+    pub fn new<D: TensorData>(data: D, device: Device) -> Result<Tensor> {
+        let (values, shape) = data.flatten();
+        Tensor::from_vec(values, shape, device)
+    }
+
+    /// A rank-0 tensor.
+    pub fn scalar<T: Element>(value: T, device: Device) -> Result<Tensor> {
+        Tensor::from_vec(vec![value], (), device)
+    }
+
+    pub fn shape(&self) -> &Shape {
+        self.layout.shape()
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        self.layout.dims()
+    }
+
+    /// The size of one dim (negative counts from the back), as `tensor.size(d)`.
+    pub fn dim<D: Dim>(&self, d: D) -> usize {
+        self.dims()[d.to_index(self.rank(), "dim")]
+    }
+
+    pub fn rank(&self) -> usize {
+        self.layout.rank()
+    }
+
+    pub fn elem_count(&self) -> usize {
+        self.layout.elem_count()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn strides(&self) -> &[usize] {
+        self.layout.strides()
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// Whether two tensors share storage (views of one another).
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// Read access to the storage. Kernels hold it only for the duration of one op.
+    pub fn storage(&self) -> RwLockReadGuard<'_, Storage> {
+        self.storage.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Write access, for in-place ops; the caller must respect the layout.
+    pub fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
+        self.storage.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of tensors and views sharing this storage (for memory tests).
+    pub fn storage_ref_count(&self) -> usize {
+        Arc::strong_count(&self.storage)
+    }
+
+    /// Runs `f` on the CPU storage and this layout; panics naming `op` on another device.
+    pub(crate) fn with_cpu<R>(&self, op: &str, f: impl FnOnce(&CpuStorage, &Layout) -> R) -> R {
+        match &*self.storage() {
+            Storage::Cpu(s) => f(s, &self.layout),
+            #[allow(unreachable_patterns)]
+            _ => panic!("{op}: not implemented on {}", self.device),
+        }
+    }
+
+    /// The elements in row-major order as a flat vector (copied).
+    pub fn to_vec<T: Element>(&self) -> Vec<T> {
+        assert!(
+            T::DTYPE == self.dtype,
+            "to_vec::<{:?}>: the tensor has dtype {}, convert it with .to_dtype() first",
+            T::DTYPE,
+            self.dtype
+        );
+        self.with_cpu("to_vec", |s, l| crate::strided::map(s.as_slice::<T>(), l, |x| x))
+    }
+
+    /// The elements of any dtype, converted to f64 (handy in tests and metrics).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        self.with_cpu(
+            "to_f64_vec",
+            |s, l| with_cpu_storage!(s, v, T => crate::strided::map(v, l, |x: T| x.to_f64())),
+        )
+    }
+
+    /// A rank-1 tensor's elements.
+    pub fn to_vec1<T: Element>(&self) -> Vec<T> {
+        assert_eq!(self.rank(), 1, "to_vec1: expected rank 1, the tensor has shape {:?}", self.dims());
+        self.to_vec()
+    }
+
+    /// A rank-2 tensor's rows.
+    pub fn to_vec2<T: Element>(&self) -> Vec<Vec<T>> {
+        assert_eq!(self.rank(), 2, "to_vec2: expected rank 2, the tensor has shape {:?}", self.dims());
+        let cols = self.dims()[1];
+        let flat = self.to_vec();
+        if cols == 0 {
+            return vec![vec![]; self.dims()[0]];
+        }
+        flat.chunks(cols).map(|c| c.to_vec()).collect()
+    }
+
+    /// The single element of a one-element tensor, as `tensor.item()`.
+    pub fn to_scalar<T: Element>(&self) -> T {
+        assert_eq!(
+            self.elem_count(),
+            1,
+            "to_scalar: the tensor has shape {:?}, not one element",
+            self.dims()
+        );
+        self.to_vec::<T>()[0]
+    }
+
+    /// The single element as f64, whatever the dtype.
+    pub fn item(&self) -> f64 {
+        assert_eq!(self.elem_count(), 1, "item: the tensor has shape {:?}, not one element", self.dims());
+        self.to_f64_vec()[0]
+    }
+
+    /// This tensor when it is already row-major and gap-free, else a row-major copy.
+    pub fn contiguous(&self) -> Tensor {
+        if self.is_contiguous() && self.layout.offset() == 0 && self.storage().len() == self.elem_count() {
+            return self.clone();
+        }
+        self.copy()
+    }
+
+    /// A row-major copy with its own storage, as `tensor.clone()` in PyTorch.
+    pub fn copy(&self) -> Tensor {
+        let storage = self.with_cpu(
+            "copy",
+            |s, l| with_cpu_storage!(s, v, T => T::into_storage(crate::strided::map(v, l, |x| x))),
+        );
+        Tensor::from_cpu(storage, self.dims())
+    }
+
+    /// The tensor on `device` (a cheap clone when already there).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device {
+            return Ok(self.clone());
+        }
+        device.check_available()?;
+        Ok(self.copy())
+    }
+
+    /// Panics naming `op` unless `other` is on this tensor's device.
+    pub(crate) fn same_device(&self, other: &Tensor, op: &str) {
+        assert!(
+            self.device == other.device,
+            "{op}: tensors are on different devices ({} and {}); move one with .to_device()",
+            self.device,
+            other.device
+        );
+    }
+
+    /// Panics naming `op` unless `other` has this tensor's dtype.
+    pub(crate) fn same_dtype(&self, other: &Tensor, op: &str) {
+        assert!(
+            self.dtype == other.dtype,
+            "{op}: dtypes differ ({} with shape {:?} and {} with shape {:?}); convert one with .to_dtype()",
+            self.dtype,
+            self.dims(),
+            other.dtype,
+            other.dims()
+        );
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor[{:?}, {}, {}]", self.dims(), self.dtype, self.device)?;
+        if self.elem_count() <= 16 {
+            write!(f, " {:?}", self.to_f64_vec())?;
+        }
+        Ok(())
+    }
+}
+
+/// Rust values a tensor can be built from: scalars and nested arrays, slices and vectors.
+pub trait TensorData {
+    type Elem: Element;
+    fn flatten(self) -> (Vec<Self::Elem>, Vec<usize>);
+}
+
+impl<T: Element> TensorData for T {
+    type Elem = T;
+    fn flatten(self) -> (Vec<T>, Vec<usize>) {
+        (vec![self], vec![])
+    }
+}
+impl<T: Element> TensorData for Vec<T> {
+    type Elem = T;
+    fn flatten(self) -> (Vec<T>, Vec<usize>) {
+        let n = self.len();
+        (self, vec![n])
+    }
+}
+impl<T: Element> TensorData for &[T] {
+    type Elem = T;
+    fn flatten(self) -> (Vec<T>, Vec<usize>) {
+        (self.to_vec(), vec![self.len()])
+    }
+}
+impl<T: Element, const N: usize> TensorData for [T; N] {
+    type Elem = T;
+    fn flatten(self) -> (Vec<T>, Vec<usize>) {
+        (self.to_vec(), vec![N])
+    }
+}
+impl<T: Element, const N: usize, const M: usize> TensorData for [[T; N]; M] {
+    type Elem = T;
+    fn flatten(self) -> (Vec<T>, Vec<usize>) {
+        (self.iter().flatten().copied().collect(), vec![M, N])
+    }
+}
+impl<T: Element, const N: usize, const M: usize, const L: usize> TensorData for [[[T; N]; M]; L] {
+    type Elem = T;
+    fn flatten(self) -> (Vec<T>, Vec<usize>) {
+        (self.iter().flatten().flatten().copied().collect(), vec![L, M, N])
+    }
+}

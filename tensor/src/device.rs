@@ -12,9 +12,12 @@ pub enum Device {
 
 impl Device {
     /// `Device::Cuda(ordinal)` when a CUDA GPU with that ordinal can be used, else `Device::Cpu`.
-    /// The CUDA backend is not built yet, so this is always the CPU for now.
-    pub fn cuda_if_available(_ordinal: usize) -> Device {
-        Device::Cpu
+    pub fn cuda_if_available(ordinal: usize) -> Device {
+        if crate::cuda::is_available(ordinal) {
+            Device::Cuda(ordinal)
+        } else {
+            Device::Cpu
+        }
     }
 
     pub fn is_cpu(&self) -> bool {
@@ -25,14 +28,11 @@ impl Device {
         matches!(self, Device::Cuda(_))
     }
 
-    /// Errors unless tensors can be made on this device.
-    pub(crate) fn check_available(&self) -> Result<()> {
+    /// Errors, saying why, unless tensors can be made on this device.
+    pub fn check_available(&self) -> Result<()> {
         match self {
             Device::Cpu => Ok(()),
-            Device::Cuda(ordinal) => Err(Error::CudaUnavailable {
-                ordinal: *ordinal,
-                reason: "this build of oxtrain-tensor has no CUDA backend yet; use Device::Cpu".into(),
-            }),
+            Device::Cuda(ordinal) => crate::cuda::device(*ordinal).map(|_| ()),
         }
     }
 }

@@ -11,6 +11,13 @@ pub enum Error {
     #[error("CUDA device {ordinal} is not available: {reason}")]
     CudaUnavailable { ordinal: usize, reason: String },
 
+    #[error(
+        "CUDA out of memory on cuda:{ordinal}: tried to allocate {requested} bytes with {allocated} bytes \
+         allocated to tensors and {reserved} reserved in total ({reason}); free tensors you no longer \
+         need, lower the batch size, or call empty_cache()"
+    )]
+    CudaOutOfMemory { ordinal: usize, requested: usize, allocated: usize, reserved: usize, reason: String },
+
     #[error("{op}: tensors are on different devices ({lhs} and {rhs}); move one with .to_device()")]
     DeviceMismatch { op: &'static str, lhs: Device, rhs: Device },
 

@@ -189,28 +189,32 @@ impl CpuStorage {
     }
 }
 
-/// Memory on some device. Only the CPU backend exists so far; the CUDA backend adds a variant.
+/// Memory on some device.
 #[derive(Debug)]
 pub enum Storage {
     Cpu(CpuStorage),
+    Cuda(crate::cuda::CudaStorage),
 }
 
 impl Storage {
     pub fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
+            Storage::Cuda(s) => s.dtype(),
         }
     }
 
     pub fn device(&self) -> Device {
         match self {
             Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(s) => Device::Cuda(s.device().ordinal()),
         }
     }
 
     pub fn len(&self) -> usize {
         match self {
             Storage::Cpu(s) => s.len(),
+            Storage::Cuda(s) => s.len(),
         }
     }
 

@@ -48,8 +48,14 @@ impl Tensor {
         shape: impl Into<Shape>,
         device: Device,
     ) -> Result<Tensor> {
-        device.check_available()?;
-        Ok(Tensor::from_cpu(storage, shape))
+        match device {
+            Device::Cpu => Ok(Tensor::from_cpu(storage, shape)),
+            Device::Cuda(ordinal) => {
+                let dev = crate::cuda::device(ordinal)?;
+                let s = crate::cuda::CudaStorage::from_cpu(&storage, &dev)?;
+                Ok(Tensor::from_storage(Storage::Cuda(s), shape))
+            }
+        }
     }
 
     /// A tensor that takes ownership of `data`, viewed with `shape`.
@@ -142,8 +148,7 @@ impl Tensor {
     pub(crate) fn with_cpu<R>(&self, op: &str, f: impl FnOnce(&CpuStorage, &Layout) -> R) -> R {
         match &*self.storage() {
             Storage::Cpu(s) => f(s, &self.layout),
-            #[allow(unreachable_patterns)]
-            _ => panic!("{op}: not implemented on {}", self.device),
+            Storage::Cuda(_) => panic!("{op}: not implemented on {} yet", self.device),
         }
     }
 
@@ -155,11 +160,17 @@ impl Tensor {
             T::DTYPE,
             self.dtype
         );
+        if self.device.is_cuda() {
+            return self.to_host("to_vec").to_vec();
+        }
         self.with_cpu("to_vec", |s, l| crate::strided::map(s.as_slice::<T>(), l, |x| x))
     }
 
     /// The elements of any dtype, converted to f64 (handy in tests and metrics).
     pub fn to_f64_vec(&self) -> Vec<f64> {
+        if self.device.is_cuda() {
+            return self.to_host("to_f64_vec").to_f64_vec();
+        }
         self.with_cpu(
             "to_f64_vec",
             |s, l| with_cpu_storage!(s, v, T => crate::strided::map(v, l, |x: T| x.to_f64())),
@@ -210,11 +221,13 @@ impl Tensor {
 
     /// A row-major copy with its own storage, as `tensor.clone()` in PyTorch.
     pub fn copy(&self) -> Tensor {
-        let storage = self.with_cpu(
-            "copy",
-            |s, l| with_cpu_storage!(s, v, T => T::into_storage(crate::strided::map(v, l, |x| x))),
-        );
-        Tensor::from_cpu(storage, self.dims())
+        let storage = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(
+                with_cpu_storage!(s, v, T => T::into_storage(crate::strided::map(v, &self.layout, |x| x))),
+            ),
+            Storage::Cuda(s) => Storage::Cuda(crate::ops::convert::cuda::copy(s, &self.layout)),
+        };
+        Tensor::from_storage(storage, self.dims())
     }
 
     /// The tensor on `device` (a cheap clone when already there).
@@ -222,8 +235,18 @@ impl Tensor {
         if device == self.device {
             return Ok(self.clone());
         }
-        device.check_available()?;
-        Ok(self.copy())
+        let src = self.contiguous();
+        let host = match &*src.storage() {
+            Storage::Cpu(s) => s.clone(),
+            // Between two GPUs this goes through the host for now; peer copies come with comm.
+            Storage::Cuda(s) => s.to_cpu()?,
+        };
+        Tensor::from_cpu_on(host, self.dims(), device)
+    }
+
+    /// A host copy for reading values; panics naming `op` when the device fails.
+    fn to_host(&self, op: &str) -> Tensor {
+        self.to_device(Device::Cpu).unwrap_or_else(|e| panic!("{op}: copying to the host failed: {e}"))
     }
 
     /// Panics naming `op` unless `other` is on this tensor's device.

@@ -112,7 +112,8 @@ pub fn tolerance(dtype: DType) -> (f64, f64) {
 }
 
 /// Defines a test body that takes a [`Device`](crate::Device), and one `#[test]` per device
-/// that runs it (`name::cpu`; the CUDA backend adds `name::cuda`). Attributes such as
+/// that runs it: `name::cpu`, and `name::cuda`, which is ignored unless asked for
+/// (`cargo test -- --include-ignored` on a machine with a GPU). Attributes such as
 /// `#[should_panic]` go on the generated tests.
 #[macro_export]
 macro_rules! device_test {
@@ -124,6 +125,12 @@ macro_rules! device_test {
             $(#[$meta])*
             fn cpu() {
                 super::$name($crate::Device::Cpu)
+            }
+            #[test]
+            #[ignore = "needs a CUDA GPU"]
+            $(#[$meta])*
+            fn cuda() {
+                super::$name($crate::Device::Cuda(0))
             }
         }
     };

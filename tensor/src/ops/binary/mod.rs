@@ -2,6 +2,7 @@
 //! (giving bool masks), `where_cond` and `masked_fill`. Both operands must share dtype and device.
 
 mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
@@ -73,6 +74,8 @@ impl Tensor {
         let (shape, la, lb) = self.broadcast_pair(rhs, op.name());
         let storage = match (&*self.storage(), &*rhs.storage()) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::binary(a, &la, b, &lb, op)),
+            (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(cuda::binary(a, &la, b, &lb, op)),
+            _ => unreachable!("devices checked equal"),
         };
         Tensor::from_storage(storage, shape)
     }
@@ -83,6 +86,8 @@ impl Tensor {
         let (shape, la, lb) = self.broadcast_pair(rhs, op.name());
         let storage = match (&*self.storage(), &*rhs.storage()) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::compare(a, &la, b, &lb, op)),
+            (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(cuda::compare(a, &la, b, &lb, op)),
+            _ => unreachable!("devices checked equal"),
         };
         Tensor::from_storage(storage, shape)
     }
@@ -162,6 +167,10 @@ impl Tensor {
             (Storage::Cpu(c), Storage::Cpu(t), Storage::Cpu(f)) => {
                 Storage::Cpu(cpu::where_cond(c, &lc, t, &lt, f, &lf))
             }
+            (Storage::Cuda(c), Storage::Cuda(t), Storage::Cuda(f)) => {
+                Storage::Cuda(cuda::where_cond((c, &lc), (t, &lt), (f, &lf)))
+            }
+            _ => unreachable!("devices checked equal"),
         };
         Tensor::from_storage(storage, shape)
     }

@@ -2,11 +2,12 @@
 //! even (f32 -> bf16 and f16 included), float-to-int truncates toward zero, to bool is `x != 0`.
 
 use crate::dtype::{DType, Element};
-use crate::storage::CpuStorage;
+use crate::storage::{CpuStorage, Storage};
 use crate::strided::map;
 use crate::{Layout, Tensor};
 use half::{bf16, f16};
 
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
@@ -16,8 +17,11 @@ impl Tensor {
         if dtype == self.dtype() {
             return self.clone();
         }
-        let storage = self.with_cpu("to_dtype", |s, l| convert(s, l, dtype));
-        Tensor::from_cpu(storage, self.dims())
+        let storage = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(convert(s, self.layout(), dtype)),
+            Storage::Cuda(s) => Storage::Cuda(cuda::convert(s, self.layout(), dtype)),
+        };
+        Tensor::from_storage(storage, self.dims())
     }
 }
 

@@ -2,6 +2,7 @@
 //! The result is a new contiguous tensor of the input's dtype.
 
 pub(crate) mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
@@ -98,6 +99,7 @@ impl Tensor {
     pub fn unary(&self, op: UnaryOp) -> Tensor {
         let storage = match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::unary(s, self.layout(), op)),
+            Storage::Cuda(s) => Storage::Cuda(cuda::unary(s, self.layout(), op)),
         };
         Tensor::from_storage(storage, self.dims())
     }

@@ -1,0 +1,38 @@
+//! The CUDA backend: devices, streams, memory and kernels, on cudarc with dynamic loading.
+//!
+//! Nothing here needs CUDA at build time. At run time the driver and libraries are found by
+//! [`libs`] (CUDA_HOME, /usr/local/cuda, pip's `nvidia-*` packages); a machine without them gets
+//! a clear error from [`device`], and `Device::cuda_if_available` falls back to the CPU.
+
+mod alloc;
+mod device;
+mod launch;
+pub mod libs;
+pub mod nvrtc;
+mod storage;
+mod stream;
+
+pub use alloc::{CudaBuffer, MemoryStats};
+pub use device::{device, device_count, is_available, CudaDevice};
+pub(crate) use launch::{expect_launch, launch_cfg, source, suffix};
+pub use nvrtc::KernelSource;
+pub use storage::{CudaStorage, StridedArg, MAX_DIMS};
+pub use stream::{Event, Stream, StreamGuard};
+
+/// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
+pub fn all_kernel_sources() -> Vec<KernelSource> {
+    vec![crate::ops::unary::cuda::SOURCE, crate::ops::binary::cuda::SOURCE, crate::ops::convert::cuda::SOURCE]
+}
+
+/// Allocated, reserved and peak bytes of device `ordinal` (`torch.cuda.memory_stats`).
+pub fn memory_stats(ordinal: usize) -> crate::Result<MemoryStats> {
+    Ok(device(ordinal)?.memory_stats())
+}
+
+/// Blocks until all work queued on device `ordinal` is done (`torch.cuda.synchronize`).
+pub fn synchronize(ordinal: usize) -> crate::Result<()> {
+    device(ordinal)?.synchronize()
+}
+
+#[cfg(test)]
+mod tests;

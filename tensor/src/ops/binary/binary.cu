@@ -1,0 +1,106 @@
+// Binary elementwise kernels with broadcasting (operands arrive as broadcast strided views).
+// `op` codes follow `BinaryOp::code()` and `CmpOp::code()` in mod.rs.
+
+template <typename C>
+__device__ __forceinline__ C binary_apply(int op, C x, C y) {
+    switch (op) {
+        case 0: return x + y;
+        case 1: return x - y;
+        case 2: return x * y;
+        case 3: return x / y;
+        case 4: return (x != x || x > y) ? x : y;  // maximum, NaN propagates
+        case 5: return (x != x || x < y) ? x : y;  // minimum
+        case 6: return m_pow(x, y);
+    }
+    return x;
+}
+
+template <typename C>
+__device__ __forceinline__ bool cmp_apply(int op, C x, C y) {
+    switch (op) {
+        case 0: return x == y;
+        case 1: return x != y;
+        case 2: return x < y;
+        case 3: return x <= y;
+        case 4: return x > y;
+        case 5: return x >= y;
+    }
+    return false;
+}
+
+#define ID(x) (x)
+#define BINARY(SUFFIX, T, C, LOAD, STORE)                                                        \
+    extern "C" __global__ void binary_##SUFFIX(int op, Strided sa, Strided sb, const T* a,        \
+                                               const T* b, T* out, i64 n) {                      \
+        if (sa.contiguous && sb.contiguous) {                                                    \
+            const T* pa = a + sa.offset;                                                         \
+            const T* pb = b + sb.offset;                                                         \
+            FOR_EACH(i, n) { out[i] = STORE(binary_apply<C>(op, LOAD(pa[i]), LOAD(pb[i]))); }    \
+        } else {                                                                                 \
+            FOR_EACH(i, n) {                                                                     \
+                C x = LOAD(a[strided_offset(sa, i)]);                                            \
+                C y = LOAD(b[strided_offset(sb, i)]);                                            \
+                out[i] = STORE(binary_apply<C>(op, x, y));                                       \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    extern "C" __global__ void cmp_##SUFFIX(int op, Strided sa, Strided sb, const T* a,           \
+                                            const T* b, u8* out, i64 n) {                        \
+        FOR_EACH(i, n) {                                                                         \
+            out[i] = cmp_apply<C>(op, LOAD(a[strided_offset(sa, i)]), LOAD(b[strided_offset(sb, i)])); \
+        }                                                                                        \
+    }
+BINARY(f32, float, float, ID, ID)
+BINARY(f64, double, double, ID, ID)
+BINARY(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
+BINARY(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
+// Integer arithmetic wraps, as on the CPU; division and pow are rejected before launch.
+template <typename T>
+__device__ __forceinline__ T int_apply(int op, T x, T y) {
+    switch (op) {
+        // Through unsigned 64-bit, where overflow is defined to wrap.
+        case 0: return (T)((unsigned long long)x + (unsigned long long)y);
+        case 1: return (T)((unsigned long long)x - (unsigned long long)y);
+        case 2: return (T)((unsigned long long)x * (unsigned long long)y);
+        case 4: return x > y ? x : y;
+        case 5: return x < y ? x : y;
+    }
+    return x;
+}
+#define BINARY_INT(SUFFIX, T)                                                                    \
+    extern "C" __global__ void binary_##SUFFIX(int op, Strided sa, Strided sb, const T* a,        \
+                                               const T* b, T* out, i64 n) {                      \
+        FOR_EACH(i, n) { out[i] = int_apply<T>(op, a[strided_offset(sa, i)], b[strided_offset(sb, i)]); } \
+    }                                                                                            \
+    extern "C" __global__ void cmp_##SUFFIX(int op, Strided sa, Strided sb, const T* a,           \
+                                            const T* b, u8* out, i64 n) {                        \
+        FOR_EACH(i, n) { out[i] = cmp_apply<T>(op, a[strided_offset(sa, i)], b[strided_offset(sb, i)]); } \
+    }
+BINARY_INT(i64, i64)
+BINARY_INT(u32, u32)
+BINARY_INT(u8, u8)
+
+// bool: + and maximum are or, * and minimum are and.
+extern "C" __global__ void binary_bool(int op, Strided sa, Strided sb, const u8* a, const u8* b,
+                                       u8* out, i64 n) {
+    FOR_EACH(i, n) {
+        u8 x = a[strided_offset(sa, i)], y = b[strided_offset(sb, i)];
+        out[i] = (op == 0 || op == 4) ? (x | y) : (x & y);
+    }
+}
+extern "C" __global__ void cmp_bool(int op, Strided sa, Strided sb, const u8* a, const u8* b,
+                                    u8* out, i64 n) {
+    FOR_EACH(i, n) { out[i] = cmp_apply<int>(op, a[strided_offset(sa, i)], b[strided_offset(sb, i)]); }
+}
+
+// torch.where: out = cond ? x : y, element size in bytes chosen by the kernel name.
+#define WHERE(BITS, T)                                                                           \
+    extern "C" __global__ void where_b##BITS(Strided sc, Strided sx, Strided sy, const u8* c,    \
+                                             const T* x, const T* y, T* out, i64 n) {            \
+        FOR_EACH(i, n) { out[i] = c[strided_offset(sc, i)] ? x[strided_offset(sx, i)] : y[strided_offset(sy, i)]; } \
+    }
+WHERE(8, u8)
+WHERE(16, unsigned short)
+WHERE(32, u32)
+WHERE(64, unsigned long long)

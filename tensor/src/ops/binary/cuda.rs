@@ -1,0 +1,111 @@
+//! CUDA dispatch for binary ops, comparisons and `where` (kernels in `binary.cu`).
+
+use super::{BinaryOp, CmpOp};
+use crate::cuda::{self, expect_launch, launch_cfg, CudaStorage, KernelSource, StridedArg};
+use crate::{DType, Layout};
+use cudarc::driver::PushKernelArg;
+
+pub(crate) const SOURCE: KernelSource = cuda::source!("binary", "src/ops/binary/binary.cu");
+
+fn binary_code(op: BinaryOp) -> i32 {
+    match op {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Maximum => 4,
+        BinaryOp::Minimum => 5,
+        BinaryOp::Pow => 6,
+    }
+}
+
+fn cmp_code(op: CmpOp) -> i32 {
+    match op {
+        CmpOp::Eq => 0,
+        CmpOp::Ne => 1,
+        CmpOp::Lt => 2,
+        CmpOp::Le => 3,
+        CmpOp::Gt => 4,
+        CmpOp::Ge => 5,
+    }
+}
+
+/// Launches `kernel(code, sa, sb, a, b, out, n)` into a new storage of `out_dtype`.
+fn launch_pair(
+    kernel: &str,
+    code: i32,
+    (a, la): (&CudaStorage, &Layout),
+    (b, lb): (&CudaStorage, &Layout),
+    out_dtype: DType,
+    op: &str,
+) -> CudaStorage {
+    let n = la.elem_count();
+    let dev = a.device();
+    let out = expect_launch(CudaStorage::alloc(dev, out_dtype, n), op);
+    if n == 0 {
+        return out;
+    }
+    let f = expect_launch(dev.function(&SOURCE, kernel), op);
+    let (sa, sb, pa, pb, po, n64) =
+        (StridedArg::new(la), StridedArg::new(lb), a.ptr(), b.ptr(), out.ptr(), n as i64);
+    let stream = out.stream();
+    let mut builder = stream.launch_builder(&f);
+    builder.arg(&code).arg(&sa).arg(&sb).arg(&pa).arg(&pb).arg(&po).arg(&n64);
+    // SAFETY: types match the kernel; the layouts lie inside their buffers; `out` holds n.
+    expect_launch(unsafe { builder.launch(launch_cfg(n)) }, op);
+    out
+}
+
+pub(super) fn binary(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    op: BinaryOp,
+) -> CudaStorage {
+    let dtype = a.dtype();
+    match dtype {
+        DType::I64 | DType::U32 | DType::U8 => assert!(
+            !matches!(op, BinaryOp::Div | BinaryOp::Pow),
+            "{}: not defined for integer tensors (dtype {dtype}); convert with .to_dtype(DType::F32)",
+            op.name()
+        ),
+        DType::Bool => assert!(
+            matches!(op, BinaryOp::Add | BinaryOp::Mul | BinaryOp::Maximum | BinaryOp::Minimum),
+            "{}: not defined for bool tensors",
+            op.name()
+        ),
+        _ => {}
+    }
+    let kernel = format!("binary_{}", cuda::suffix(dtype));
+    launch_pair(&kernel, binary_code(op), (a, la), (b, lb), dtype, op.name())
+}
+
+pub(super) fn compare(a: &CudaStorage, la: &Layout, b: &CudaStorage, lb: &Layout, op: CmpOp) -> CudaStorage {
+    let kernel = format!("cmp_{}", cuda::suffix(a.dtype()));
+    launch_pair(&kernel, cmp_code(op), (a, la), (b, lb), DType::Bool, op.name())
+}
+
+pub(super) fn where_cond(
+    (c, lc): (&CudaStorage, &Layout),
+    (t, lt): (&CudaStorage, &Layout),
+    (f, lf): (&CudaStorage, &Layout),
+) -> CudaStorage {
+    let n = lc.elem_count();
+    let dtype = t.dtype();
+    let dev = t.device();
+    let out = expect_launch(CudaStorage::alloc(dev, dtype, n), "where_cond");
+    if n == 0 {
+        return out;
+    }
+    let kernel = format!("where_b{}", dtype.size_in_bytes() * 8);
+    let func = expect_launch(dev.function(&SOURCE, &kernel), "where_cond");
+    let (sc, st, sf) = (StridedArg::new(lc), StridedArg::new(lt), StridedArg::new(lf));
+    let (pc, pt, pf, po, n64) = (c.ptr(), t.ptr(), f.ptr(), out.ptr(), n as i64);
+    let stream = out.stream();
+    let mut builder = stream.launch_builder(&func);
+    builder.arg(&sc).arg(&st).arg(&sf).arg(&pc).arg(&pt).arg(&pf).arg(&po).arg(&n64);
+    // SAFETY: as in `launch_pair`.
+    expect_launch(unsafe { builder.launch(launch_cfg(n)) }, "where_cond");
+    out
+}

@@ -1,0 +1,42 @@
+//! CUDA dispatch for dtype conversion and strided copies (kernels in `convert.cu`).
+
+use crate::cuda::{self, expect_launch, launch_cfg, CudaStorage, KernelSource, StridedArg};
+use crate::{DType, Layout};
+use cudarc::driver::PushKernelArg;
+
+pub(crate) const SOURCE: KernelSource = cuda::source!("convert", "src/ops/convert/convert.cu");
+
+fn launch_unary_kernel(
+    kernel: &str,
+    s: &CudaStorage,
+    layout: &Layout,
+    out_dtype: DType,
+    op: &str,
+) -> CudaStorage {
+    let n = layout.elem_count();
+    let dev = s.device();
+    let out = expect_launch(CudaStorage::alloc(dev, out_dtype, n), op);
+    if n == 0 {
+        return out;
+    }
+    let f = expect_launch(dev.function(&SOURCE, kernel), op);
+    let (arg, src, dst, n64) = (StridedArg::new(layout), s.ptr(), out.ptr(), n as i64);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&arg).arg(&src).arg(&dst).arg(&n64);
+    // SAFETY: types match the kernel; the layout lies inside `s`; `out` holds n elements.
+    expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+    out
+}
+
+/// The view's elements as `dtype`, contiguous.
+pub(crate) fn convert(s: &CudaStorage, layout: &Layout, dtype: DType) -> CudaStorage {
+    let kernel = format!("convert_{}_{}", cuda::suffix(s.dtype()), cuda::suffix(dtype));
+    launch_unary_kernel(&kernel, s, layout, dtype, "to_dtype")
+}
+
+/// The view's elements gathered into a new contiguous storage of the same dtype.
+pub(crate) fn copy(s: &CudaStorage, layout: &Layout) -> CudaStorage {
+    let kernel = format!("copy_b{}", s.dtype().size_in_bytes() * 8);
+    launch_unary_kernel(&kernel, s, layout, s.dtype(), "copy")
+}

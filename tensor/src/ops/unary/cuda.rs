@@ -1,0 +1,64 @@
+//! CUDA dispatch for unary ops (kernels in `unary.cu`).
+
+use super::UnaryOp;
+use crate::cuda::{self, expect_launch, launch_cfg, CudaStorage, KernelSource, StridedArg};
+use crate::Layout;
+use cudarc::driver::PushKernelArg;
+
+pub(crate) const SOURCE: KernelSource = cuda::source!("unary", "src/ops/unary/unary.cu");
+
+/// The op's code in `unary.cu` and its two scalar parameters.
+fn code(op: UnaryOp) -> (i32, f64, f64) {
+    match op {
+        UnaryOp::Neg => (0, 0.0, 0.0),
+        UnaryOp::Abs => (1, 0.0, 0.0),
+        UnaryOp::Exp => (2, 0.0, 0.0),
+        UnaryOp::Log => (3, 0.0, 0.0),
+        UnaryOp::Log1p => (4, 0.0, 0.0),
+        UnaryOp::Sqrt => (5, 0.0, 0.0),
+        UnaryOp::Rsqrt => (6, 0.0, 0.0),
+        UnaryOp::Sin => (7, 0.0, 0.0),
+        UnaryOp::Cos => (8, 0.0, 0.0),
+        UnaryOp::Tanh => (9, 0.0, 0.0),
+        UnaryOp::Sigmoid => (10, 0.0, 0.0),
+        UnaryOp::Relu => (11, 0.0, 0.0),
+        UnaryOp::Gelu => (12, 0.0, 0.0),
+        UnaryOp::GeluTanh => (13, 0.0, 0.0),
+        UnaryOp::Silu => (14, 0.0, 0.0),
+        UnaryOp::Square => (15, 0.0, 0.0),
+        UnaryOp::Recip => (16, 0.0, 0.0),
+        UnaryOp::Sign => (17, 0.0, 0.0),
+        UnaryOp::Floor => (18, 0.0, 0.0),
+        UnaryOp::Ceil => (19, 0.0, 0.0),
+        UnaryOp::Round => (20, 0.0, 0.0),
+        UnaryOp::Affine { mul, add } => (21, mul, add),
+        UnaryOp::Powf(e) => (22, e, 0.0),
+        UnaryOp::Clamp { min, max } => (23, min, max),
+    }
+}
+
+pub(super) fn unary(s: &CudaStorage, layout: &Layout, op: UnaryOp) -> CudaStorage {
+    let dtype = s.dtype();
+    assert!(
+        dtype.is_float() || (op.works_on_integers() && dtype != crate::DType::Bool),
+        "{}: not defined for {dtype} tensors; convert with .to_dtype(DType::F32)",
+        op.name()
+    );
+    let n = layout.elem_count();
+    let dev = s.device();
+    let out = expect_launch(CudaStorage::alloc(dev, dtype, n), op.name());
+    if n == 0 {
+        return out;
+    }
+    let f = expect_launch(dev.function(&SOURCE, &format!("unary_{}", cuda::suffix(dtype))), op.name());
+    let (c, p0, p1) = code(op);
+    let (arg, src, dst, n64) = (StridedArg::new(layout), s.ptr(), out.ptr(), n as i64);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&c).arg(&p0).arg(&p1).arg(&arg).arg(&src).arg(&dst).arg(&n64);
+    // SAFETY: argument types match the kernel's signature; `src` covers the layout and `dst`
+    // holds n elements; both buffers outlive the queued work (the cache reuses blocks only in
+    // stream order).
+    expect_launch(unsafe { b.launch(launch_cfg(n)) }, op.name());
+    out
+}

@@ -1,0 +1,63 @@
+// Unary elementwise kernels. `op` codes follow `UnaryOp::code()` in mod.rs.
+// One kernel per dtype; the switch on `op` is uniform across the grid, so it costs no divergence.
+
+template <typename C>
+__device__ __forceinline__ C unary_apply(int op, C x, C p0, C p1) {
+    const C zero = 0, one = 1, half = 0.5;
+    switch (op) {
+        case 0: return -x;                                   // neg
+        case 1: return m_abs(x);                             // abs
+        case 2: return m_exp(x);                             // exp
+        case 3: return m_log(x);                             // log
+        case 4: return m_log1p(x);                           // log1p
+        case 5: return m_sqrt(x);                            // sqrt
+        case 6: return one / m_sqrt(x);                      // rsqrt
+        case 7: return m_sin(x);                             // sin
+        case 8: return m_cos(x);                             // cos
+        case 9: return m_tanh(x);                            // tanh
+        case 10: return one / (one + m_exp(-x));             // sigmoid
+        case 11: return x < zero ? zero : x;                 // relu (NaN passes)
+        case 12: return half * x * (one + m_erf(x * (C)0.70710678118654752440));  // gelu
+        case 13: {                                           // gelu, tanh form
+            const C k = (C)0.79788456080286535588;          // sqrt(2/pi)
+            return half * x * (one + m_tanh(k * (x + (C)0.044715 * x * x * x)));
+        }
+        case 14: return x / (one + m_exp(-x));               // silu
+        case 15: return x * x;                               // square
+        case 16: return one / x;                             // reciprocal
+        case 17: return x > zero ? one : (x < zero ? -one : x);  // sign
+        case 18: return m_floor(x);
+        case 19: return m_ceil(x);
+        case 20: return m_rint(x);                           // round half to even
+        case 21: return x * p0 + p1;                         // affine
+        case 22: return m_pow(x, p0);                        // pow
+        case 23: return x < p0 ? p0 : (x > p1 ? p1 : x);     // clamp
+    }
+    return x;
+}
+
+#define UNARY_FLOAT(SUFFIX, T, C, LOAD, STORE)                                                   \
+    extern "C" __global__ void unary_##SUFFIX(int op, double p0, double p1, Strided s,           \
+                                              const T* in, T* out, i64 n) {                      \
+        const C a = (C)p0, b = (C)p1;                                                            \
+        FOR_EACH(i, n) { out[i] = STORE(unary_apply<C>(op, LOAD(in[strided_offset(s, i)]), a, b)); } \
+    }
+#define ID(x) (x)
+UNARY_FLOAT(f32, float, float, ID, ID)
+UNARY_FLOAT(f64, double, double, ID, ID)
+UNARY_FLOAT(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
+UNARY_FLOAT(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
+// Integers compute in double and truncate back, as the CPU backend; unsigned results wrap.
+#define UNARY_INT(SUFFIX, T, WRAP)                                                               \
+    extern "C" __global__ void unary_##SUFFIX(int op, double p0, double p1, Strided s,           \
+                                              const T* in, T* out, i64 n) {                      \
+        FOR_EACH(i, n) {                                                                         \
+            double y = unary_apply<double>(op, (double)in[strided_offset(s, i)], p0, p1);        \
+            if (WRAP > 0.0 && y < 0.0) y = y - floor(y / WRAP) * WRAP;                           \
+            out[i] = (T)trunc(y);                                                                \
+        }                                                                                        \
+    }
+UNARY_INT(i64, i64, 0.0)
+UNARY_INT(u32, u32, 4294967296.0)
+UNARY_INT(u8, u8, 256.0)

@@ -18,6 +18,7 @@ mod dtype;
 mod error;
 mod layout;
 pub mod ops;
+pub mod safetensors;
 mod shape;
 pub mod strided;
 mod tensor;

@@ -30,6 +30,7 @@ pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use ops::binary::{BinaryOp, CmpOp};
+pub use ops::random::{manual_seed, Generator, GeneratorState};
 pub use ops::unary::UnaryOp;
 pub use ops::view::ShapeArg;
 pub use shape::{broadcast_shapes, Dim, Dims, Shape};

@@ -6,5 +6,6 @@ pub mod binary;
 pub mod convert;
 pub mod creation;
 pub mod ndarray_interop;
+pub mod random;
 pub mod unary;
 pub mod view;

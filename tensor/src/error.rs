@@ -36,6 +36,11 @@ pub enum Error {
     #[error("{path}: tensor `{name}`: {reason}")]
     SafetensorsTensor { path: PathBuf, name: String, reason: String },
 
+    /// A save that failed part-way; it wrote to a temporary file, so whatever was at `path`
+    /// before is still there, unchanged.
+    #[error("{path}: could not save ({stage}: {source}); any previous file at this path is unchanged - check that the folder exists, is writable and has free space")]
+    SaveFailed { path: PathBuf, stage: &'static str, source: std::io::Error },
+
     #[error("{0}")]
     Msg(String),
 }

@@ -1,0 +1,310 @@
+//! Random tensors from a seeded, counter-based generator (Philox4x32-10), as `torch.rand`,
+//! `torch.randn`, `torch.bernoulli`, `torch.randint` and `torch.randperm`.
+//!
+//! Plain functions draw from the process-wide default generator ([`manual_seed`] seeds it);
+//! the `_with` variants draw from a [`Generator`] of your own.
+//!
+//! # The stream, exactly
+//!
+//! So that another backend (CUDA) can reproduce these numbers bit for bit where the maths
+//! allows: block `b` of a generator with seed `s` is `philox4x32_10([b_lo, b_hi, 0, 0], [s_lo, s_hi])`.
+//! A draw of `n` elements that takes `k` elements per block uses blocks `offset .. offset +
+//! ceil(n / k)` and then advances the generator's offset past them; element `i` comes from
+//! block `offset + i / k`, words counted from 0:
+//! - uniform f32 / f16 / bf16 (`k = 4`): word `i % 4`, its top 24 / 11 / 8 bits scaled to [0, 1);
+//!   `uniform(low, high)` is `low + (high - low) * u` in f64, rounded once to the dtype.
+//! - uniform f64 (`k = 2`): words `2j, 2j + 1` (low, high) with `j = i % 2`, top 53 bits.
+//! - normal f32 / f16 / bf16 (`k = 4`): Box-Muller in f32 on words (0, 1) for elements 0 and 1
+//!   of the block and on (2, 3) for 2 and 3: `u1 = 1 - U(w_a)`, `u2 = U(w_b)`,
+//!   `r = sqrt(-2 ln u1)`, giving `r cos(2 pi u2)` then `r sin(2 pi u2)`.
+//! - normal f64 (`k = 2`): the same in f64 with `u1` from words (0, 1) and `u2` from (2, 3).
+//! - bernoulli (`k = 4`): `word * 2^-32 < p`.
+//! - randint (`k = 2`): the 64-bit value of words `2j, 2j + 1` modulo `high - low`, plus `low`.
+//! - randperm (`k = 2`): each index gets the 64-bit key of randint; indices sorted by key.
+
+mod cpu;
+mod generator;
+pub mod philox;
+#[cfg(test)]
+mod tests;
+
+pub use generator::{default_generator, manual_seed, Generator, GeneratorState, DEFAULT_SEED};
+
+use crate::shape::Shape;
+use crate::storage::CpuStorage;
+use crate::{DType, Device, Result, Tensor};
+use generator::Stream;
+
+/// Reserves `blocks` from `gen`, or from the default generator, whose lock is held only for
+/// the reservation so threads drawing concurrently do not wait on each other's kernels.
+fn reserve(gen: Option<&mut Generator>, blocks: u64) -> Stream {
+    match gen {
+        Some(g) => g.reserve(blocks),
+        None => default_generator().reserve(blocks),
+    }
+}
+
+fn expect_float(op: &str, dtype: DType) {
+    assert!(dtype.is_float(), "{op}: expected a floating-point dtype, got {dtype}");
+}
+
+fn uniform_impl(
+    gen: Option<&mut Generator>,
+    shape: Shape,
+    low: f64,
+    high: f64,
+    dtype: DType,
+    device: Device,
+) -> Result<Tensor> {
+    expect_float("uniform", dtype);
+    assert!(
+        low.is_finite() && high.is_finite() && low <= high,
+        "uniform: expected finite bounds with low <= high, got low {low} and high {high}"
+    );
+    device.check_available()?;
+    let n = shape.elem_count();
+    let per_block = if dtype == DType::F64 { 2 } else { 4 };
+    let stream = reserve(gen, cpu::blocks_for(n, per_block));
+    let storage = cpu::generate(dtype, n, stream, per_block, |w, _| {
+        let mut out = [0.0; 4];
+        for (j, o) in out.iter_mut().enumerate().take(per_block) {
+            let words = if per_block == 2 { &w[2 * j..2 * j + 2] } else { &w[j..j + 1] };
+            *o = low + (high - low) * cpu::unit(dtype, words);
+        }
+        out
+    });
+    Tensor::from_cpu_on(storage, shape, device)
+}
+
+fn normal_impl(
+    gen: Option<&mut Generator>,
+    shape: Shape,
+    mean: f64,
+    std: f64,
+    dtype: DType,
+    device: Device,
+) -> Result<Tensor> {
+    expect_float("normal", dtype);
+    assert!(
+        std >= 0.0 && std.is_finite() && mean.is_finite(),
+        "normal: expected std >= 0 and finite, got mean {mean} and std {std}"
+    );
+    device.check_available()?;
+    let n = shape.elem_count();
+    let per_block = if dtype == DType::F64 { 2 } else { 4 };
+    let stream = reserve(gen, cpu::blocks_for(n, per_block));
+    let storage = cpu::generate(dtype, n, stream, per_block, |w, _| {
+        let z = if per_block == 2 {
+            let [a, b] = cpu::box_muller_f64(w);
+            [a, b, 0.0, 0.0]
+        } else {
+            let [a, b] = cpu::box_muller_f32(w[0], w[1]);
+            let [c, d] = cpu::box_muller_f32(w[2], w[3]);
+            [a, b, c, d].map(|z| z as f64)
+        };
+        z.map(|z| mean + std * z)
+    });
+    Tensor::from_cpu_on(storage, shape, device)
+}
+
+/// Ones with probability `p(i)`, zeros otherwise, as `dtype`.
+fn bernoulli_impl(
+    gen: Option<&mut Generator>,
+    n: usize,
+    p: impl Fn(usize) -> f64 + Sync,
+    dtype: DType,
+) -> CpuStorage {
+    let stream = reserve(gen, cpu::blocks_for(n, 4));
+    cpu::generate(dtype, n, stream, 4, |w, first| {
+        let mut out = [0.0; 4];
+        for (j, o) in out.iter_mut().enumerate() {
+            if first + j < n {
+                *o = ((w[j] as f64 * (1.0 / 4_294_967_296.0)) < p(first + j)) as u8 as f64;
+            }
+        }
+        out
+    })
+}
+
+fn check_probability(op: &str, p: f64, index: Option<usize>) {
+    if !(0.0..=1.0).contains(&p) {
+        let at = index.map_or(String::new(), |i| format!(" at element {i}"));
+        panic!("{op}: probabilities must be in [0, 1], got {p}{at}");
+    }
+}
+
+fn bernoulli_tensor_impl(probs: &Tensor, gen: Option<&mut Generator>) -> Tensor {
+    let p = probs.to_f64_vec();
+    for (i, &x) in p.iter().enumerate() {
+        check_probability("bernoulli", x, Some(i));
+    }
+    let storage = bernoulli_impl(gen, p.len(), |i| p[i], probs.dtype());
+    Tensor::from_cpu_on(storage, probs.dims(), probs.device()).expect("the input's own device")
+}
+
+fn randint_impl(
+    gen: Option<&mut Generator>,
+    low: i64,
+    high: i64,
+    shape: Shape,
+    device: Device,
+) -> Result<Tensor> {
+    assert!(low < high, "randint: expected low < high, got low {low} and high {high} (high is exclusive)");
+    device.check_available()?;
+    let n = shape.elem_count();
+    let stream = reserve(gen, cpu::blocks_for(n, 2));
+    Tensor::from_cpu_on(CpuStorage::I64(cpu::randint(n, low, high, stream)), shape, device)
+}
+
+fn randperm_impl(gen: Option<&mut Generator>, n: usize, device: Device) -> Result<Tensor> {
+    device.check_available()?;
+    let stream = reserve(gen, cpu::blocks_for(n, 2));
+    Tensor::from_cpu_on(CpuStorage::I64(cpu::randperm(n, stream)), n, device)
+}
+
+impl Tensor {
+    /// Uniform samples in [0, 1) (`torch.rand`); `dtype` must be a float type.
+    pub fn rand(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        uniform_impl(None, shape.into(), 0.0, 1.0, dtype, device)
+    }
+
+    pub fn rand_with(
+        gen: &mut Generator,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        uniform_impl(Some(gen), shape.into(), 0.0, 1.0, dtype, device)
+    }
+
+    /// Uniform samples in [low, high) (`tensor.uniform_(low, high)`), up to the dtype's rounding.
+    pub fn uniform(
+        shape: impl Into<Shape>,
+        low: f64,
+        high: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        uniform_impl(None, shape.into(), low, high, dtype, device)
+    }
+
+    pub fn uniform_with(
+        gen: &mut Generator,
+        shape: impl Into<Shape>,
+        low: f64,
+        high: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        uniform_impl(Some(gen), shape.into(), low, high, dtype, device)
+    }
+
+    /// Standard normal samples (`torch.randn`), by Box-Muller.
+    pub fn randn(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        normal_impl(None, shape.into(), 0.0, 1.0, dtype, device)
+    }
+
+    pub fn randn_with(
+        gen: &mut Generator,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        normal_impl(Some(gen), shape.into(), 0.0, 1.0, dtype, device)
+    }
+
+    /// Normal samples with `mean` and standard deviation `std` (`tensor.normal_(mean, std)`).
+    pub fn normal(
+        shape: impl Into<Shape>,
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        normal_impl(None, shape.into(), mean, std, dtype, device)
+    }
+
+    pub fn normal_with(
+        gen: &mut Generator,
+        shape: impl Into<Shape>,
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        normal_impl(Some(gen), shape.into(), mean, std, dtype, device)
+    }
+
+    /// Uniform [0, 1) samples with this tensor's shape, dtype and device (`torch.rand_like`).
+    pub fn rand_like(&self) -> Tensor {
+        Tensor::rand(self.dims(), self.dtype(), self.device()).expect("the tensor's own device")
+    }
+
+    /// Standard normal samples with this tensor's shape, dtype and device (`torch.randn_like`).
+    pub fn randn_like(&self) -> Tensor {
+        Tensor::randn(self.dims(), self.dtype(), self.device()).expect("the tensor's own device")
+    }
+
+    /// Each element 1 with the probability this tensor holds there, else 0, in this tensor's
+    /// dtype (`torch.bernoulli(probs)`). Panics if a probability is outside [0, 1].
+    pub fn bernoulli(&self) -> Tensor {
+        bernoulli_tensor_impl(self, None)
+    }
+
+    pub fn bernoulli_with(&self, gen: &mut Generator) -> Tensor {
+        bernoulli_tensor_impl(self, Some(gen))
+    }
+
+    /// Ones with probability `p`, zeros otherwise (`torch.empty(shape).bernoulli_(p)`), e.g.
+    /// a dropout mask.
+    pub fn bernoulli_scalar(shape: impl Into<Shape>, p: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::bernoulli_scalar_impl(None, shape.into(), p, dtype, device)
+    }
+
+    pub fn bernoulli_scalar_with(
+        gen: &mut Generator,
+        shape: impl Into<Shape>,
+        p: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        Tensor::bernoulli_scalar_impl(Some(gen), shape.into(), p, dtype, device)
+    }
+
+    fn bernoulli_scalar_impl(
+        gen: Option<&mut Generator>,
+        shape: Shape,
+        p: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        check_probability("bernoulli_scalar", p, None);
+        device.check_available()?;
+        let storage = bernoulli_impl(gen, shape.elem_count(), |_| p, dtype);
+        Tensor::from_cpu_on(storage, shape, device)
+    }
+
+    /// Integers uniform in `low..high` (high exclusive) as int64 (`torch.randint(low, high, shape)`).
+    pub fn randint(low: i64, high: i64, shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
+        randint_impl(None, low, high, shape.into(), device)
+    }
+
+    pub fn randint_with(
+        gen: &mut Generator,
+        low: i64,
+        high: i64,
+        shape: impl Into<Shape>,
+        device: Device,
+    ) -> Result<Tensor> {
+        randint_impl(Some(gen), low, high, shape.into(), device)
+    }
+
+    /// A random permutation of `0..n` as int64 (`torch.randperm(n)`).
+    pub fn randperm(n: usize, device: Device) -> Result<Tensor> {
+        randperm_impl(None, n, device)
+    }
+
+    pub fn randperm_with(gen: &mut Generator, n: usize, device: Device) -> Result<Tensor> {
+        randperm_impl(Some(gen), n, device)
+    }
+}

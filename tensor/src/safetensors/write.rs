@@ -1,0 +1,170 @@
+//! Saving tensors to a safetensors file, atomically.
+
+use super::dtype_to_str;
+use crate::storage::Storage;
+use crate::{Error, Result, Tensor};
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A (name, tensor) pair as [`save`] takes them: `(&str, &Tensor)`, `(String, Tensor)`, the
+/// items of a `HashMap<String, Tensor>` or `BTreeMap` by reference, and references to any of these.
+pub trait NamedTensor {
+    fn name(&self) -> &str;
+    fn tensor(&self) -> &Tensor;
+}
+
+impl<S: AsRef<str>> NamedTensor for (S, Tensor) {
+    fn name(&self) -> &str {
+        self.0.as_ref()
+    }
+    fn tensor(&self) -> &Tensor {
+        &self.1
+    }
+}
+
+impl<S: AsRef<str>> NamedTensor for (S, &Tensor) {
+    fn name(&self) -> &str {
+        self.0.as_ref()
+    }
+    fn tensor(&self) -> &Tensor {
+        self.1
+    }
+}
+
+impl<N: NamedTensor> NamedTensor for &N {
+    fn name(&self) -> &str {
+        (*self).name()
+    }
+    fn tensor(&self) -> &Tensor {
+        (*self).tensor()
+    }
+}
+
+/// Writes `tensors` (and the optional `__metadata__` strings) to `path` as safetensors.
+///
+/// Non-contiguous tensors are written in row-major order. Data is laid out largest element
+/// size first, keeping the given order within one size, so every tensor's data is aligned
+/// for its type in the file (as the reference implementation does; zero-copy readers need it).
+/// The file is written beside `path` under a temporary name, flushed to disk, then renamed
+/// over `path`: a crash or an error part-way leaves any previous file untouched.
+/// Pass a `Vec` or a `BTreeMap` rather than a `HashMap` for byte-identical files across runs.
+pub fn save<I>(tensors: I, metadata: Option<&HashMap<String, String>>, path: impl AsRef<Path>) -> Result<()>
+where
+    I: IntoIterator,
+    I::Item: NamedTensor,
+{
+    let path = path.as_ref();
+    let mut entries: Vec<I::Item> = tensors.into_iter().collect();
+    let mut seen = HashSet::new();
+    for e in &entries {
+        let reason = if e.name() == "__metadata__" {
+            "this name is reserved for the metadata map; rename the tensor"
+        } else if !seen.insert(e.name()) {
+            "two tensors have this name; names in a safetensors file must be unique"
+        } else {
+            continue;
+        };
+        return Err(Error::SafetensorsTensor {
+            path: path.into(),
+            name: e.name().into(),
+            reason: reason.into(),
+        });
+    }
+    entries.sort_by_key(|e| std::cmp::Reverse(e.tensor().dtype().size_in_bytes()));
+
+    let mut header = serde_json::Map::new();
+    if let Some(metadata) = metadata {
+        header.insert("__metadata__".into(), serde_json::to_value(metadata).expect("strings serialise"));
+    }
+    let mut offset = 0usize;
+    for e in &entries {
+        let t = e.tensor();
+        let nbytes = t.elem_count() * t.dtype().size_in_bytes();
+        header.insert(
+            e.name().into(),
+            serde_json::json!({
+                "dtype": dtype_to_str(t.dtype()),
+                "shape": t.dims(),
+                "data_offsets": [offset, offset + nbytes],
+            }),
+        );
+        offset += nbytes;
+    }
+    let mut header = serde_json::to_vec(&header).expect("a JSON map serialises");
+    // Pad with spaces (valid JSON whitespace) so the data section starts 8-byte aligned.
+    header.resize(header.len().next_multiple_of(8), b' ');
+
+    write_atomically(path, |w| {
+        w.write_all(&(header.len() as u64).to_le_bytes())?;
+        w.write_all(&header)?;
+        for e in &entries {
+            write_row_major(w, e.tensor())?;
+        }
+        Ok(())
+    })
+}
+
+/// The elements' little-endian bytes in row-major order, copying only non-contiguous views.
+fn write_row_major(w: &mut impl Write, t: &Tensor) -> std::io::Result<()> {
+    if t.elem_count() == 0 {
+        return Ok(());
+    }
+    let t = if t.is_contiguous() { t.clone() } else { t.copy() };
+    let size = t.dtype().size_in_bytes();
+    let start = t.layout().offset() * size;
+    let end = start + t.elem_count() * size;
+    let storage = t.storage();
+    match &*storage {
+        Storage::Cpu(s) => w.write_all(&s.as_bytes()[start..end]),
+    }
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `write` on a new temporary file in `path`'s folder, syncs it and renames it to `path`.
+/// On any failure the temporary file is removed and `path` is left as it was.
+pub(crate) fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+) -> Result<()> {
+    let fail = |stage, source| Error::SaveFailed { path: path.to_path_buf(), stage, source };
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path.file_name().ok_or_else(|| {
+        fail("the path names no file", std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"))
+    })?;
+    let temp = folder.join(format!(
+        ".{}.{}-{}.tmp",
+        file_name.to_string_lossy(),
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .map_err(|e| fail("creating a temporary file in its folder", e))?;
+    let result = (|| {
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        write(&mut w).map_err(|e| fail("writing", e))?;
+        let file = w.into_inner().map_err(|e| fail("writing", e.into_error()))?;
+        file.sync_all().map_err(|e| fail("flushing to disk", e))?;
+        drop(file);
+        std::fs::rename(&temp, path).map_err(|e| fail("renaming the temporary file into place", e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+        return result;
+    }
+    // Make the rename itself durable. Best effort: the data is already safe on disk, and some
+    // platforms and file systems cannot open or sync a folder.
+    if let Ok(dir) = File::open(&folder) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}

@@ -83,3 +83,136 @@ fn streams_order_work_and_events_join_them() {
     main.wait_stream(&side).unwrap();
     assert!(y.to_vec::<f32>().iter().all(|&v| v == 4.0));
 }
+
+/// Deterministic values in [-3, 3) with a few special ones, as f64.
+fn sample(n: usize, seed: u64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|i| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            match i % 97 {
+                0 => 0.0,
+                1 => -0.0,
+                _ => ((x >> 11) as f64 / (1u64 << 53) as f64) * 6.0 - 3.0,
+            }
+        })
+        .collect()
+}
+
+fn both(shape: &[usize], dtype: DType, seed: u64) -> (Tensor, Tensor) {
+    let n = shape.iter().product();
+    let cpu = Tensor::from_vec(sample(n, seed), shape, Device::Cpu).unwrap().to_dtype(dtype);
+    let gpu = cpu.to_device(Device::Cuda(0)).unwrap();
+    (cpu, gpu)
+}
+
+fn check(gpu: &Tensor, cpu: &Tensor, what: &str) {
+    assert_eq!(gpu.device(), Device::Cuda(0), "{what}");
+    assert_eq!(gpu.dtype(), cpu.dtype(), "{what}");
+    let (rtol, atol) = match cpu.dtype() {
+        DType::F32 => (1e-5, 1e-6),
+        DType::F64 => (1e-12, 1e-12),
+        DType::BF16 => (1e-2, 1e-2),
+        DType::F16 => (2e-3, 1e-3),
+        _ => (0.0, 0.0),
+    };
+    crate::testing::assert_close(gpu, cpu, rtol, atol, what);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn unary_ops_match_the_cpu_backend() {
+    use crate::UnaryOp::*;
+    let ops = [
+        Neg,
+        Abs,
+        Exp,
+        Log,
+        Log1p,
+        Sqrt,
+        Rsqrt,
+        Sin,
+        Cos,
+        Tanh,
+        Sigmoid,
+        Relu,
+        Gelu,
+        GeluTanh,
+        Silu,
+        Square,
+        Recip,
+        Sign,
+        Floor,
+        Ceil,
+        Round,
+        Affine { mul: 1.5, add: -0.25 },
+        Powf(2.0),
+        Clamp { min: -1.0, max: 0.5 },
+    ];
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        let (cpu, gpu) = both(&[7, 33, 9], dtype, 1);
+        // Contiguous and a transposed, narrowed view.
+        let (cv, gv) = (cpu.transpose(0, 2).narrow(1, 3, 20), gpu.transpose(0, 2).narrow(1, 3, 20));
+        for op in ops {
+            check(&gpu.unary(op), &cpu.unary(op), &format!("{} {dtype}", op.name()));
+            check(&gv.unary(op), &cv.unary(op), &format!("{} {dtype} strided", op.name()));
+        }
+    }
+    let (cpu, gpu) = both(&[100], DType::F32, 2);
+    let (ci, gi) = (cpu.mul_scalar(10.0).to_dtype(DType::I64), gpu.mul_scalar(10.0).to_dtype(DType::I64));
+    for op in [Neg, Abs, Relu, Square, Sign, Affine { mul: 3.0, add: 1.0 }, Clamp { min: -5.0, max: 7.0 }] {
+        check(&gi.unary(op), &ci.unary(op), &format!("{} i64", op.name()));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn binary_ops_compare_and_where_match_the_cpu_backend() {
+    use crate::{BinaryOp::*, CmpOp};
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        let (ca, ga) = both(&[5, 1, 40], dtype, 3);
+        let (cb, gb) = both(&[6, 40], dtype, 4);
+        let (cbt, gbt) = (cb.t().contiguous().t(), gb.t().contiguous().t()); // non-contiguous
+        for op in [Add, Sub, Mul, Div, Maximum, Minimum] {
+            check(&ga.binary(&gb, op), &ca.binary(&cb, op), &format!("{} {dtype}", op.name()));
+            check(&ga.binary(&gbt, op), &ca.binary(&cbt, op), &format!("{} {dtype} strided", op.name()));
+        }
+        let (ce, ge) = (ca.abs(), ga.abs());
+        check(&ge.pow(&gb), &ce.pow(&cb), &format!("pow {dtype}"));
+        for op in [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge] {
+            check(&ga.cmp(&gb, op), &ca.cmp(&cb, op), &format!("{} {dtype}", op.name()));
+        }
+        let (cm, gm) = (ca.gt(&cb), ga.gt(&gb));
+        check(&gm.where_cond(&ga, &gbt), &cm.where_cond(&ca, &cbt), &format!("where {dtype}"));
+        check(&gb.masked_fill(&gm, -7.0), &cb.masked_fill(&cm, -7.0), &format!("masked_fill {dtype}"));
+    }
+    for dtype in [DType::I64, DType::U8, DType::U32] {
+        let (ca, ga) = both(&[4, 50], DType::F32, 5);
+        let (ca, ga) = (ca.mul_scalar(40.0).abs().to_dtype(dtype), ga.mul_scalar(40.0).abs().to_dtype(dtype));
+        let (cb, gb) = (ca.narrow(0, 1, 1), ga.narrow(0, 1, 1));
+        for op in [Add, Sub, Mul, Maximum, Minimum] {
+            check(&ga.binary(&gb, op), &ca.binary(&cb, op), &format!("{} {dtype}", op.name()));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn conversions_and_copies_match_the_cpu_backend() {
+    let all =
+        [DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::U32, DType::U8, DType::Bool];
+    let (base, _) = both(&[3, 64, 5], DType::F64, 6);
+    // Include values that round differently and that saturate integer types.
+    let base = base.mul_scalar(100.0);
+    for from in all {
+        let c = base.to_dtype(from);
+        let g = c.to_device(Device::Cuda(0)).unwrap();
+        for to in all {
+            check(&g.to_dtype(to), &c.to_dtype(to), &format!("{from} -> {to}"));
+            let (cv, gv) = (c.permute([2, 0, 1]).narrow(2, 1, 60), g.permute([2, 0, 1]).narrow(2, 1, 60));
+            check(&gv.to_dtype(to), &cv.to_dtype(to), &format!("{from} -> {to} strided"));
+        }
+        let gv = g.permute([1, 2, 0]);
+        check(&gv.contiguous(), &c.permute([1, 2, 0]).contiguous(), &format!("copy {from}"));
+    }
+}

@@ -112,6 +112,8 @@ fn write_row_major(w: &mut impl Write, t: &Tensor) -> std::io::Result<()> {
     if t.elem_count() == 0 {
         return Ok(());
     }
+    // GPU tensors are copied to the host first; a failed copy is reported as a write error.
+    let t = t.to_device(crate::Device::Cpu).map_err(|e| std::io::Error::other(e.to_string()))?;
     let t = if t.is_contiguous() { t.clone() } else { t.copy() };
     let size = t.dtype().size_in_bytes();
     let start = t.layout().offset() * size;
@@ -119,6 +121,7 @@ fn write_row_major(w: &mut impl Write, t: &Tensor) -> std::io::Result<()> {
     let storage = t.storage();
     match &*storage {
         Storage::Cpu(s) => w.write_all(&s.as_bytes()[start..end]),
+        Storage::Cuda(_) => unreachable!("copied to the host above"),
     }
 }
 

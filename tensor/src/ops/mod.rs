@@ -5,5 +5,6 @@
 pub mod binary;
 pub mod convert;
 pub mod creation;
+pub mod pool;
 pub mod unary;
 pub mod view;

@@ -70,6 +70,8 @@ fn max_planes<T: ComputeAs>(src: &[T], layout: &Layout, win: &Windows) -> (Vec<T
     let width = win.input[1];
     let mut values = vec![T::zero(); n];
     let mut indices = vec![0i64; n];
+    // Rows of unit stride read their window as a slice, which the compiler keeps tight.
+    let unit_cols = planes.strides[3] == 1 && win.cols.iter().all(|w| w.step == 1);
     let pool_plane = |p: usize, vals: &mut [T], idx: &mut [i64]| {
         let base = planes.base(p);
         for (r, rw) in win.rows.iter().enumerate() {
@@ -77,11 +79,22 @@ fn max_planes<T: ComputeAs>(src: &[T], layout: &Layout, win: &Windows) -> (Vec<T
                 let mut best = <T::C as Float>::neg_infinity();
                 let mut best_at = rw.start * width + cw.start;
                 for h in positions(rw) {
-                    for w in positions(cw) {
-                        let v = src[planes.at(base, h, w)].up();
-                        if v > best || v.is_nan() {
-                            best = v;
-                            best_at = h * width + w;
+                    let row = base + h * planes.strides[2];
+                    if unit_cols {
+                        for (j, &x) in src[row + cw.start..row + cw.end].iter().enumerate() {
+                            let v = x.up();
+                            if v > best || v.is_nan() {
+                                best = v;
+                                best_at = h * width + cw.start + j;
+                            }
+                        }
+                    } else {
+                        for w in positions(cw) {
+                            let v = src[row + w * planes.strides[3]].up();
+                            if v > best || v.is_nan() {
+                                best = v;
+                                best_at = h * width + w;
+                            }
                         }
                     }
                 }

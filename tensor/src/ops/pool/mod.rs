@@ -225,7 +225,9 @@ impl Tensor {
     /// Max over sliding `kernel` windows, as `F.max_pool2d(x, kernel, stride, padding, dilation,
     /// ceil_mode, return_indices=True)`: the maxima and, as I64, each one's flat index into its
     /// H*W input plane (the first maximum wins ties; NaN propagates). Padding counts as -inf and
-    /// may be at most half the kernel.
+    /// may be at most half the kernel. A dilated window that misses the input entirely gives
+    /// -inf and an index past the plane, as PyTorch does; [`Tensor::max_pool2d_backward`]
+    /// rejects such an index.
     pub fn max_pool2d(
         &self,
         kernel: [usize; 2],

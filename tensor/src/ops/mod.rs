@@ -6,6 +6,7 @@ pub mod binary;
 pub mod convert;
 pub mod creation;
 pub mod ndarray_interop;
+pub mod pool;
 pub mod random;
 pub mod unary;
 pub mod view;

@@ -5,5 +5,7 @@
 pub mod binary;
 pub mod convert;
 pub mod creation;
+pub mod index;
+pub mod join;
 pub mod unary;
 pub mod view;

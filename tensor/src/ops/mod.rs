@@ -7,5 +7,6 @@ pub mod convert;
 pub mod creation;
 pub mod index;
 pub mod join;
+pub mod norm;
 pub mod unary;
 pub mod view;

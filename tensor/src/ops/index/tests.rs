@@ -111,13 +111,18 @@ device_test! {
 }
 
 device_test! {
-    fn index_select_large_uses_threads_and_matches_loop(dev: Device) {
+    fn index_select_and_gather_large_use_threads_and_match_loops(dev: Device) {
         let x = randn_like(&[300, 257], 2, DType::F32, dev).t(); // [257, 300], strided
         let ids = random_ids(&[400], 257, 3, dev);
         let got = x.index_select(0, &ids).to_f64_vec();
         let (xs, ids) = (x.to_f64_vec(), ids.to_vec::<i64>());
         for (r, &i) in ids.iter().enumerate() {
             assert_eq!(got[r * 300..(r + 1) * 300], xs[i as usize * 300..(i as usize + 1) * 300]);
+        }
+        let index = random_ids(&[257, 300], 300, 4, dev);
+        let got = x.gather(1, &index).to_f64_vec();
+        for (k, &i) in index.to_vec::<i64>().iter().enumerate() {
+            assert_eq!(got[k], xs[(k / 300) * 300 + i as usize], "gather element {k}");
         }
     }
 }

@@ -29,6 +29,8 @@ pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use ops::binary::{BinaryOp, CmpOp};
+pub use ops::reduce::ReduceOp;
+pub use ops::softmax::SoftmaxOp;
 pub use ops::unary::UnaryOp;
 pub use ops::view::ShapeArg;
 pub use shape::{broadcast_shapes, Dim, Dims, Shape};

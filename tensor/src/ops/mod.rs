@@ -5,5 +5,7 @@
 pub mod binary;
 pub mod convert;
 pub mod creation;
+pub mod reduce;
+pub mod softmax;
 pub mod unary;
 pub mod view;

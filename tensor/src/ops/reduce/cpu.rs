@@ -550,6 +550,19 @@ impl Plan {
         red: std::ops::Range<usize>,
     ) -> R::State {
         let mut s = r.init(red.start);
+        if self.runs.len() == 1 {
+            // One run (e.g. the last dim): skip the run arithmetic, which costs more than a
+            // short run's elements.
+            let len = red.end - red.start;
+            return r.fold_run(
+                s,
+                src,
+                base + self.runs[0] + red.start * self.run_stride,
+                self.run_stride,
+                len,
+                red.start,
+            );
+        }
         self.for_each_red_run(red, |off, len, i| s = r.fold_run(s, src, base + off, self.run_stride, len, i));
         s
     }

@@ -71,38 +71,65 @@ fn softmax_row<T: ComputeAs>(x: &[T], out: &mut [T], op: SoftmaxOp, exps: &mut V
     }
 }
 
+/// Rows of one `[n, inner]` block per task when a big block is split across threads.
+fn rows_per_task(inner: usize) -> usize {
+    (PAR_THRESHOLD / inner).max(1)
+}
+
+/// `acc[j] = f(acc[j], x[row][j], j)` over the rows of a row-major `[n, inner]` block; a big
+/// block is split into row ranges whose partial results `combine` merges.
+fn fold_columns<T: Copy + Sync, C: Copy + Send + Sync>(
+    x: &[T],
+    inner: usize,
+    init: C,
+    f: impl Fn(C, T, usize) -> C + Sync,
+    combine: impl Fn(C, C) -> C + Sync,
+) -> Vec<C> {
+    let fold = |rows: &[T]| {
+        let mut acc = vec![init; inner];
+        for row in rows.chunks(inner) {
+            for (j, (a, &v)) in acc.iter_mut().zip(row).enumerate() {
+                *a = f(*a, v, j);
+            }
+        }
+        acc
+    };
+    if x.len() < PAR_THRESHOLD {
+        return fold(x);
+    }
+    x.par_chunks(inner * rows_per_task(inner))
+        .map(fold)
+        .reduce_with(|a, b| a.iter().zip(&b).map(|(&p, &q)| combine(p, q)).collect())
+        .unwrap_or_else(|| vec![init; inner])
+}
+
 /// Softmax down the columns of a row-major `[n, inner]` block.
 fn softmax_columns<T: ComputeAs>(x: &[T], out: &mut [T], inner: usize, op: SoftmaxOp) {
-    let mut max = vec![T::C::neg_infinity(); inner];
-    for row in x.chunks(inner) {
-        for (m, &v) in max.iter_mut().zip(row) {
-            let v = v.up();
-            if v > *m {
-                *m = v;
-            }
-        }
-    }
-    let mut sum = vec![T::C::zero(); inner];
-    for row in x.chunks(inner) {
-        for ((s, &m), &v) in sum.iter_mut().zip(&max).zip(row) {
-            *s = *s + (v.up() - m).exp();
-        }
-    }
-    match op {
-        SoftmaxOp::Softmax => {
-            for (orow, row) in out.chunks_mut(inner).zip(x.chunks(inner)) {
-                for (((o, &v), &m), &s) in orow.iter_mut().zip(row).zip(&max).zip(&sum) {
-                    *o = T::down((v.up() - m).exp() / s);
+    let larger = |m: T::C, v: T::C| if v > m { v } else { m };
+    let max = fold_columns(x, inner, T::C::neg_infinity(), |m, v: T, _| larger(m, v.up()), larger);
+    let sum = fold_columns(x, inner, T::C::zero(), |s, v: T, j| s + (v.up() - max[j]).exp(), |a, b| a + b);
+    let log_sum: Vec<T::C> = sum.iter().map(|s| s.ln()).collect();
+    let write = |(out, x): (&mut [T], &[T])| {
+        for (orow, row) in out.chunks_mut(inner).zip(x.chunks(inner)) {
+            let rows = orow.iter_mut().zip(row).zip(max.iter().zip(sum.iter().zip(&log_sum)));
+            match op {
+                SoftmaxOp::Softmax => {
+                    for ((o, &v), (&m, (&s, _))) in rows {
+                        *o = T::down((v.up() - m).exp() / s);
+                    }
+                }
+                SoftmaxOp::LogSoftmax => {
+                    for ((o, &v), (&m, (_, &l))) in rows {
+                        *o = T::down((v.up() - m) - l);
+                    }
                 }
             }
         }
-        SoftmaxOp::LogSoftmax => {
-            let log_sum: Vec<T::C> = sum.iter().map(|s| s.ln()).collect();
-            for (orow, row) in out.chunks_mut(inner).zip(x.chunks(inner)) {
-                for (((o, &v), &m), &l) in orow.iter_mut().zip(row).zip(&max).zip(&log_sum) {
-                    *o = T::down((v.up() - m) - l);
-                }
-            }
-        }
+    };
+    if x.len() < PAR_THRESHOLD {
+        write((out, x));
+    } else {
+        let chunk = inner * rows_per_task(inner);
+        out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(write);
     }
 }

@@ -11,5 +11,7 @@ pub mod ndarray_interop;
 pub mod norm;
 pub mod pool;
 pub mod random;
+pub mod reduce;
+pub mod softmax;
 pub mod unary;
 pub mod view;

@@ -118,13 +118,15 @@ macro_rules! element {
 
 element!(f32, F32, 0.0, 1.0, |x| x as f64, |v| v as f32);
 element!(f64, F64, 0.0, 1.0, |x| x, |v| v);
-element!(f16, F16, f16::ZERO, f16::ONE, |x| x.to_f64(), |v| f16::from_f64(v));
-element!(bf16, BF16, bf16::ZERO, bf16::ONE, |x| x.to_f64(), |v| bf16::from_f64(v));
-// `as` from f64 saturates in Rust; PyTorch's integer casts of in-range values agree, and
-// out-of-range float-to-int casts are undefined behaviour in PyTorch, so saturation is a fine choice.
+// Through f32, as PyTorch converts a double to half types (and `half`'s direct f64 path drops
+// low mantissa bits before rounding, which misrounds some values).
+element!(f16, F16, f16::ZERO, f16::ONE, |x| x.to_f64(), |v| f16::from_f32(v as f32));
+element!(bf16, BF16, bf16::ZERO, bf16::ONE, |x| x.to_f64(), |v| bf16::from_f32(v as f32));
+// `as` from f64 saturates in Rust (NaN is 0); out-of-range float-to-int casts are undefined in
+// PyTorch. Unsigned types go through i64 and wrap, as PyTorch's CPU casts do (-1.0 -> 255u8).
 element!(i64, I64, 0, 1, |x| x as f64, |v| v as i64);
-element!(u32, U32, 0, 1, |x| x as f64, |v| v as u32);
-element!(u8, U8, 0, 1, |x| x as f64, |v| v as u8);
+element!(u32, U32, 0, 1, |x| x as f64, |v| v as i64 as u32);
+element!(u8, U8, 0, 1, |x| x as f64, |v| v as i64 as u8);
 element!(bool, Bool, false, true, |x| if x { 1.0 } else { 0.0 }, |v| v != 0.0);
 
 /// Floating-point elements. Arithmetic on f16 and bf16 is done in f32 and rounded once, as

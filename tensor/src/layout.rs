@@ -59,8 +59,12 @@ impl Layout {
         self.shape.elem_count()
     }
 
-    /// Row-major and gap-free (dims of size 1 may have any stride, as in PyTorch).
+    /// Row-major and gap-free (dims of size 1 may have any stride, as in PyTorch); the offset may be anything.
     pub fn is_contiguous(&self) -> bool {
+        // With no elements there is nothing out of order (PyTorch agrees).
+        if self.elem_count() == 0 {
+            return true;
+        }
         let mut expected = 1;
         for (&d, &s) in self.dims().iter().zip(&self.strides).rev() {
             if d != 1 && s != expected {

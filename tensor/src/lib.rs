@@ -32,6 +32,8 @@ pub use error::{Error, Result};
 pub use layout::Layout;
 pub use ops::binary::{BinaryOp, CmpOp};
 pub use ops::random::{manual_seed, Generator, GeneratorState};
+pub use ops::reduce::ReduceOp;
+pub use ops::softmax::SoftmaxOp;
 pub use ops::unary::UnaryOp;
 pub use ops::view::ShapeArg;
 pub use shape::{broadcast_shapes, Dim, Dims, Shape};

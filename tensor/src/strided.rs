@@ -243,4 +243,59 @@ mod tests {
             assert_eq!(got, all[start..]);
         }
     }
+
+    use proptest::prelude::*;
+
+    /// A random layout: shape, strides (0 included, as for expanded dims) and offset.
+    fn layout() -> impl Strategy<Value = Layout> {
+        prop::collection::vec((0usize..5, 0usize..7), 0..5)
+            .prop_flat_map(|dims| (Just(dims), 0usize..4))
+            .prop_map(|(dims, offset)| {
+                let (shape, strides): (Vec<usize>, Vec<usize>) = dims.into_iter().unzip();
+                Layout::new(shape, strides, offset)
+            })
+    }
+
+    fn naive_offsets(l: &Layout) -> Vec<usize> {
+        let n = l.elem_count();
+        (0..n)
+            .map(|flat| {
+                let mut rest = flat;
+                let mut off = l.offset();
+                for (&d, &s) in l.dims().iter().zip(l.strides()).rev() {
+                    off += (rest % d) * s;
+                    rest /= d;
+                }
+                off
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn offsets_match_multi_index_arithmetic(l in layout()) {
+            prop_assert_eq!(offsets(&l), naive_offsets(&l));
+        }
+
+        #[test]
+        fn runs_cover_any_range(l in layout(), other in layout(), a in 0usize..700, b in 0usize..700) {
+            let expected = naive_offsets(&l);
+            let n = expected.len();
+            let (start, end) = (a.min(b) % (n + 1), a.max(b).min(n));
+            // A second operand of the same shape (its own strides) must stay in step.
+            let l2 = Layout::new(l.dims(), other.strides().iter().chain(std::iter::repeat(&3)).take(l.rank()).copied().collect(), 1);
+            let expected2 = naive_offsets(&l2);
+            let walk = Walk::new([&l, &l2]);
+            prop_assert_eq!(walk.numel(), n);
+            let (mut got, mut got2) = (vec![], vec![]);
+            walk.for_each_run(start, end, |[b0, b1], [s0, s1], len| {
+                got.extend((0..len).map(|j| b0 + j * s0));
+                got2.extend((0..len).map(|j| b1 + j * s1));
+            });
+            let range = start.min(end)..end;
+            prop_assert_eq!(&got[..], &expected[range.clone()]);
+            prop_assert_eq!(&got2[..], &expected2[range]);
+        }
+    }
 }

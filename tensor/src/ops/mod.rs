@@ -5,7 +5,13 @@
 pub mod binary;
 pub mod convert;
 pub mod creation;
+pub mod index;
+pub mod join;
 pub mod ndarray_interop;
+pub mod norm;
+pub mod pool;
 pub mod random;
+pub mod reduce;
+pub mod softmax;
 pub mod unary;
 pub mod view;

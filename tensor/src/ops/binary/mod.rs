@@ -177,15 +177,13 @@ impl Tensor {
 
     /// `value` where `mask` is true, else `self`; `mask` broadcasts to `self`'s shape.
     pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Tensor {
-        let out = mask.where_cond(&self.scalar_like(value), self);
-        assert_eq!(
-            out.dims(),
-            self.dims(),
-            "masked_fill: mask of shape {:?} must broadcast to the tensor's shape {:?}",
+        assert!(
+            mask.layout().broadcast_as(self.dims()).is_some(),
+            "masked_fill: mask of shape {:?} cannot be broadcast to the tensor's shape {:?}",
             mask.dims(),
             self.dims()
         );
-        out
+        mask.where_cond(&self.scalar_like(value), self)
     }
 }
 

@@ -46,17 +46,29 @@ impl Tensor {
             (end - start) * step >= 0.0,
             "arange: upper bound {end} and lower bound {start} inconsistent with step sign {step}"
         );
+        assert!(
+            start.is_finite() && end.is_finite(),
+            "arange: bounds must be finite, got start {start} and end {end}"
+        );
         let n = ((end - start) / step).ceil().max(0.0) as usize;
+        // PyTorch counts the elements with the given bounds but, for integer dtypes, computes
+        // the values from the start and step truncated to integers.
+        let (start, step) = if dtype.is_int() { (start.trunc(), step.trunc()) } else { (start, step) };
         Tensor::from_f64_fn(n, dtype, device, |i| start + i as f64 * step)
     }
 
     /// `steps` evenly spaced values from `start` to `end` inclusive (`torch.linspace`).
     pub fn linspace(start: f64, end: f64, steps: usize, dtype: DType, device: Device) -> Result<Tensor> {
+        // The bounds are first converted to `dtype`, as in PyTorch (integer linspace starts at
+        // the truncated start).
+        let (start, end) = (CpuStorage::full(dtype, 1, start), CpuStorage::full(dtype, 1, end));
+        let bound = |s: CpuStorage| with_cpu_storage!(&s, v, T => v[0].to_f64());
+        let (start, end) = (bound(start), bound(end));
         let step = if steps > 1 { (end - start) / (steps - 1) as f64 } else { 0.0 };
-        // Fill from both ends, as PyTorch does, so the last value is exactly `end`.
+        // Fill from both ends, as PyTorch does, so the last value is exactly `end` (one step is `start`).
         let half = steps / 2;
         Tensor::from_f64_fn(steps, dtype, device, |i| {
-            if i < half {
+            if i < half || steps == 1 {
                 start + step * i as f64
             } else {
                 end - step * (steps - 1 - i) as f64

@@ -105,22 +105,34 @@ pub(crate) fn float_fn<C: Special>(op: UnaryOp) -> impl Fn(C) -> C + Sync + Copy
         UnaryOp::Silu => x / (one + (-x).exp()),
         UnaryOp::Square => x * x,
         UnaryOp::Recip => one / x,
+        // 0 for both zeros and for NaN, as torch.sign.
         UnaryOp::Sign => {
             if x > zero {
                 one
             } else if x < zero {
                 -one
             } else {
-                x
+                zero
             }
         }
         UnaryOp::Floor => x.floor(),
         UnaryOp::Ceil => x.ceil(),
         UnaryOp::Round => x.round_half_even(),
         UnaryOp::Affine { .. } => x * p0 + p1,
+        // PyTorch computes these exponents with sqrt, multiplies and reciprocals, which differ
+        // from powf at the edges (pow(-inf, 0.5) is inf, sqrt(-inf) is NaN).
+        UnaryOp::Powf(0.5) => x.sqrt(),
+        UnaryOp::Powf(-0.5) => one / x.sqrt(),
+        UnaryOp::Powf(2.0) => x * x,
+        UnaryOp::Powf(3.0) => x * x * x,
+        UnaryOp::Powf(-1.0) => one / x,
+        UnaryOp::Powf(-2.0) => one / (x * x),
         UnaryOp::Powf(_) => x.powf(p0),
         UnaryOp::Clamp { .. } => {
-            if x < p0 {
+            // A NaN bound makes every element NaN, as in PyTorch.
+            if p0.is_nan() || p1.is_nan() {
+                p0 + p1
+            } else if x < p0 {
                 p0
             } else if x > p1 {
                 p1
@@ -137,14 +149,62 @@ fn float_unary<T: ComputeAs>(v: &[T], layout: &Layout, op: UnaryOp) -> Vec<T> {
     map(v, layout, move |x: T| T::down(f(x.up())))
 }
 
-/// Integer ops compute in f64 and cast back (exact for |x| < 2^53); unsigned `neg` wraps as
-/// in PyTorch.
-fn int_unary<T: Element>(v: &[T], layout: &Layout, op: UnaryOp, wrap: f64) -> Vec<T> {
-    let f = float_fn::<f64>(op);
-    map(v, layout, move |x: T| {
-        let y = f(x.to_f64());
-        T::from_f64(if y < 0.0 && wrap > 0.0 { y.rem_euclid(wrap) } else { y.trunc() })
-    })
+/// Integer elements: unary ops compute exactly in i128 and wrap back to the type, as PyTorch's
+/// integer arithmetic wraps (`-x` on uint8 is `256 - x`, `abs(i64::MIN)` is `i64::MIN`).
+trait WrapInt: Element {
+    fn widen(self) -> i128;
+    fn wrap(v: i128) -> Self;
+}
+macro_rules! wrap_int {
+    ($($t:ty),*) => {$(
+        impl WrapInt for $t {
+            #[inline(always)]
+            fn widen(self) -> i128 {
+                self as i128
+            }
+            #[inline(always)]
+            fn wrap(v: i128) -> $t {
+                v as $t
+            }
+        }
+    )*};
+}
+wrap_int!(i64, u32, u8);
+
+fn is_integral(v: f64) -> bool {
+    v.fract() == 0.0 && v.abs() < 9.2e18
+}
+
+fn int_unary<T: WrapInt>(v: &[T], layout: &Layout, op: UnaryOp) -> Vec<T> {
+    match op {
+        UnaryOp::Neg => map(v, layout, |x: T| T::wrap(x.widen().wrapping_neg())),
+        UnaryOp::Abs => map(v, layout, |x: T| T::wrap(x.widen().abs())),
+        UnaryOp::Relu => map(v, layout, |x: T| T::wrap(x.widen().max(0))),
+        UnaryOp::Square => map(v, layout, |x: T| T::wrap(x.widen().wrapping_mul(x.widen()))),
+        UnaryOp::Sign => map(v, layout, |x: T| T::wrap(x.widen().signum())),
+        UnaryOp::Affine { mul, add } if is_integral(mul) && is_integral(add) => {
+            let (mul, add) = (mul as i128, add as i128);
+            map(v, layout, move |x: T| T::wrap(x.widen().wrapping_mul(mul).wrapping_add(add)))
+        }
+        // Fractional factors: computed in f64 and truncated toward zero, as a float result cast back.
+        UnaryOp::Affine { mul, add } => map(v, layout, move |x: T| T::from_f64(x.to_f64() * mul + add)),
+        UnaryOp::Clamp { min, max } => {
+            assert!(!min.is_nan() && !max.is_nan(), "clamp: NaN bound for an integer tensor");
+            // Integer bounds inside [min, max]; infinite bounds saturate to i128's range.
+            let (lo, hi) = (min.ceil() as i128, max.floor() as i128);
+            map(v, layout, move |x: T| {
+                let w = x.widen();
+                T::wrap(if w < lo {
+                    lo
+                } else if w > hi {
+                    hi
+                } else {
+                    w
+                })
+            })
+        }
+        op => unreachable!("{}: checked to work on integers", op.name()),
+    }
 }
 
 pub(super) fn unary(s: &CpuStorage, layout: &Layout, op: UnaryOp) -> CpuStorage {
@@ -162,15 +222,15 @@ pub(super) fn unary(s: &CpuStorage, layout: &Layout, op: UnaryOp) -> CpuStorage 
         CpuStorage::BF16(v) => CpuStorage::BF16(float_unary(v, layout, op)),
         CpuStorage::I64(v) => {
             int_op(s.dtype());
-            CpuStorage::I64(int_unary(v, layout, op, 0.0))
+            CpuStorage::I64(int_unary(v, layout, op))
         }
         CpuStorage::U32(v) => {
             int_op(s.dtype());
-            CpuStorage::U32(int_unary(v, layout, op, 4294967296.0))
+            CpuStorage::U32(int_unary(v, layout, op))
         }
         CpuStorage::U8(v) => {
             int_op(s.dtype());
-            CpuStorage::U8(int_unary(v, layout, op, 256.0))
+            CpuStorage::U8(int_unary(v, layout, op))
         }
         CpuStorage::Bool(_) => panic!("{}: not defined for bool tensors", op.name()),
     }

@@ -184,7 +184,13 @@ impl Tensor {
     /// One index along `dim`, dropping that dim (`t[i]` for dim 0, `t.select(dim, i)`).
     pub fn select<D: Dim>(&self, dim: D, index: usize) -> Tensor {
         let d = dim.to_index(self.rank(), "select");
-        self.narrow(d, index, 1).squeeze(d)
+        let size = self.dims()[d];
+        assert!(
+            index < size,
+            "select: index {index} is out of range for dim {d} of size {size} (shape {:?})",
+            self.dims()
+        );
+        self.with_layout(self.layout().narrow(d, index, 1).squeeze(d))
     }
 
     /// A view broadcast to `shape` by numpy rules (size-1 dims repeat with stride 0).
@@ -206,6 +212,10 @@ impl Tensor {
             .iter()
             .enumerate()
             .map(|(i, &s)| {
+                assert!(
+                    s >= -1,
+                    "expand: invalid size {s} in {shape:?}; sizes must be >= 0, or -1 to keep one"
+                );
                 if s == -1 {
                     assert!(i >= lead, "expand: -1 is not allowed for a new leading dim in {shape:?}");
                     self.dims()[i - lead]

@@ -1,0 +1,271 @@
+//! Indexing by integer tensors, with PyTorch semantics: `index_select`, `gather`, `scatter_add`,
+//! `index_add`, `embedding` and `one_hot`.
+//!
+//! Index tensors are int64 or uint32 and may be strided. Every index is checked before any
+//! element moves: an out-of-range or negative index panics naming the op, the index, the dim and
+//! its size (PyTorch rejects negative indices in all of these ops too). `scatter_add` and
+//! `index_add` are out of place and accumulate every contribution of a repeated index, in the
+//! order the indices appear, so results do not depend on the number of threads.
+
+pub(crate) mod cpu;
+#[cfg(test)]
+mod tests;
+
+use crate::shape::Dim;
+use crate::storage::{CpuStorage, Storage};
+use crate::{DType, Element, Tensor};
+
+/// Like `with_cpu_storage!` for the dtypes that can be added to (all but bool).
+macro_rules! with_addable_storage {
+    ($storage:expr, $op:expr, $v:ident, $T:ident => $body:expr) => {
+        match $storage {
+            CpuStorage::F32($v) => {
+                type $T = f32;
+                $body
+            }
+            CpuStorage::F64($v) => {
+                type $T = f64;
+                $body
+            }
+            CpuStorage::F16($v) => {
+                type $T = half::f16;
+                $body
+            }
+            CpuStorage::BF16($v) => {
+                type $T = half::bf16;
+                $body
+            }
+            CpuStorage::I64($v) => {
+                type $T = i64;
+                $body
+            }
+            CpuStorage::U32($v) => {
+                type $T = u32;
+                $body
+            }
+            CpuStorage::U8($v) => {
+                type $T = u8;
+                $body
+            }
+            CpuStorage::Bool(_) => panic!("{}: not defined for bool tensors", $op),
+        }
+    };
+}
+
+/// The values of an int64/uint32 index tensor in row-major order.
+fn index_values(op: &str, index: &Tensor) -> Vec<i64> {
+    match index.dtype() {
+        DType::I64 => index.to_vec::<i64>(),
+        DType::U32 => index.to_vec::<u32>().into_iter().map(i64::from).collect(),
+        other => panic!(
+            "{op}: the index must be an int64 or uint32 tensor, got {other} with shape {:?}",
+            index.dims()
+        ),
+    }
+}
+
+/// The values of `index`, each checked to lie in `0..size` (`size` is the extent of `dim` in
+/// the tensor of shape `target` that the indices point into).
+fn checked_indices(op: &str, index: &Tensor, dim: usize, size: usize, target: &[usize]) -> Vec<usize> {
+    index_values(op, index)
+        .into_iter()
+        .map(|v| {
+            if v < 0 {
+                panic!(
+                    "{op}: index {v} is out of range for dim {dim} with size {size} (tensor shape {target:?}); \
+                     negative indices are not supported"
+                );
+            }
+            let i = v as usize;
+            assert!(
+                i < size,
+                "{op}: index {v} is out of range for dim {dim} with size {size} (tensor shape {target:?})"
+            );
+            i
+        })
+        .collect()
+}
+
+/// The dtype check every index op makes on a tensor of values.
+fn same_dtype_and_device(a: &Tensor, b: &Tensor, op: &str) {
+    a.same_device(b, op);
+    a.same_dtype(b, op);
+}
+
+impl Tensor {
+    /// The slices of `self` along `dim` picked by a 0-D or 1-D `indices` tensor, in the order
+    /// given (repeats allowed), as `torch.index_select`. The result has `self`'s shape with
+    /// `dim` resized to the number of indices.
+    pub fn index_select<D: Dim>(&self, dim: D, indices: &Tensor) -> Tensor {
+        let op = "index_select";
+        let d = dim.to_index(self.rank(), op);
+        self.same_device(indices, op);
+        assert!(
+            indices.rank() <= 1,
+            "{op}: the index must be 0-D or 1-D, got shape {:?} (input shape {:?})",
+            indices.dims(),
+            self.dims()
+        );
+        let idx = checked_indices(op, indices, d, self.dims()[d], self.dims());
+        self.select_rows(d, &idx)
+    }
+
+    /// `index_select` with checked indices; the result's `dim` has `idx.len()` entries.
+    fn select_rows(&self, dim: usize, idx: &[usize]) -> Tensor {
+        let mut shape = self.dims().to_vec();
+        shape[dim] = idx.len();
+        let storage = match &*self.storage() {
+            Storage::Cpu(s) => {
+                with_cpu_storage!(s, v, T => T::into_storage(cpu::index_select(v, self.layout(), dim, idx)))
+            }
+        };
+        Tensor::from_cpu(storage, shape)
+    }
+
+    /// Rows of the embedding table `weight` (`[num_embeddings, embedding_dim]`) for each id in
+    /// `self`, as `torch.nn.functional.embedding(ids, weight)` (also callable as
+    /// `Tensor::embedding(&ids, &weight)`). The result has shape `ids.shape + [embedding_dim]`.
+    pub fn embedding(&self, weight: &Tensor) -> Tensor {
+        let op = "embedding";
+        assert_eq!(
+            weight.rank(),
+            2,
+            "{op}: the weight must be 2-D [num_embeddings, embedding_dim], got shape {:?} (ids shape {:?})",
+            weight.dims(),
+            self.dims()
+        );
+        self.same_device(weight, op);
+        let idx = checked_indices(op, self, 0, weight.dims()[0], weight.dims());
+        let mut shape = self.dims().to_vec();
+        shape.push(weight.dims()[1]);
+        weight.select_rows(0, &idx).reshape(shape)
+    }
+
+    /// `out[i][j][k] = self[index[i][j][k]][j][k]` for `dim == 0` (and likewise for other dims),
+    /// as `torch.gather`. `index` has `self`'s rank, and no larger extent than `self` in any
+    /// dim but `dim`; the result has `index`'s shape.
+    pub fn gather<D: Dim>(&self, dim: D, index: &Tensor) -> Tensor {
+        let op = "gather";
+        let d = dim.to_index(self.rank(), op);
+        self.same_device(index, op);
+        check_index_fits(op, index, d, self, "input", true);
+        let idx = checked_indices(op, index, d, self.dims()[d], self.dims());
+        let storage = match &*self.storage() {
+            Storage::Cpu(s) => {
+                with_cpu_storage!(s, v, T => T::into_storage(cpu::gather(v, self.layout(), d, index.dims(), &idx)))
+            }
+        };
+        Tensor::from_cpu(storage, index.dims())
+    }
+
+    /// A copy of `self` with `src[i][j][k]` added at `[index[i][j][k]][j][k]` (for `dim == 0`),
+    /// as `torch.scatter_add` (out of place). Repeated indices accumulate all their
+    /// contributions. `index` has `self`'s rank, fits inside `src` in every dim and inside
+    /// `self` in every dim but `dim`.
+    pub fn scatter_add<D: Dim>(&self, dim: D, index: &Tensor, src: &Tensor) -> Tensor {
+        let op = "scatter_add";
+        let d = dim.to_index(self.rank(), op);
+        same_dtype_and_device(self, src, op);
+        self.same_device(index, op);
+        check_index_fits(op, index, d, self, "self", true);
+        check_index_fits(op, index, d, src, "src", false);
+        let idx = checked_indices(op, index, d, self.dims()[d], self.dims());
+        let storage = match (&*self.storage(), &*src.storage()) {
+            (Storage::Cpu(s), Storage::Cpu(src_s)) => {
+                with_addable_storage!(s, op, v, T => T::into_storage(cpu::scatter_add(
+                    (v, self.layout()),
+                    (src_s.as_slice::<T>(), src.layout()),
+                    d,
+                    index.dims(),
+                    &idx,
+                )))
+            }
+        };
+        Tensor::from_cpu(storage, self.dims())
+    }
+
+    /// A copy of `self` with `alpha * source.select(dim, i)` added to
+    /// `self.select(dim, index[i])` for each `i`, as `torch.index_add` (out of place).
+    /// Repeated indices accumulate in index order. `alpha` must be a whole number for integer
+    /// tensors.
+    pub fn index_add<D: Dim>(&self, dim: D, index: &Tensor, source: &Tensor, alpha: f64) -> Tensor {
+        let op = "index_add";
+        let d = dim.to_index(self.rank(), op);
+        same_dtype_and_device(self, source, op);
+        self.same_device(index, op);
+        assert!(
+            index.rank() <= 1,
+            "{op}: the index must be 0-D or 1-D, got shape {:?} (self shape {:?})",
+            index.dims(),
+            self.dims()
+        );
+        let mut expected = self.dims().to_vec();
+        expected[d] = index.elem_count();
+        assert!(
+            source.dims() == expected,
+            "{op}: source of shape {:?} must have shape {expected:?}: self's shape {:?} with dim {d} \
+             resized to the {} indices",
+            source.dims(),
+            self.dims(),
+            index.elem_count()
+        );
+        assert!(
+            self.dtype().is_float() || alpha.fract() == 0.0,
+            "{op}: alpha {alpha} must be a whole number for a {} tensor",
+            self.dtype()
+        );
+        let idx = checked_indices(op, index, d, self.dims()[d], self.dims());
+        let storage = match (&*self.storage(), &*source.storage()) {
+            (Storage::Cpu(s), Storage::Cpu(src_s)) => {
+                with_addable_storage!(s, op, v, T => T::into_storage(cpu::index_add(
+                    (v, self.layout()),
+                    (src_s.as_slice::<T>(), source.layout()),
+                    d,
+                    &idx,
+                    alpha,
+                )))
+            }
+        };
+        Tensor::from_cpu(storage, self.dims())
+    }
+
+    /// Class ids (int64 or uint32, any shape) as one-hot int64 vectors of length `num_classes`,
+    /// as `torch.nn.functional.one_hot`; the result has shape `self.shape + [num_classes]`.
+    pub fn one_hot(&self, num_classes: usize) -> Tensor {
+        let op = "one_hot";
+        let classes = index_values(op, self);
+        let mut data = vec![0i64; classes.len() * num_classes];
+        for (row, &class) in classes.iter().enumerate() {
+            assert!(
+                (0..num_classes as i64).contains(&class),
+                "{op}: class {class} is out of range for num_classes {num_classes} (ids shape {:?}){}",
+                self.dims(),
+                if class < 0 { "; negative classes are not supported" } else { "" }
+            );
+            data[row * num_classes + class as usize] = 1;
+        }
+        let mut shape = self.dims().to_vec();
+        shape.push(num_classes);
+        Tensor::from_cpu(CpuStorage::I64(data), shape)
+    }
+}
+
+/// PyTorch's shape rule for gather/scatter: same rank, and `index` no larger than `other` in
+/// every dim (every dim but `dim` when `except_dim`).
+fn check_index_fits(op: &str, index: &Tensor, dim: usize, other: &Tensor, name: &str, except_dim: bool) {
+    assert_eq!(
+        index.rank(),
+        other.rank(),
+        "{op}: the index of shape {:?} must have as many dims as {name} of shape {:?}",
+        index.dims(),
+        other.dims()
+    );
+    for (d, (&i, &o)) in index.dims().iter().zip(other.dims()).enumerate() {
+        assert!(
+            (except_dim && d == dim) || i <= o,
+            "{op}: the index of shape {:?} is larger than {name} of shape {:?} in dim {d}",
+            index.dims(),
+            other.dims()
+        );
+    }
+}

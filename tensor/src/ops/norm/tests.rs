@@ -1,0 +1,191 @@
+//! Tests of the normalisation primitives: PyTorch fixtures (`fixtures.py`) for outputs and
+//! statistics, and naive f64 loops for large strided inputs (the multithreaded paths).
+
+use crate::testing::{assert_close, tolerance, Fixtures};
+use crate::{device_test, DType, Device, Tensor};
+
+fn fixtures() -> Fixtures {
+    Fixtures::parse(include_str!("fixtures.json"), "norm/fixtures.json")
+}
+
+/// Pseudo-random values `offset + spread * u`, `u` uniform in [-1, 1) (a fixed LCG).
+fn random(shape: &[usize], seed: u64, offset: f64, spread: f64, dev: Device) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            offset + spread * (((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0)
+        })
+        .collect();
+    Tensor::from_vec(v, shape, dev).unwrap()
+}
+
+fn check(got: &Tensor, expected: &Tensor, dtype: DType, what: &str) {
+    let (rtol, atol) = tolerance(dtype);
+    assert_eq!(got.dtype(), dtype, "{what}: dtype");
+    assert_close(got, expected, rtol, atol, what);
+}
+
+device_test! {
+    fn layer_norm_matches_torch(dev: Device) {
+        let f = fixtures();
+        let t = |case: &str, name: &str| f.tensor(case, name, dev);
+        // (case, view of x, has weight, has bias, dtype of output, dtype of statistics)
+        let x = t("ln_f32_strided", "x").transpose(0, 1);
+        assert!(!x.is_contiguous());
+        let cases = [
+            ("ln_f32_strided", x, true, true, DType::F32, DType::F32),
+            ("ln_f64_two_dims", t("ln_f64_two_dims", "x"), true, false, DType::F64, DType::F64),
+            ("ln_bf16", t("ln_bf16", "x"), true, true, DType::BF16, DType::F32),
+            ("ln_offset_f32", t("ln_offset_f32", "x"), true, true, DType::F32, DType::F32),
+        ];
+        for (case, x, has_weight, has_bias, out_dtype, stats_dtype) in cases {
+            let normalized: Vec<usize> = f.ints(case, "normalized_shape").iter().map(|&d| d as usize).collect();
+            let weight = has_weight.then(|| t(case, "weight"));
+            let bias = has_bias.then(|| t(case, "bias"));
+            let (out, mean, rstd) = x.layer_norm(&normalized, weight.as_ref(), bias.as_ref(), f.scalar(case, "eps"));
+            check(&out, &t(case, "out"), out_dtype, &format!("{case} out"));
+            check(&mean, &t(case, "mean"), stats_dtype, &format!("{case} mean"));
+            check(&rstd, &t(case, "rstd"), stats_dtype, &format!("{case} rstd"));
+        }
+    }
+}
+
+device_test! {
+    fn batch_norm_matches_torch(dev: Device) {
+        let f = fixtures();
+        let t = |case: &str, name: &str| f.tensor(case, name, dev);
+        let x = t("bn_nchw_f32_channels_last", "x").permute([0, 3, 1, 2]);
+        let cases = [
+            ("bn_nchw_f32_channels_last", x, true, DType::F32, DType::F32),
+            ("bn_nc_f64", t("bn_nc_f64", "x"), false, DType::F64, DType::F64),
+            ("bn_ncl_bf16", t("bn_ncl_bf16", "x"), true, DType::BF16, DType::F32),
+            ("bn_offset_f32", t("bn_offset_f32", "x"), false, DType::F32, DType::F32),
+        ];
+        for (case, x, affine, out_dtype, stats_dtype) in cases {
+            let (weight, bias) = if affine { (Some(t(case, "weight")), Some(t(case, "bias"))) } else { (None, None) };
+            let (mean, var) = x.batch_norm_stats();
+            check(&mean, &t(case, "mean"), stats_dtype, &format!("{case} mean"));
+            check(&var, &t(case, "var"), stats_dtype, &format!("{case} var"));
+            let (out, mean2, var2) = x.batch_norm_training(weight.as_ref(), bias.as_ref(), f.scalar(case, "eps"));
+            check(&out, &t(case, "out"), out_dtype, &format!("{case} out"));
+            assert_eq!((mean2.to_f64_vec(), var2.to_f64_vec()), (mean.to_f64_vec(), var.to_f64_vec()));
+        }
+        let c = "bn_eval";
+        let out = t(c, "x").batch_norm_normalize(
+            &t(c, "running_mean"),
+            &t(c, "running_var"),
+            Some(&t(c, "weight")),
+            Some(&t(c, "bias")),
+            f.scalar(c, "eps"),
+        );
+        check(&out, &t(c, "out"), DType::F32, "bn_eval out");
+    }
+}
+
+/// Per-channel mean and biased variance of a tensor of shape `[N, C, ...]`, naive in f64.
+fn channel_moments_loop(x: &Tensor) -> (Vec<f64>, Vec<f64>) {
+    let (c, s) = (x.dims()[1], x.dims()[2..].iter().product::<usize>());
+    let v = x.to_f64_vec();
+    let per_channel =
+        |ch: usize| v.iter().enumerate().filter(move |(i, _)| (i / s) % c == ch).map(|(_, &x)| x);
+    let n = (v.len() / c) as f64;
+    let mean: Vec<f64> = (0..c).map(|ch| per_channel(ch).sum::<f64>() / n).collect();
+    let var = (0..c).map(|ch| per_channel(ch).map(|x| (x - mean[ch]).powi(2)).sum::<f64>() / n).collect();
+    (mean, var)
+}
+
+device_test! {
+    fn batch_norm_on_a_large_strided_input_matches_loop(dev: Device) {
+        // NHWC storage seen as NCHW, above the threading threshold; offset mean per channel.
+        let x = random(&[8, 24, 20, 5], 1, 50.0, 3.0, dev).to_dtype(DType::F32).permute([0, 3, 1, 2]);
+        let (mean, var) = x.batch_norm_stats();
+        let (mean_ref, var_ref) = channel_moments_loop(&x);
+        let (m, v) = (Tensor::from_vec(mean_ref.clone(), 5, dev).unwrap(), Tensor::from_vec(var_ref.clone(), 5, dev).unwrap());
+        assert_close(&mean, &m, 1e-6, 1e-6, "mean");
+        assert_close(&var, &v, 1e-6, 1e-6, "var");
+        let weight = random(&[5], 2, 1.0, 0.5, dev).to_dtype(DType::F32);
+        let bias = random(&[5], 3, 0.0, 1.0, dev);
+        let eps = 1e-5;
+        let out = x.batch_norm_normalize(&mean, &var, Some(&weight), Some(&bias), eps);
+        let (xs, ws, bs) = (x.to_f64_vec(), weight.to_f64_vec(), bias.to_f64_vec());
+        let expected: Vec<f64> = xs
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                let c = (i / 480) % 5;
+                (x - mean_ref[c]) / (var_ref[c] + eps).sqrt() * ws[c] + bs[c]
+            })
+            .collect();
+        let expected = Tensor::from_vec(expected, x.dims(), dev).unwrap();
+        assert_close(&out, &expected, 1e-5, 1e-5, "batch_norm out");
+        // Same result on a contiguous copy (the layout must not change the numbers).
+        let (mean_c, _) = x.contiguous().batch_norm_stats();
+        assert_eq!(mean_c.to_vec::<f32>(), mean.to_vec::<f32>());
+    }
+}
+
+device_test! {
+    fn layer_norm_on_a_large_strided_input_matches_loop(dev: Device) {
+        for dtype in [DType::F32, DType::F16] {
+            let x = random(&[96, 64, 8], 4, 5.0, 2.0, dev).to_dtype(dtype).transpose(0, 1); // [64, 96, 8]
+            let weight = random(&[96, 8], 5, 1.0, 0.5, dev).to_dtype(dtype);
+            let (out, mean, rstd) = x.layer_norm([96, 8], Some(&weight), None, 1e-5);
+            assert_eq!((mean.dims(), rstd.dims()), (&[64, 1, 1][..], &[64, 1, 1][..]));
+            assert_eq!(mean.dtype(), DType::F32);
+            let (xs, ws) = (x.to_f64_vec(), weight.to_f64_vec());
+            let (mut out_ref, mut mean_ref, mut rstd_ref) = (vec![], vec![], vec![]);
+            for row in xs.chunks(768) {
+                let mu = row.iter().sum::<f64>() / 768.0;
+                let rs = 1.0 / (row.iter().map(|x| (x - mu).powi(2)).sum::<f64>() / 768.0 + 1e-5).sqrt();
+                out_ref.extend(row.iter().zip(&ws).map(|(x, w)| (x - mu) * rs * w));
+                mean_ref.push(mu);
+                rstd_ref.push(rs);
+            }
+            let (rtol, atol) = tolerance(dtype);
+            let make = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, dev).unwrap();
+            assert_close(&out, &make(out_ref, x.dims()), rtol, atol, "layer_norm out");
+            assert_close(&mean, &make(mean_ref, &[64, 1, 1]), 1e-6, 1e-6, "layer_norm mean");
+            assert_close(&rstd, &make(rstd_ref, &[64, 1, 1]), 1e-6, 1e-6, "layer_norm rstd");
+        }
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "layer_norm: normalized_shape [4] must be a non-empty tail of the input's shape [2, 3]")]
+    fn layer_norm_shape_mismatch_panics(dev: Device) {
+        Tensor::zeros([2, 3], DType::F32, dev).unwrap().layer_norm(4usize, None, None, 1e-5);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "layer_norm: weight must have shape [3] for an input of shape [2, 3], got [2, 3]")]
+    fn layer_norm_weight_shape_panics(dev: Device) {
+        let x = Tensor::zeros([2, 3], DType::F32, dev).unwrap();
+        x.layer_norm([3], Some(&x), None, 1e-5);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "batch_norm: bias must have shape [3] for an input of shape [2, 3, 4], got [4]")]
+    fn batch_norm_param_shape_panics(dev: Device) {
+        let x = Tensor::zeros([2, 3, 4], DType::F32, dev).unwrap();
+        let (mean, var) = x.batch_norm_stats();
+        x.batch_norm_normalize(&mean, &var, None, Some(&Tensor::zeros([4], DType::F32, dev).unwrap()), 1e-5);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "batch_norm_stats: expected a floating-point input, got int64 with shape [2, 3]")]
+    fn batch_norm_int_input_panics(dev: Device) {
+        Tensor::zeros([2, 3], DType::I64, dev).unwrap().batch_norm_stats();
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "batch_norm_stats: expected an input of shape [N, C], [N, C, L] or [N, C, H, W], got [5]")]
+    fn batch_norm_rank_one_panics(dev: Device) {
+        Tensor::zeros([5], DType::F32, dev).unwrap().batch_norm_stats();
+    }
+}

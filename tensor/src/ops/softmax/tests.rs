@@ -1,0 +1,116 @@
+//! Tests of softmax/log_softmax: PyTorch fixtures with extreme logits, and naive f64 loops
+//! (written here) on random non-contiguous views.
+use crate::ops::reduce::proptests::view_spec;
+use crate::ops::reduce::tests::{naive_groups, values};
+use crate::testing::{assert_close, tolerance, Fixtures};
+use crate::*;
+use proptest::prelude::*;
+
+/// Naive softmax (or log_softmax) of `t` along `dim`, in f64, in row-major order of `t`.
+fn naive_softmax(t: &Tensor, dim: usize, log: bool) -> Vec<f64> {
+    let shape = t.dims().to_vec();
+    if shape.is_empty() {
+        return vec![if log { 0.0 } else { 1.0 }];
+    }
+    let (_, lanes) = naive_groups(t, &[dim], false);
+    let results: Vec<Vec<f64>> = lanes
+        .iter()
+        .map(|lane| {
+            let m = lane.iter().fold(f64::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+            let sum: f64 = lane.iter().map(|x| (x - m).exp()).sum();
+            lane.iter().map(|x| if log { (x - m) - sum.ln() } else { (x - m).exp() / sum }).collect()
+        })
+        .collect();
+    let n: usize = shape.iter().product();
+    (0..n)
+        .map(|linear| {
+            let mut rest = linear;
+            let mut coord = vec![0; shape.len()];
+            for a in (0..shape.len()).rev() {
+                coord[a] = rest % shape[a];
+                rest /= shape[a];
+            }
+            let lane = (0..shape.len()).filter(|&a| a != dim).fold(0, |acc, a| acc * shape[a] + coord[a]);
+            results[lane][coord[dim]]
+        })
+        .collect()
+}
+
+fn check(t: &Tensor, dim: i64, what: &str) {
+    let d = if t.rank() == 0 { 0 } else { (dim + t.rank() as i64) as usize % t.rank() };
+    let (rtol, atol) = tolerance(t.dtype());
+    for log in [false, true] {
+        let got = if log { t.log_softmax(dim) } else { t.softmax(dim) };
+        assert_eq!((got.dims(), got.dtype()), (t.dims(), t.dtype()), "{what}");
+        let exp = Tensor::from_vec(naive_softmax(t, d, log), t.dims(), Device::Cpu).unwrap();
+        assert_close(&got, &exp, rtol, atol, &format!("{what}: log {log}, dim {dim}"));
+    }
+}
+
+device_test! {
+    fn softmax_matches_torch_on_extreme_logits(dev: Device) {
+        let fx = Fixtures::parse(include_str!("fixtures.json"), "softmax/fixtures.json");
+        for case in fx.case_names() {
+            let x = fx.tensor(case, "x", dev);
+            let dim = fx.ints(case, "dim")[0];
+            let (rtol, atol) = tolerance(x.dtype());
+            // The same values through a layout whose dims are in reverse memory order.
+            let rev: Vec<usize> = (0..x.rank()).rev().collect();
+            let view = x.permute(&rev).contiguous().permute(&rev);
+            assert!(!view.is_contiguous());
+            for t in [&x, &view] {
+                assert_close(&t.softmax(dim), &fx.tensor(case, "softmax", dev), rtol, atol, case);
+                assert_close(&t.log_softmax(dim), &fx.tensor(case, "log_softmax", dev), rtol, atol, case);
+            }
+        }
+    }
+}
+
+device_test! {
+    fn large_softmax_takes_the_parallel_paths(dev: Device) {
+        let make = |shape: &[usize], seed| {
+            Tensor::from_vec(values(shape.iter().product(), seed, false), shape, dev).unwrap().to_dtype(DType::F32)
+        };
+        check(&make(&[200, 300], 1), 1, "rows");
+        check(&make(&[300, 200], 2), 0, "columns of one block");
+        check(&make(&[40, 50, 30], 3), 1, "columns of many blocks");
+        check(&make(&[300, 400], 4).t(), -1, "transposed");
+        check(&make(&[64, 1, 100], 5).expand([64, 8, 100]).to_dtype(DType::F16), 1, "expanded f16");
+    }
+}
+
+device_test! {
+    fn softmax_of_a_scalar_is_one(dev: Device) {
+        let s = Tensor::scalar(-3.5f32, dev).unwrap();
+        assert_eq!((s.softmax(0).to_scalar::<f32>(), s.log_softmax(-1).to_scalar::<f32>()), (1.0, 0.0));
+        let empty = Tensor::zeros([0, 4], DType::F64, dev).unwrap();
+        assert_eq!(empty.softmax(1).dims(), &[0, 4]);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "softmax: expected a floating-point tensor, got dtype int64 (shape [2])")]
+    fn softmax_rejects_integers(dev: Device) {
+        Tensor::new([1i64, 2], dev).unwrap().softmax(0);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "log_softmax: dim 2 is out of range for a tensor of rank 2")]
+    fn log_softmax_rejects_an_out_of_range_dim(dev: Device) {
+        Tensor::zeros([2, 3], DType::F32, dev).unwrap().log_softmax(2);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn softmax_matches_naive_on_views(spec in view_spec(), dim in -4i64..4, f64_: bool) {
+        let t = spec.build(if f64_ { DType::F64 } else { DType::F32 });
+        // Any valid dim, written negative when `dim` is.
+        let r = t.rank() as i64;
+        let dim = if r == 0 { 0 } else if dim < 0 { -1 - (-dim - 1) % r } else { dim % r };
+        check(&t, dim, &format!("{spec:?}"));
+    }
+}

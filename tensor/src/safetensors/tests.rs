@@ -28,10 +28,11 @@ impl Drop for TempDir {
 
 /// The elements' bytes in row-major order: equal bytes mean equal bits, NaNs included.
 fn row_major_bytes(t: &Tensor) -> Vec<u8> {
-    let c = t.copy();
+    let c = t.to_device(Device::Cpu).unwrap().copy();
     let s = c.storage();
     match &*s {
         Storage::Cpu(s) => s.as_bytes().to_vec(),
+        Storage::Cuda(_) => unreachable!("copied to the host"),
     }
 }
 

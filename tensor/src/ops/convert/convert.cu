@@ -1,5 +1,6 @@
 // Dtype conversion (with PyTorch's cast semantics, matching the CPU backend), strided copies
-// and fills. Conversions go through double, which holds every f32/f16/bf16/u32/u8 value exactly.
+// and fills. Conversions go through double, which holds every f32/f16/bf16/u32/u8 value
+// exactly; integer-to-integer casts below stay in integers so large i64 values keep every bit.
 
 #define LOAD_F32(x) ((double)(x))
 #define LOAD_F64(x) ((double)(x))
@@ -21,8 +22,9 @@ __device__ __forceinline__ double sat(double d, double lo, double hi) {
 #define STORE_BF16(d) f32_to_bf16((float)(d))
 #define STORE_F16(d) f32_to_f16((float)(d))
 #define STORE_I64(d) ((i64)sat(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_U32(d) ((u32)sat(d, 0.0, 4294967295.0))
-#define STORE_U8(d) ((u8)sat(d, 0.0, 255.0))
+// Unsigned targets go through i64 and wrap (-1.0 -> 255), as PyTorch's CPU casts.
+#define STORE_U32(d) ((u32)(i64)sat(d, -9223372036854775808.0, 9223372036854775807.0))
+#define STORE_U8(d) ((u8)(i64)sat(d, -9223372036854775808.0, 9223372036854775807.0))
 #define STORE_BOOL(d) ((u8)((d) != 0.0))
 
 #define CONVERT(SN, ST, SL, DN, DT, DS)                                                          \
@@ -38,13 +40,29 @@ __device__ __forceinline__ double sat(double d, double lo, double hi) {
     CONVERT(SN, ST, SL, u32, u32, STORE_U32)                                                     \
     CONVERT(SN, ST, SL, u8, u8, STORE_U8)                                                        \
     CONVERT(SN, ST, SL, bool, u8, STORE_BOOL)
+// Integer sources to integer targets: plain truncation of the two's-complement bits.
+#define INT_CAST(SN, ST, DN, DT)                                                                 \
+    extern "C" __global__ void convert_##SN##_##DN(Strided s, const ST* in, DT* out, i64 n) {    \
+        FOR_EACH(i, n) { out[i] = (DT)(i64)in[strided_offset(s, i)]; }                           \
+    }
+// Integers to f32 and the half types round once, to f32 first (as the CPU backend).
+#define LOAD_INT_F32(x) ((float)(i64)(x))
+#define CONVERT_FROM_INT(SN, ST, SL)                                                             \
+    CONVERT(SN, ST, LOAD_INT_F32, f32, float, STORE_F32)                                         \
+    CONVERT(SN, ST, SL, f64, double, STORE_F64)                                                  \
+    CONVERT(SN, ST, LOAD_INT_F32, bf16, bf16_t, STORE_BF16)                                      \
+    CONVERT(SN, ST, LOAD_INT_F32, f16, f16_t, STORE_F16)                                         \
+    INT_CAST(SN, ST, i64, i64)                                                                   \
+    INT_CAST(SN, ST, u32, u32)                                                                   \
+    INT_CAST(SN, ST, u8, u8)                                                                     \
+    CONVERT(SN, ST, SL, bool, u8, STORE_BOOL)
 CONVERT_FROM(f32, float, LOAD_F32)
 CONVERT_FROM(f64, double, LOAD_F64)
 CONVERT_FROM(bf16, bf16_t, LOAD_BF16)
 CONVERT_FROM(f16, f16_t, LOAD_F16)
-CONVERT_FROM(i64, i64, LOAD_I64)
-CONVERT_FROM(u32, u32, LOAD_U32)
-CONVERT_FROM(u8, u8, LOAD_U8)
+CONVERT_FROM_INT(i64, i64, LOAD_I64)
+CONVERT_FROM_INT(u32, u32, LOAD_U32)
+CONVERT_FROM_INT(u8, u8, LOAD_U8)
 CONVERT_FROM(bool, u8, LOAD_BOOL)
 
 // A strided view gathered into contiguous memory; by element size, whatever the dtype.

@@ -118,6 +118,7 @@ impl Tensor {
             Storage::Cpu(s) => {
                 with_cpu_storage!(s, v, T => T::into_storage(cpu::index_select(v, self.layout(), dim, idx)))
             }
+            Storage::Cuda(_) => crate::cuda::not_yet("index"),
         };
         Tensor::from_cpu(storage, shape)
     }
@@ -154,6 +155,7 @@ impl Tensor {
             Storage::Cpu(s) => {
                 with_cpu_storage!(s, v, T => T::into_storage(cpu::gather(v, self.layout(), d, index.dims(), &idx)))
             }
+            Storage::Cuda(_) => crate::cuda::not_yet("index"),
         };
         Tensor::from_cpu(storage, index.dims())
     }
@@ -180,6 +182,7 @@ impl Tensor {
                     &idx,
                 )))
             }
+            _ => crate::cuda::not_yet("index"),
         };
         Tensor::from_cpu(storage, self.dims())
     }
@@ -225,6 +228,7 @@ impl Tensor {
                     alpha,
                 )))
             }
+            _ => crate::cuda::not_yet("index"),
         };
         Tensor::from_cpu(storage, self.dims())
     }

@@ -58,10 +58,12 @@ impl Tensor {
                     .zip(&joined)
                     .map(|(g, t)| match &**g {
                         Storage::Cpu(s) => (s.as_slice::<E>(), t.layout()),
+                        Storage::Cuda(_) => crate::cuda::not_yet("join"),
                     })
                     .collect();
                 E::into_storage(cpu::cat(&parts, d))
             }),
+            Storage::Cuda(_) => crate::cuda::not_yet("join"),
         };
         Tensor::from_cpu(storage, shape)
     }

@@ -76,6 +76,7 @@ impl Tensor {
         let ch = self.channel_view(op);
         let (mean, var) = match &*self.storage() {
             Storage::Cpu(s) => with_float_storage!(s, op, v, T => cpu::channel_moments(v, self.layout(), ch)),
+            Storage::Cuda(_) => crate::cuda::not_yet("norm"),
         };
         (ch, mean, var)
     }
@@ -117,6 +118,7 @@ impl Tensor {
             Storage::Cpu(s) => with_float_storage!(s, op, v, T => T::into_storage(
                 cpu::channel_affine(v, self.layout(), ch, (mean, &scale, &bias))
             )),
+            Storage::Cuda(_) => crate::cuda::not_yet("norm"),
         };
         Tensor::from_cpu(storage, self.dims())
     }
@@ -166,6 +168,7 @@ impl Tensor {
                 let (out, mean, rstd) = cpu::layer_norm(v, row_len, weight.as_deref(), bias.as_deref(), eps);
                 (T::into_storage(out), mean, rstd)
             }),
+            Storage::Cuda(_) => crate::cuda::not_yet("norm"),
         };
         let mut stats_shape = self.dims().to_vec();
         stats_shape[axis..].iter_mut().for_each(|d| *d = 1);

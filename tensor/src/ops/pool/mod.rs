@@ -255,6 +255,7 @@ impl Tensor {
                 let (v, i) = cpu::max_pool(s, &nchw(self.layout()), windows, op);
                 (Storage::Cpu(v), Storage::Cpu(i))
             }
+            Storage::Cuda(_) => crate::cuda::not_yet("pool"),
         };
         let dims = with_spatial(self.dims(), windows.output());
         (Tensor::from_storage(values, dims.clone()), Tensor::from_storage(indices, dims))
@@ -291,6 +292,7 @@ impl Tensor {
                 spatial(&input_shape),
                 op,
             )),
+            _ => crate::cuda::not_yet("pool"),
         };
         Tensor::from_storage(storage, input_shape)
     }
@@ -337,6 +339,7 @@ impl Tensor {
     fn avg_pool_with(&self, op: &str, windows: &Windows) -> Tensor {
         let storage = match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::avg_pool(s, &nchw(self.layout()), windows, op)),
+            Storage::Cuda(_) => crate::cuda::not_yet("pool"),
         };
         Tensor::from_storage(storage, with_spatial(self.dims(), windows.output()))
     }
@@ -395,6 +398,7 @@ impl Tensor {
         );
         let storage = match &*self.storage() {
             Storage::Cpu(g) => Storage::Cpu(cpu::avg_pool_backward(g, &nchw(self.layout()), windows, op)),
+            Storage::Cuda(_) => crate::cuda::not_yet("pool"),
         };
         Tensor::from_storage(storage, input_shape)
     }

@@ -121,6 +121,7 @@ impl Tensor {
         let out_shape = reduced_shape(self.dims(), &dims, keepdim);
         let storage = match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::reduce(s, self.layout(), &dims, op)),
+            Storage::Cuda(_) => crate::cuda::not_yet("reduce"),
         };
         Tensor::from_storage(storage, out_shape)
     }

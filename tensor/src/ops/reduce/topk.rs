@@ -33,6 +33,7 @@ impl Tensor {
                 let (vals, idx) = topk_lanes(v, &lanes, k, largest, sorted);
                 (Storage::Cpu(T::into_storage(vals)), Storage::Cpu(CpuStorage::I64(idx)))
             }),
+            Storage::Cuda(_) => crate::cuda::not_yet("topk"),
         };
         let mut shape: Vec<usize> = order[..order.len() - 1].iter().map(|&i| self.dims()[i]).collect();
         shape.push(k);

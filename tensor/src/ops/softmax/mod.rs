@@ -51,6 +51,7 @@ impl Tensor {
         let input = self.contiguous();
         let storage = match &*input.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::softmax(s, outer, n, inner, op)),
+            Storage::Cuda(_) => crate::cuda::not_yet("softmax"),
         };
         Tensor::from_storage(storage, self.dims())
     }

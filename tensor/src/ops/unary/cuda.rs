@@ -55,7 +55,21 @@ pub(super) fn unary(s: &CudaStorage, layout: &Layout, op: UnaryOp) -> CudaStorag
     let (arg, src, dst, n64) = (StridedArg::new(layout), s.ptr(), out.ptr(), n as i64);
     let stream = out.stream();
     let mut b = stream.launch_builder(&f);
-    b.arg(&c).arg(&p0).arg(&p1).arg(&arg).arg(&src).arg(&dst).arg(&n64);
+    b.arg(&c).arg(&p0).arg(&p1);
+    // Integer kernels also take the parameters as integers (see `unary.cu`).
+    let integral = p0.fract() == 0.0 && p1.fract() == 0.0 && p0.abs() < 9.2e18 && p1.abs() < 9.2e18;
+    let (ip0, ip1, flag) = match op {
+        // Bounds rounded inward, saturating like the CPU backend's `as` casts.
+        UnaryOp::Clamp { min, max } => (min.ceil() as i64, max.floor() as i64, 1i32),
+        _ => (p0 as i64, p1 as i64, integral as i32),
+    };
+    if !dtype.is_float() {
+        if let UnaryOp::Clamp { min, max } = op {
+            assert!(!min.is_nan() && !max.is_nan(), "clamp: NaN bound for an integer tensor");
+        }
+        b.arg(&ip0).arg(&ip1).arg(&flag);
+    }
+    b.arg(&arg).arg(&src).arg(&dst).arg(&n64);
     // SAFETY: argument types match the kernel's signature; `src` covers the layout and `dst`
     // holds n elements; both buffers outlive the queued work (the cache reuses blocks only in
     // stream order).

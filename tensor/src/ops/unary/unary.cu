@@ -25,13 +25,22 @@ __device__ __forceinline__ C unary_apply(int op, C x, C p0, C p1) {
         case 14: return x / (one + m_exp(-x));               // silu
         case 15: return x * x;                               // square
         case 16: return one / x;                             // reciprocal
-        case 17: return x > zero ? one : (x < zero ? -one : x);  // sign
+        case 17: return x > zero ? one : (x < zero ? -one : zero);  // sign (NaN gives 0)
         case 18: return m_floor(x);
         case 19: return m_ceil(x);
         case 20: return m_rint(x);                           // round half to even
         case 21: return x * p0 + p1;                         // affine
-        case 22: return m_pow(x, p0);                        // pow
-        case 23: return x < p0 ? p0 : (x > p1 ? p1 : x);     // clamp
+        case 22:                                             // pow, special exponents as PyTorch
+            if (p0 == (C)0.5) return m_sqrt(x);
+            if (p0 == (C)-0.5) return one / m_sqrt(x);
+            if (p0 == (C)2) return x * x;
+            if (p0 == (C)3) return x * x * x;
+            if (p0 == (C)-1) return one / x;
+            if (p0 == (C)-2) return one / (x * x);
+            return m_pow(x, p0);
+        case 23:                                             // clamp; a NaN bound gives NaN
+            if (p0 != p0 || p1 != p1) return p0 + p1;
+            return x < p0 ? p0 : (x > p1 ? p1 : x);
     }
     return x;
 }
@@ -48,16 +57,39 @@ UNARY_FLOAT(f64, double, double, ID, ID)
 UNARY_FLOAT(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
 UNARY_FLOAT(f16, f16_t, float, f16_to_f32, f32_to_f16)
 
-// Integers compute in double and truncate back, as the CPU backend; unsigned results wrap.
-#define UNARY_INT(SUFFIX, T, WRAP)                                                               \
-    extern "C" __global__ void unary_##SUFFIX(int op, double p0, double p1, Strided s,           \
+// Integers compute exactly and wrap, as PyTorch's integer arithmetic (and the CPU backend):
+// arithmetic in unsigned 64-bit, comparisons in signed 64-bit (every i64/u32/u8 value fits).
+// `ip0`/`ip1` are the integral parameters (affine factors, clamp bounds rounded inward);
+// `integral` says whether an affine's factors are whole numbers (else it computes in double and
+// truncates, saturating to i64 like Rust's `as`).
+__device__ __forceinline__ long long sat_i64(double d) {
+    if (d != d) return 0;
+    if (d >= 9223372036854775807.0) return 9223372036854775807LL;
+    if (d <= -9223372036854775808.0) return (long long)(-9223372036854775807LL - 1);
+    return (long long)d;
+}
+#define UNARY_INT(SUFFIX, T)                                                                     \
+    extern "C" __global__ void unary_##SUFFIX(int op, double p0, double p1, long long ip0,       \
+                                              long long ip1, int integral, Strided s,            \
                                               const T* in, T* out, i64 n) {                      \
         FOR_EACH(i, n) {                                                                         \
-            double y = unary_apply<double>(op, (double)in[strided_offset(s, i)], p0, p1);        \
-            if (WRAP > 0.0 && y < 0.0) y = y - floor(y / WRAP) * WRAP;                           \
-            out[i] = (T)trunc(y);                                                                \
+            long long x = (long long)in[strided_offset(s, i)];                                   \
+            unsigned long long ux = (unsigned long long)x, r = ux;                               \
+            switch (op) {                                                                        \
+                case 0: r = 0ull - ux; break;                                                    \
+                case 1: r = x < 0 ? 0ull - ux : ux; break;                                       \
+                case 11: r = x < 0 ? 0ull : ux; break;                                           \
+                case 15: r = ux * ux; break;                                                     \
+                case 17: r = (unsigned long long)(long long)((x > 0) - (x < 0)); break;          \
+                case 21:                                                                         \
+                    r = integral ? ux * (unsigned long long)ip0 + (unsigned long long)ip1        \
+                                 : (unsigned long long)sat_i64((double)x * p0 + p1);             \
+                    break;                                                                       \
+                case 23: r = (unsigned long long)(x < ip0 ? ip0 : (x > ip1 ? ip1 : x)); break;   \
+            }                                                                                    \
+            out[i] = (T)r;                                                                       \
         }                                                                                        \
     }
-UNARY_INT(i64, i64, 0.0)
-UNARY_INT(u32, u32, 4294967296.0)
-UNARY_INT(u8, u8, 256.0)
+UNARY_INT(i64, i64)
+UNARY_INT(u32, u32)
+UNARY_INT(u8, u8)

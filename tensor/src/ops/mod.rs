@@ -3,7 +3,9 @@
 //! source and a dispatch arm beside them.
 
 pub mod binary;
+pub mod conv;
 pub mod convert;
 pub mod creation;
+pub mod matmul;
 pub mod unary;
 pub mod view;

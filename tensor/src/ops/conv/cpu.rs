@@ -30,7 +30,9 @@ pub(crate) struct Geometry {
     pub groups: usize,
 }
 
-/// Bytes of column buffer per band: small enough to stay in L2 between im2col and GEMM.
+/// Bytes of column buffer per band: small enough to stay in L2 between im2col and GEMM. On the
+/// 2-core AVX-512 EPYC, 256 KB to 1 MB bands ran the 64-channel 56x56 benchmark a few percent
+/// faster than 4 MB bands or whole samples, and about 12% faster than 64 KB bands.
 const BAND_BYTES: usize = 512 * 1024;
 
 impl Geometry {

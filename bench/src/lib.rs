@@ -161,3 +161,42 @@ pub fn load_average() -> String {
         .and_then(|s| s.split_whitespace().next().map(str::to_string))
         .unwrap_or_else(|| "?".into())
 }
+
+/// CPU ticks (USER_HZ) so far: busy time of the whole machine, and of this process with its
+/// waited-for children. Linux only; zeros elsewhere.
+fn busy_ticks() -> (u64, u64, u64) {
+    let machine = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<u64> = machine
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: u64 = cpu.iter().sum();
+    let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
+    let own = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime, stime, cutime, cstime are 14..=17.
+    let after = own.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ours: u64 = after.split_whitespace().skip(11).take(4).filter_map(|v| v.parse::<u64>().ok()).sum();
+    (total, total - idle, ours)
+}
+
+/// Watches how much of the machine other processes use while a benchmark runs.
+pub struct OtherLoad((u64, u64, u64));
+
+impl OtherLoad {
+    pub fn start() -> OtherLoad {
+        OtherLoad(busy_ticks())
+    }
+
+    /// Percent of all cores' time, since `start`, that processes other than this benchmark
+    /// (and its finished peer processes) kept busy.
+    pub fn percent(&self) -> f64 {
+        let (t1, b1, o1) = busy_ticks();
+        let (t0, b0, o0) = self.0;
+        let others = (b1 - b0).saturating_sub(o1 - o0);
+        100.0 * others as f64 / (t1 - t0).max(1) as f64
+    }
+}

@@ -12,7 +12,9 @@
 //!   mostly measure the scheduler, while the CPU time of a single thread still measures the
 //!   kernel (extra entries, suffixed `_cpu_time_1thread`).
 
-use oxtrain_bench::{git_commit, load_average, median_cpu_seconds, median_seconds, today, Benchmark, Report};
+use oxtrain_bench::{
+    git_commit, load_average, median_cpu_seconds, median_seconds, today, Benchmark, OtherLoad, Report,
+};
 use oxtrain_tensor::{Device, Tensor};
 use serde_json::Value;
 use std::process::Command;
@@ -127,6 +129,7 @@ fn entries(suffix: &str, (mm_gflops, conv_s): (f64, f64), peers: &Result<Value, 
 fn main() {
     let reps: usize = std::env::var("BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let load_before = load_average();
+    let other_load = OtherLoad::start();
     let threads = rayon::current_num_threads();
 
     let wall = measure_oxtrain(reps, median_seconds);
@@ -142,14 +145,16 @@ fn main() {
     eprintln!("oxtrain, CPU time, 1 thread: matmul {:.1} GFLOP/s, conv2d {:.2} ms", cpu1.0, cpu1.1 * 1e3);
     let peers_cpu1 = run_peers(reps, "cpu1");
     let load_after = load_average();
+    let others = other_load.percent();
 
     let mut notes = format!(
         "oxtrain: gemm 0.19 (feature x86-v4), {threads} rayon threads, avx512f detected: {}; conv2d is \
          im2col over bands of output rows + GEMM, in parallel over the batch. Wall clock: median of {} \
          (matmul) / {reps} (conv) repetitions after warm-up; entries suffixed _cpu_time_1thread time \
          the CPU time of one thread instead (oxtrain in a one-thread rayon pool, torch.set_num_threads(1), \
-         OPENBLAS_NUM_THREADS=1), which other processes on the machine disturb far less. Load average \
-         (1 min) before/after: {load_before} / {load_after} on 2 cores.",
+         OPENBLAS_NUM_THREADS=1), which other processes on the machine disturb far less. Other processes \
+         kept {others:.0}% of the machine's CPU time busy during the run (load average before/after: \
+         {load_before} / {load_after} on 2 cores).",
         is_x86_feature_detected!("avx512f"),
         2 * reps,
     );

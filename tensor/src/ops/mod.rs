@@ -3,10 +3,12 @@
 //! source and a dispatch arm beside them.
 
 pub mod binary;
+pub mod conv;
 pub mod convert;
 pub mod creation;
 pub mod index;
 pub mod join;
+pub mod matmul;
 pub mod ndarray_interop;
 pub mod norm;
 pub mod pool;

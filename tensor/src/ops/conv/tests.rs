@@ -1,0 +1,199 @@
+use crate::ops::matmul::tests::rand;
+use crate::testing::{assert_close, Fixtures};
+use crate::*;
+
+fn fixtures() -> Fixtures {
+    Fixtures::parse(include_str!("fixtures.json"), "conv/fixtures.json")
+}
+
+struct Params {
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+}
+
+fn pair(v: Vec<i64>) -> [usize; 2] {
+    [v[0] as usize, v[1] as usize]
+}
+
+fn params(f: &Fixtures, case: &str) -> Params {
+    Params {
+        stride: pair(f.ints(case, "stride")),
+        padding: pair(f.ints(case, "padding")),
+        dilation: pair(f.ints(case, "dilation")),
+        groups: f.ints(case, "groups")[0] as usize,
+    }
+}
+
+fn dims4(t: &Tensor) -> [usize; 4] {
+    t.dims().try_into().expect("a 4-D tensor")
+}
+
+fn tolerance(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F64 => (1e-10, 1e-10),
+        DType::F32 => (1e-4, 1e-4),
+        // Inputs rounded to 8 mantissa bits, sums of up to 36 products of N(0,1) values.
+        DType::BF16 => (1e-2, 1e-1),
+        _ => (5e-3, 2e-2),
+    }
+}
+
+device_test! {
+    fn conv2d_and_its_gradients_match_torch(dev: Device) {
+        let f = fixtures();
+        for case in f.case_names() {
+            let p = params(&f, case);
+            for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+                let t = |name: &str| f.tensor(case, name, dev).to_dtype(dtype);
+                let (x, w, gy) = (t("x"), t("w"), t("grad_y"));
+                let b = (f.ints(case, "has_bias")[0] == 1).then(|| t("b"));
+                let (rtol, atol) = tolerance(dtype);
+                let what = |s: &str| format!("{case} {dtype} {s}");
+                let y = x.conv2d(&w, b.as_ref(), p.stride, p.padding, p.dilation, p.groups);
+                assert_eq!(y.dtype(), dtype);
+                assert_close(&y, &f.tensor(case, "y", dev), rtol, atol, &what("forward"));
+                let gx = Tensor::conv2d_backward_input(&gy, &w, dims4(&x), p.stride, p.padding, p.dilation, p.groups);
+                assert_close(&gx, &f.tensor(case, "grad_x", dev), rtol, atol, &what("grad input"));
+                let gw = Tensor::conv2d_backward_weight(&gy, &x, dims4(&w), p.stride, p.padding, p.dilation, p.groups);
+                // The weight gradient sums over the batch and every output pixel: more terms.
+                assert_close(&gw, &f.tensor(case, "grad_w", dev), rtol, 4.0 * atol, &what("grad weight"));
+            }
+        }
+    }
+}
+
+/// Direct convolution by its definition, with the two gradients from the same loop nest:
+/// y[n,o,oy,ox] = b[o] + sum_{c,ki,kj} x[n, g*Cg + c, oy*s - p + ki*d, ox*s - p + kj*d] * w[o,c,ki,kj].
+struct Direct {
+    y: Vec<f64>,
+    grad_x: Vec<f64>,
+    grad_w: Vec<f64>,
+}
+
+fn direct(x: &Tensor, w: &Tensor, gy: &Tensor, p: &Params) -> Direct {
+    let ([n, c, h, wd], [o, cg, kh, kw], [_, _, oh, ow]) = (dims4(x), dims4(w), dims4(gy));
+    let (xv, wv, gyv) = (x.to_f64_vec(), w.to_f64_vec(), gy.to_f64_vec());
+    let og = o / p.groups;
+    let mut out =
+        Direct { y: vec![0.0; gyv.len()], grad_x: vec![0.0; xv.len()], grad_w: vec![0.0; wv.len()] };
+    for ni in 0..n {
+        for oi in 0..o {
+            let grp = oi / og;
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let yi = ((ni * o + oi) * oh + oy) * ow + ox;
+                    for ci in 0..cg {
+                        for ki in 0..kh {
+                            for kj in 0..kw {
+                                let iy =
+                                    (oy * p.stride[0] + ki * p.dilation[0]) as isize - p.padding[0] as isize;
+                                let ix =
+                                    (ox * p.stride[1] + kj * p.dilation[1]) as isize - p.padding[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                    continue;
+                                }
+                                let chan = grp * cg + ci;
+                                let xi = ((ni * c + chan) * h + iy as usize) * wd + ix as usize;
+                                let wi = ((oi * cg + ci) * kh + ki) * kw + kj;
+                                out.y[yi] += xv[xi] * wv[wi];
+                                out.grad_x[xi] += gyv[yi] * wv[wi];
+                                out.grad_w[wi] += gyv[yi] * xv[xi];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn check_direct(x: &Tensor, w: &Tensor, p: &Params, what: &str) {
+    let y = x.conv2d(w, None, p.stride, p.padding, p.dilation, p.groups);
+    let gy = rand(y.dims(), 99, x.dtype(), x.device());
+    let want = direct(x, w, &gy, p);
+    let (rtol, atol) = tolerance(x.dtype());
+    let close = |got: &Tensor, want: Vec<f64>, s: &str| {
+        let want = Tensor::from_vec(want, got.dims(), Device::Cpu).unwrap();
+        assert_close(got, &want, rtol, atol, &format!("{what}: {s}"));
+    };
+    close(&y, want.y, "forward");
+    let gx = Tensor::conv2d_backward_input(&gy, w, dims4(x), p.stride, p.padding, p.dilation, p.groups);
+    close(&gx, want.grad_x, "grad input");
+    let gw = Tensor::conv2d_backward_weight(&gy, x, dims4(w), p.stride, p.padding, p.dilation, p.groups);
+    close(&gw, want.grad_w, "grad weight");
+}
+
+device_test! {
+    fn conv2d_matches_the_direct_loop(dev: Device) {
+        for dtype in [DType::F64, DType::F32] {
+            // Enough samples for one rayon task each, and several bands of output rows.
+            let p = Params { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 1 };
+            let x = rand(&[4, 16, 40, 32], 1, dtype, dev);
+            check_direct(&x, &rand(&[8, 16, 3, 3], 2, dtype, dev), &p, "bands, parallel samples");
+            // One sample: GEMM gets the threads.
+            let p = Params { stride: [2, 1], padding: [2, 0], dilation: [1, 3], groups: 2 };
+            let x = rand(&[1, 6, 33, 29], 3, dtype, dev);
+            check_direct(&x, &rand(&[4, 3, 3, 2], 4, dtype, dev), &p, "single sample");
+        }
+    }
+}
+
+device_test! {
+    fn strided_operands_are_handled(dev: Device) {
+        let p = Params { stride: [1, 2], padding: [1, 1], dilation: [1, 1], groups: 1 };
+        // A narrowed input (rows of the storage skipped) and a weight stored [KH, KW, C, O].
+        let x = rand(&[2, 3, 9, 12], 1, DType::F32, dev).narrow(3, 2, 8).narrow(1, 1, 2);
+        let w = rand(&[3, 3, 2, 5], 2, DType::F32, dev).permute([3, 2, 0, 1]);
+        assert!(!x.is_contiguous() && !w.is_contiguous());
+        check_direct(&x, &w, &p, "strided");
+        // Pointwise with a transposed-spatial input.
+        let p = Params { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 };
+        let x = rand(&[2, 4, 5, 7], 3, DType::F64, dev).transpose(2, 3);
+        check_direct(&x, &rand(&[3, 4, 1, 1], 4, DType::F64, dev), &p, "pointwise transposed");
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "conv2d: input [1, 3, 5, 5] has 3 channels but weight [4, 2, 3, 3] with groups = 1 expects 2")]
+    fn channel_mismatch_panics(dev: Device) {
+        let x = rand(&[1, 3, 5, 5], 1, DType::F32, dev);
+        x.conv2d(&rand(&[4, 2, 3, 3], 2, DType::F32, dev), None, [1, 1], [0, 0], [1, 1], 1);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "conv2d: weight [3, 2, 3, 3] has 3 output channels, not divisible by groups = 2")]
+    fn groups_must_divide_outputs(dev: Device) {
+        let x = rand(&[1, 4, 5, 5], 1, DType::F32, dev);
+        x.conv2d(&rand(&[3, 2, 3, 3], 2, DType::F32, dev), None, [1, 1], [0, 0], [1, 1], 2);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "conv2d: bias has shape [3], expected [4]")]
+    fn bias_must_match_outputs(dev: Device) {
+        let x = rand(&[1, 2, 5, 5], 1, DType::F32, dev);
+        let b = rand(&[3], 3, DType::F32, dev);
+        x.conv2d(&rand(&[4, 2, 3, 3], 2, DType::F32, dev), Some(&b), [1, 1], [0, 0], [1, 1], 1);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "conv2d_backward_input: grad_output has shape [1, 4, 5, 5], but the convolution of input [1, 2, 5, 5] gives [1, 4, 3, 3]")]
+    fn backward_checks_the_gradient_shape(dev: Device) {
+        let gy = rand(&[1, 4, 5, 5], 1, DType::F32, dev);
+        let w = rand(&[4, 2, 3, 3], 2, DType::F32, dev);
+        Tensor::conv2d_backward_input(&gy, &w, [1, 2, 5, 5], [1, 1], [0, 0], [1, 1], 1);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "conv2d: input [1, 2, 2, 2] padded by [0, 0] is smaller than the kernel")]
+    fn kernel_larger_than_input_panics(dev: Device) {
+        let x = rand(&[1, 2, 2, 2], 1, DType::F32, dev);
+        x.conv2d(&rand(&[1, 2, 3, 3], 2, DType::F32, dev), None, [1, 1], [0, 0], [1, 1], 1);
+    }
+}

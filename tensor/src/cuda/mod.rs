@@ -4,7 +4,7 @@
 //! [`libs`] (CUDA_HOME, /usr/local/cuda, pip's `nvidia-*` packages); a machine without them gets
 //! a clear error from [`device`], and `Device::cuda_if_available` falls back to the CPU.
 
-mod alloc;
+pub mod alloc;
 mod device;
 mod launch;
 pub mod libs;

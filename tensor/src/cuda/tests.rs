@@ -45,21 +45,47 @@ fn no_gpu_gives_an_error_that_says_what_was_searched() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn caching_allocator_reuses_blocks_in_a_steady_loop() {
+    // A private allocator: the device's own is shared with tests running in parallel.
     let dev = device(0).unwrap();
-    let x = Tensor::ones([1 << 20], DType::F32, Device::Cuda(0)).unwrap();
-    for _ in 0..3 {
-        let _ = (&x + &x).exp();
+    let alloc = alloc::CachingAllocator::new(dev.context().clone());
+    let stream = dev.default_stream().cu_stream() as usize;
+    // One "training step": activations of a few sizes, freed in another order.
+    let step = || {
+        let a = alloc.alloc(4 << 20, stream).unwrap();
+        let b = alloc.alloc(1000, stream).unwrap();
+        let c = alloc.alloc(3 << 20, stream).unwrap();
+        drop(b);
+        let d = alloc.alloc(700, stream).unwrap();
+        drop((a, c, d));
+    };
+    step();
+    let warm = alloc.stats();
+    for _ in 0..50 {
+        step();
     }
-    dev.synchronize().unwrap();
-    let before = dev.memory_stats();
-    for _ in 0..20 {
-        let y = (&x + &x).exp();
-        drop(y);
-    }
-    dev.synchronize().unwrap();
-    let after = dev.memory_stats();
-    assert_eq!(after.driver_allocs, before.driver_allocs, "{before:?} -> {after:?}");
-    assert!(after.peak_allocated >= 2 * 4 << 20 && after.reserved >= after.allocated);
+    let after = alloc.stats();
+    assert_eq!(after.driver_allocs, warm.driver_allocs, "{warm:?} -> {after:?}");
+    assert_eq!((after.allocated, after.reserved), (0, warm.reserved));
+    assert_eq!(after.peak_allocated, (4 << 20) + (4 << 20) + 1024);
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().reserved, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn blocks_used_by_another_stream_wait_for_it() {
+    let dev = device(0).unwrap();
+    let alloc = alloc::CachingAllocator::new(dev.context().clone());
+    let (main, side) = (Stream::new(0).unwrap(), Stream::new(0).unwrap());
+    let mut a = alloc.alloc(1 << 20, main.id()).unwrap();
+    a.record_stream(side.id());
+    let ptr = a.device_ptr();
+    drop(a);
+    side.synchronize().unwrap();
+    // The side stream is idle, so the pending block is back in the cache for its own stream.
+    let b = alloc.alloc(1 << 20, main.id()).unwrap();
+    assert_eq!(b.device_ptr(), ptr);
+    assert_eq!(alloc.stats().driver_allocs, 1);
 }
 
 #[test]
@@ -184,7 +210,8 @@ fn binary_ops_compare_and_where_match_the_cpu_backend() {
         }
         let (cm, gm) = (ca.gt(&cb), ga.gt(&gb));
         check(&gm.where_cond(&ga, &gbt), &cm.where_cond(&ca, &cbt), &format!("where {dtype}"));
-        check(&gb.masked_fill(&gm, -7.0), &cb.masked_fill(&cm, -7.0), &format!("masked_fill {dtype}"));
+        let (cs, gs) = (&ca + &cb, &ga + &gb); // the mask's shape
+        check(&gs.masked_fill(&gm, -7.0), &cs.masked_fill(&cm, -7.0), &format!("masked_fill {dtype}"));
     }
     for dtype in [DType::I64, DType::U8, DType::U32] {
         let (ca, ga) = both(&[4, 50], DType::F32, 5);

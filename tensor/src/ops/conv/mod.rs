@@ -82,6 +82,7 @@ fn run(
         .iter()
         .map(|g| match &**g {
             Storage::Cpu(s) => s,
+            Storage::Cuda(_) => crate::cuda::not_yet(op),
         })
         .collect();
     let out = Tensor::from_cpu(f(&cpu), shape);

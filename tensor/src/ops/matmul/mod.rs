@@ -103,6 +103,7 @@ impl Tensor {
                 (CpuStorage::F16(a), CpuStorage::F16(b)) => CpuStorage::F16(cpu::batched_matmul(a, b, &plan)),
                 (a, _) => unreachable!("matmul: dtype {} was checked to be f32, f64 or f16", a.dtype()),
             }),
+            _ => crate::cuda::not_yet("matmul"),
         };
         storage
     }

@@ -97,6 +97,13 @@ impl UnaryOp {
 impl Tensor {
     /// Applies `op` elementwise.
     pub fn unary(&self, op: UnaryOp) -> Tensor {
+        let dtype = self.dtype();
+        assert!(dtype != crate::DType::Bool, "{}: not defined for bool tensors", op.name());
+        assert!(
+            dtype.is_float() || op.works_on_integers(),
+            "{}: not defined for integer tensors (dtype {dtype}); convert with .to_dtype(DType::F32)",
+            op.name()
+        );
         let storage = match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::unary(s, self.layout(), op)),
             Storage::Cuda(s) => Storage::Cuda(cuda::unary(s, self.layout(), op)),

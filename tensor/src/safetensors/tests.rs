@@ -10,7 +10,10 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(test: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("oxtrain-safetensors-{}-{test}", std::process::id()));
+        // Unique per call: a test's CPU and CUDA variants run at the same time.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("oxtrain-safetensors-{}-{n}-{test}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)

@@ -128,6 +128,10 @@ impl Report {
 
 /// `git rev-parse --short HEAD`, or "unknown" outside a checkout.
 pub fn git_commit() -> String {
+    // A binary carried to another machine has no checkout there: the builder passes the commit.
+    if let Ok(c) = std::env::var("OXTRAIN_COMMIT") {
+        return c;
+    }
     std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()

@@ -203,6 +203,22 @@ fn binary_ops_compare_and_where_match_the_cpu_backend() {
             check(&ga.binary(&gb, op), &ca.binary(&cb, op), &format!("{} {dtype}", op.name()));
             check(&ga.binary(&gbt, op), &ca.binary(&cbt, op), &format!("{} {dtype} strided", op.name()));
         }
+        // Contiguous operands take the 16-byte-vector kernel (with a ragged tail), an offset of
+        // 8 elements keeps it aligned, an offset of 1 falls back to the strided kernel.
+        let (cx, gx) = both(&[1003], dtype, 7);
+        let (cy, gy) = both(&[1003], dtype, 8);
+        for off in [0, 1, 8] {
+            let len = 1003 - 8;
+            let (cxs, cys) = (cx.narrow(0, off, len), cy.narrow(0, 8 - off.min(8), len));
+            let (gxs, gys) = (gx.narrow(0, off, len), gy.narrow(0, 8 - off.min(8), len));
+            for op in [Add, Sub, Mul, Div, Maximum, Minimum] {
+                check(
+                    &gxs.binary(&gys, op),
+                    &cxs.binary(&cys, op),
+                    &format!("{} {dtype} offset {off}", op.name()),
+                );
+            }
+        }
         let (ce, ge) = (ca.abs(), ga.abs());
         check(&ge.pow(&gb), &ce.pow(&cb), &format!("pow {dtype}"));
         for op in [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge] {

@@ -104,3 +104,31 @@ WHERE(8, u8)
 WHERE(16, unsigned short)
 WHERE(32, u32)
 WHERE(64, unsigned long long)
+
+// Contiguous, 16-byte-aligned operands: 16-byte loads and stores, as the memory system wants
+// (scalar 4-byte accesses reach about 70% of the bandwidth on an H200). The tail that does not
+// fill a 16-byte vector is done element by element.
+#define BINARY_VEC(SUFFIX, T, C, LOAD, STORE)                                                    \
+    extern "C" __global__ void binary_vec_##SUFFIX(int op, const T* a, const T* b, T* out, i64 n) { \
+        const int V = 16 / sizeof(T);                                                            \
+        const i64 nv = n / V;                                                                    \
+        const uint4* av = (const uint4*)a;                                                       \
+        const uint4* bv = (const uint4*)b;                                                       \
+        uint4* ov = (uint4*)out;                                                                 \
+        FOR_EACH(i, nv) {                                                                        \
+            uint4 x = av[i], y = bv[i], r;                                                       \
+            const T* xs = (const T*)&x;                                                          \
+            const T* ys = (const T*)&y;                                                          \
+            T* rs = (T*)&r;                                                                      \
+            _Pragma("unroll") for (int j = 0; j < V; ++j) rs[j] = STORE(binary_apply<C>(op, LOAD(xs[j]), LOAD(ys[j]))); \
+            ov[i] = r;                                                                           \
+        }                                                                                        \
+        FOR_EACH(k, n - nv * V) {                                                                \
+            i64 i = nv * V + k;                                                                  \
+            out[i] = STORE(binary_apply<C>(op, LOAD(a[i]), LOAD(b[i])));                         \
+        }                                                                                        \
+    }
+BINARY_VEC(f32, float, float, ID, ID)
+BINARY_VEC(f64, double, double, ID, ID)
+BINARY_VEC(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
+BINARY_VEC(f16, f16_t, float, f16_to_f32, f32_to_f16)

@@ -216,3 +216,18 @@ device_test! {
         Var::parameter(randn(&[2], 1, dev)).exp().register_hook(|_| {});
     }
 }
+
+device_test! {
+    fn a_hook_fires_while_backward_still_runs(dev: Device) {
+        let w1 = Var::parameter(randn(&[3, 3], 1, dev));
+        let w2 = Var::parameter(randn(&[3, 3], 2, dev));
+        let x = Var::constant(randn(&[2, 3], 3, dev));
+        let seen: Arc<Mutex<Vec<bool>>> = Arc::default();
+        let (log, first) = (seen.clone(), w1.clone());
+        // When w2's gradient is final, w1's (an earlier layer) has not been computed yet.
+        let _h = w2.register_hook(move |_| log.lock().unwrap().push(first.grad().is_some()));
+        x.matmul(&w1).tanh().matmul(&w2).sum_all().backward();
+        assert_eq!(*seen.lock().unwrap(), vec![false]);
+        assert!(w1.grad().is_some());
+    }
+}

@@ -1,0 +1,320 @@
+//! The recorded graph and the backward walk.
+//!
+//! Every `Var` that requires grad points at a [`Node`]: a leaf (a parameter, holding its
+//! accumulated gradient and its hooks) or an op (holding its backward function, which owns the
+//! tensors the op saved, and edges to the nodes of its inputs). Nodes hold no forward values
+//! except what their backward saved, so the graph keeps alive only what backward needs.
+
+use oxtrain_tensor::{DType, Tensor};
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Computes the gradients of an op's inputs from the gradient of its output. The second
+/// argument says which inputs need one; the result has one entry per input (`None` where
+/// not needed). Gradients may have the broadcast shape: the engine sums them down.
+pub(crate) type BackwardFn = Box<dyn Fn(&Tensor, &[bool]) -> Vec<Option<Tensor>> + Send + Sync>;
+
+/// A gradient-ready hook of a leaf.
+pub(crate) type Hook = Box<dyn FnMut(&Tensor) + Send>;
+
+/// Creation order: backward runs the most recently created ready op first, as PyTorch does,
+/// so the walk goes back through layers in reverse order.
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+static NEXT_HOOK_ID: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) struct Node {
+    seq: u64,
+    pub(crate) name: &'static str,
+    pub(crate) dims: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) kind: NodeKind,
+}
+
+pub(crate) enum NodeKind {
+    Leaf {
+        grad: Mutex<Option<Tensor>>,
+        hooks: Mutex<Vec<(u64, Hook)>>,
+    },
+    /// `None` once a backward without `retain_graph` has run through this op.
+    Op(Mutex<Option<OpState>>),
+}
+
+pub(crate) struct OpState {
+    backward: BackwardFn,
+    inputs: Vec<Option<Arc<Node>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Node {
+    pub(crate) fn leaf(tensor: &Tensor) -> Arc<Node> {
+        Arc::new(Node {
+            seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
+            name: "leaf",
+            dims: tensor.dims().to_vec(),
+            dtype: tensor.dtype(),
+            kind: NodeKind::Leaf { grad: Mutex::new(None), hooks: Mutex::new(Vec::new()) },
+        })
+    }
+
+    pub(crate) fn op(
+        name: &'static str,
+        output: &Tensor,
+        inputs: Vec<Option<Arc<Node>>>,
+        backward: BackwardFn,
+    ) -> Arc<Node> {
+        Arc::new(Node {
+            seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
+            name,
+            dims: output.dims().to_vec(),
+            dtype: output.dtype(),
+            kind: NodeKind::Op(Mutex::new(Some(OpState { backward, inputs }))),
+        })
+    }
+
+    pub(crate) fn is_leaf(&self) -> bool {
+        matches!(self.kind, NodeKind::Leaf { .. })
+    }
+
+    pub(crate) fn grad(&self) -> Option<Tensor> {
+        match &self.kind {
+            NodeKind::Leaf { grad, .. } => lock(grad).clone(),
+            NodeKind::Op(_) => None,
+        }
+    }
+
+    pub(crate) fn set_grad(&self, value: Option<Tensor>) {
+        match &self.kind {
+            NodeKind::Leaf { grad, .. } => *lock(grad) = value,
+            NodeKind::Op(_) => {
+                panic!("set_grad: only leaves (parameters) keep a gradient; this is a {} result", self.name)
+            }
+        }
+    }
+
+    pub(crate) fn add_hook(&self, hook: Hook) -> u64 {
+        match &self.kind {
+            NodeKind::Leaf { hooks, .. } => {
+                let id = NEXT_HOOK_ID.fetch_add(1, Ordering::Relaxed);
+                lock(hooks).push((id, hook));
+                id
+            }
+            NodeKind::Op(_) => panic!(
+                "register_hook: gradient-ready hooks go on leaves (parameters); this is a {} result",
+                self.name
+            ),
+        }
+    }
+
+    pub(crate) fn remove_hook(&self, id: u64) {
+        if let NodeKind::Leaf { hooks, .. } = &self.kind {
+            lock(hooks).retain(|(h, _)| *h != id);
+        }
+    }
+
+    /// The nodes this op reads; panics when an earlier backward freed them.
+    fn input_nodes(&self) -> Vec<Arc<Node>> {
+        match &self.kind {
+            NodeKind::Leaf { .. } => vec![],
+            NodeKind::Op(state) => match &*lock(state) {
+                Some(s) => s.inputs.iter().flatten().cloned().collect(),
+                None => panic!("{}", freed_message(self.name)),
+            },
+        }
+    }
+
+    /// Adds a final gradient to a leaf's `.grad`, then fires its hooks with the result.
+    fn finish_leaf(&self, g: Tensor) {
+        let NodeKind::Leaf { grad, hooks } = &self.kind else { unreachable!("finish_leaf on an op") };
+        let total = {
+            let mut slot = lock(grad);
+            let total = match slot.take() {
+                Some(old) => old.add(&g),
+                // A gradient some other node also holds (an add passes its gradient through to
+                // both inputs) gets a copy, so updating one `.grad` in place cannot change another.
+                None if g.is_contiguous() && g.storage_ref_count() == 1 => g,
+                None => g.copy(),
+            };
+            *slot = Some(total.clone());
+            total
+        };
+        // Hooks run without the lock held, so a hook may register or remove hooks.
+        let mut running = std::mem::take(&mut *lock(hooks));
+        for (_, hook) in running.iter_mut() {
+            hook(&total);
+        }
+        let mut slot = lock(hooks);
+        running.append(&mut slot);
+        *slot = running;
+    }
+}
+
+fn freed_message(name: &str) -> String {
+    format!(
+        "backward: trying to backward through the graph a second time (the saved tensors of `{name}` were \
+         freed by the first backward); pass retain_graph = true to the first backward_with if you need \
+         to run backward twice"
+    )
+}
+
+impl Drop for Node {
+    // A long chain of nodes would otherwise drop recursively, one stack frame per op.
+    fn drop(&mut self) {
+        let NodeKind::Op(state) = &mut self.kind else { return };
+        let take_inputs = |s: &mut Mutex<Option<OpState>>| -> Vec<Arc<Node>> {
+            let slot = s.get_mut().unwrap_or_else(|e| e.into_inner());
+            slot.take().map(|s| s.inputs.into_iter().flatten().collect()).unwrap_or_default()
+        };
+        let mut stack = take_inputs(state);
+        while let Some(node) = stack.pop() {
+            if let Some(mut inner) = Arc::into_inner(node) {
+                if let NodeKind::Op(s) = &mut inner.kind {
+                    stack.extend(take_inputs(s));
+                }
+            }
+        }
+    }
+}
+
+/// The gradient `g` made to fit `node`: its dtype, and its shape when `g` has the broadcast shape.
+fn conform(g: Tensor, node: &Node) -> Tensor {
+    let g = if g.dtype() == node.dtype { g } else { g.to_dtype(node.dtype) };
+    if g.dims() == node.dims.as_slice() {
+        g
+    } else {
+        sum_to_shape(&g, &node.dims)
+    }
+}
+
+/// Sums `g` over the dims that broadcasting added or stretched, giving shape `target`.
+pub fn sum_to_shape(g: &Tensor, target: &[usize]) -> Tensor {
+    let rank = g.rank();
+    let compatible = rank >= target.len()
+        && g.dims()[rank - target.len()..].iter().zip(target).all(|(&d, &t)| d == t || t == 1);
+    if !compatible {
+        assert_eq!(
+            g.elem_count(),
+            target.iter().product::<usize>(),
+            "backward: a gradient of shape {:?} cannot be reduced to shape {target:?}",
+            g.dims()
+        );
+        return g.reshape(target);
+    }
+    let lead = rank - target.len();
+    let dims: Vec<usize> =
+        (0..rank).filter(|&i| i < lead || (target[i - lead] == 1 && g.dims()[i] != 1)).collect();
+    if dims.is_empty() {
+        return g.reshape(target);
+    }
+    g.sum(dims, true).reshape(target)
+}
+
+/// Orders ready ops by creation, newest first.
+struct Ready(Arc<Node>);
+impl PartialEq for Ready {
+    fn eq(&self, o: &Self) -> bool {
+        self.0.seq == o.0.seq
+    }
+}
+impl Eq for Ready {}
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ready {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.seq.cmp(&o.0.seq)
+    }
+}
+
+fn key(node: &Arc<Node>) -> usize {
+    Arc::as_ptr(node) as usize
+}
+
+/// Runs backward from `root` with gradient `grad`, without recursion.
+pub(crate) fn backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
+    assert!(
+        grad.dims() == root.dims.as_slice(),
+        "backward: the gradient has shape {:?}, the output has shape {:?}",
+        grad.dims(),
+        root.dims
+    );
+    // Pass 1: how many consumers inside this graph each node has. A node's gradient is
+    // complete once all of them have run.
+    let mut pending: HashMap<usize, usize> = HashMap::new();
+    let mut stack = vec![root.clone()];
+    let mut seen = std::collections::HashSet::from([key(root)]);
+    while let Some(node) = stack.pop() {
+        for input in node.input_nodes() {
+            *pending.entry(key(&input)).or_default() += 1;
+            if seen.insert(key(&input)) {
+                stack.push(input);
+            }
+        }
+    }
+    drop(seen);
+
+    // Pass 2: Kahn's walk. Partial gradients wait in `grads` until their node is ready.
+    let mut grads: HashMap<usize, Tensor> = HashMap::new();
+    let grad = conform(grad, root);
+    if root.is_leaf() {
+        root.finish_leaf(grad);
+        return;
+    }
+    grads.insert(key(root), grad);
+    let mut ready = BinaryHeap::from([Ready(root.clone())]);
+    while let Some(Ready(node)) = ready.pop() {
+        let NodeKind::Op(state) = &node.kind else { unreachable!("leaves are finished when ready") };
+        let grad = grads.remove(&key(&node));
+        let mut guard = lock(state);
+        let (inputs, input_grads) = {
+            let s = guard.as_ref().unwrap_or_else(|| panic!("{}", freed_message(node.name)));
+            let needs: Vec<bool> = s.inputs.iter().map(Option::is_some).collect();
+            let input_grads = match &grad {
+                Some(g) => (s.backward)(g, &needs),
+                None => vec![None; needs.len()],
+            };
+            assert_eq!(
+                input_grads.len(),
+                needs.len(),
+                "backward of {}: wrong number of gradients",
+                node.name
+            );
+            (s.inputs.clone(), input_grads)
+        };
+        if !retain_graph {
+            // Frees the tensors this op saved for backward.
+            *guard = None;
+        }
+        drop(guard);
+        drop(grad);
+        for (input, g) in inputs.into_iter().zip(input_grads) {
+            let Some(input) = input else { continue };
+            let k = key(&input);
+            if let Some(g) = g {
+                let g = conform(g, &input);
+                let acc = match grads.remove(&k) {
+                    Some(prev) => prev.add(&g),
+                    None => g,
+                };
+                grads.insert(k, acc);
+            }
+            let count = pending.get_mut(&k).expect("every input was counted");
+            *count -= 1;
+            if *count == 0 {
+                pending.remove(&k);
+                if input.is_leaf() {
+                    if let Some(g) = grads.remove(&k) {
+                        input.finish_leaf(g);
+                    }
+                } else {
+                    ready.push(Ready(input));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Gradients of `matmul` (all of `torch.matmul`'s cases: dot, matrix-vector, batched with
+//! broadcast batch dims; the engine sums broadcast batch dims back) and `bmm`.
+
+use crate::Var;
+
+impl Var {
+    /// The matrix product with `torch.matmul` semantics.
+    pub fn matmul(&self, rhs: &Var) -> Var {
+        let (a, b) = (self.tensor().clone(), rhs.tensor().clone());
+        let out = a.matmul(&b);
+        let (a_vec, b_vec) = (a.rank() == 1, b.rank() == 1);
+        // The output's shape before the dims added for 1-D operands were removed.
+        let mut full = out.dims().to_vec();
+        if b_vec {
+            full.push(1);
+        }
+        if a_vec {
+            let at = full.len() - 1;
+            full.insert(at, 1);
+        }
+        let a2 = if a_vec { a.unsqueeze(0) } else { a };
+        let b2 = if b_vec { b.unsqueeze(1) } else { b };
+        Var::from_op("matmul", out, &[self, rhs], move |g, needs| {
+            let g = g.reshape(full.as_slice());
+            let ga = needs[0].then(|| {
+                let ga = g.matmul(&b2.transpose(-2, -1));
+                if a_vec {
+                    ga.squeeze(-2)
+                } else {
+                    ga
+                }
+            });
+            let gb = needs[1].then(|| {
+                let gb = a2.transpose(-2, -1).matmul(&g);
+                if b_vec {
+                    gb.squeeze(-1)
+                } else {
+                    gb
+                }
+            });
+            vec![ga, gb]
+        })
+    }
+
+    /// Batched matrix product of two 3-D values with the same batch size, as `torch.bmm`.
+    pub fn bmm(&self, rhs: &Var) -> Var {
+        assert!(
+            self.rank() == 3 && rhs.rank() == 3 && self.dims()[0] == rhs.dims()[0],
+            "bmm: expected [b, m, k] and [b, k, n], got shapes {:?} and {:?}",
+            self.dims(),
+            rhs.dims()
+        );
+        self.matmul(rhs)
+    }
+}

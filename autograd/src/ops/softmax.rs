@@ -1,0 +1,32 @@
+//! Gradients of `softmax` and `log_softmax` along one dim, from their saved outputs.
+
+use crate::Var;
+use oxtrain_tensor::Dim;
+
+impl Var {
+    /// `exp(x) / sum(exp(x))` along `dim`; the gradient is `y * (g - sum(g * y))`.
+    pub fn softmax<D: Dim>(&self, dim: D) -> Var {
+        let d =
+            if self.rank() == 0 { dim.to_index(1, "softmax") } else { dim.to_index(self.rank(), "softmax") };
+        let out = self.tensor().softmax(d);
+        let y = out.clone();
+        Var::from_op("softmax", out, &[self], move |g, _| {
+            let dot = g.mul(&y).sum(d, true);
+            vec![Some(y.mul(&g.sub(&dot)))]
+        })
+    }
+
+    /// `log(softmax(x))` along `dim`; the gradient is `g - exp(y) * sum(g)`.
+    pub fn log_softmax<D: Dim>(&self, dim: D) -> Var {
+        let d = if self.rank() == 0 {
+            dim.to_index(1, "log_softmax")
+        } else {
+            dim.to_index(self.rank(), "log_softmax")
+        };
+        let out = self.tensor().log_softmax(d);
+        let y = out.clone();
+        Var::from_op("log_softmax", out, &[self], move |g, _| {
+            vec![Some(g.sub(&y.exp().mul(&g.sum(d, true))))]
+        })
+    }
+}

@@ -1,0 +1,31 @@
+//! Tests: every op's gradient against finite differences (`gradcheck`), and the engine's
+//! contracts (hooks, retain_graph, no_grad, freeing, deep graphs).
+
+mod elementwise;
+mod engine;
+mod index;
+mod matmul;
+mod nn;
+mod reduce;
+mod shape;
+
+use crate::{gradcheck, Var};
+use oxtrain_tensor::{DType, Device, Generator, Tensor};
+
+/// Standard normal f64 samples, reproducible per `seed`.
+pub(crate) fn randn(shape: &[usize], seed: u64, dev: Device) -> Tensor {
+    Tensor::randn_with(&mut Generator::new(seed), shape, DType::F64, dev).unwrap()
+}
+
+/// Samples in [0.5, 2.5): inside the domain of log, sqrt, reciprocal, ...
+pub(crate) fn positive(shape: &[usize], seed: u64, dev: Device) -> Tensor {
+    Tensor::uniform_with(&mut Generator::new(seed), shape, 0.5, 2.5, DType::F64, dev).unwrap()
+}
+
+/// Gradcheck with the tolerances every f64 op here meets; panics naming `what`.
+#[track_caller]
+pub(crate) fn check(what: &str, f: impl Fn(&[Var]) -> Var, inputs: &[Tensor]) {
+    if let Err(e) = gradcheck(f, inputs, 1e-6, 1e-6) {
+        panic!("{what}: {e}");
+    }
+}

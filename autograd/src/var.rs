@@ -1,0 +1,198 @@
+//! `Var`: a tensor plus its place in the recorded graph, and the `no_grad` scope.
+
+use crate::graph::{self, BackwardFn, Node};
+use oxtrain_tensor::Tensor;
+use std::cell::Cell;
+use std::sync::{Arc, Weak};
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops on this thread record the graph (false inside [`no_grad`]).
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(Cell::get)
+}
+
+/// Runs `f` with recording off on this thread, as `with torch.no_grad():`. Ops inside give
+/// constants. Nests, and restores the previous state even when `f` panics.
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
+    f()
+}
+
+/// A tensor that autograd tracks: a parameter (a leaf that collects a gradient), a constant,
+/// or the result of ops on those. Cloning is cheap and shares the graph node, so a clone of a
+/// parameter sees the same `.grad()`.
+#[derive(Clone)]
+pub struct Var {
+    tensor: Tensor,
+    node: Option<Arc<Node>>,
+}
+
+/// Removes a hook registered with [`Var::register_hook`].
+pub struct HookHandle {
+    node: Weak<Node>,
+    id: u64,
+}
+
+impl HookHandle {
+    pub fn remove(self) {
+        if let Some(node) = self.node.upgrade() {
+            node.remove_hook(self.id);
+        }
+    }
+}
+
+impl Var {
+    /// A leaf that requires grad (`nn.Parameter`); its gradient collects in [`Var::grad`].
+    pub fn parameter(tensor: Tensor) -> Var {
+        assert!(
+            tensor.dtype().is_float(),
+            "parameter: only floating-point tensors can require grad, got {} with shape {:?}",
+            tensor.dtype(),
+            tensor.dims()
+        );
+        let node = Node::leaf(&tensor);
+        Var { tensor, node: Some(node) }
+    }
+
+    /// A value that gets no gradient (inputs, targets, masks).
+    pub fn constant(tensor: Tensor) -> Var {
+        Var { tensor, node: None }
+    }
+
+    /// The value.
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    /// The value, without the graph (`x.detach()`): shares storage with `self`.
+    pub fn detach(&self) -> Var {
+        Var::constant(self.tensor.clone())
+    }
+
+    /// Whether a gradient flows back through this value.
+    pub fn requires_grad(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// Whether this is a parameter (a leaf that requires grad).
+    pub fn is_leaf(&self) -> bool {
+        self.node.as_ref().is_none_or(|n| n.is_leaf())
+    }
+
+    /// The gradient accumulated by backward passes so far (leaves only; `None` before any).
+    pub fn grad(&self) -> Option<Tensor> {
+        self.node.as_ref().and_then(|n| n.grad())
+    }
+
+    /// Forgets the gradient (`param.grad = None`): the next backward starts from nothing.
+    pub fn zero_grad(&self) {
+        if let Some(n) = &self.node {
+            if n.is_leaf() {
+                n.set_grad(None);
+            }
+        }
+    }
+
+    /// Replaces a leaf's gradient (a DDP reducer writing back averaged gradients).
+    pub fn set_grad(&self, grad: Option<Tensor>) {
+        if let Some(g) = &grad {
+            assert!(
+                g.dims() == self.dims(),
+                "set_grad: gradient of shape {:?} for a parameter of shape {:?}",
+                g.dims(),
+                self.dims()
+            );
+        }
+        match &self.node {
+            Some(n) => n.set_grad(grad),
+            None => panic!("set_grad: a constant has no gradient; make it with Var::parameter"),
+        }
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        self.tensor.dims()
+    }
+
+    pub fn rank(&self) -> usize {
+        self.tensor.rank()
+    }
+
+    pub fn dtype(&self) -> oxtrain_tensor::DType {
+        self.tensor.dtype()
+    }
+
+    pub fn device(&self) -> oxtrain_tensor::Device {
+        self.tensor.device()
+    }
+
+    pub fn elem_count(&self) -> usize {
+        self.tensor.elem_count()
+    }
+
+    /// Backward from a one-element output (a loss), with gradient 1, freeing the graph.
+    pub fn backward(&self) {
+        assert!(
+            self.elem_count() == 1,
+            "backward: the output has shape {:?}; backward() needs one element, use backward_with for others",
+            self.dims()
+        );
+        self.backward_with(self.tensor.ones_like(), false);
+    }
+
+    /// Backward with the output's gradient `grad`. With `retain_graph` the saved tensors stay,
+    /// so backward can run through the graph again; without it they are freed as it goes.
+    pub fn backward_with(&self, grad: Tensor, retain_graph: bool) {
+        let node = self.node.as_ref().unwrap_or_else(|| {
+            panic!("backward: this value does not require grad (no parameter leads to it, or it came from no_grad)")
+        });
+        graph::backward(node, grad, retain_graph);
+    }
+
+    /// Calls `hook` with the leaf's accumulated gradient the moment a backward pass has
+    /// finished adding to it (every path into it done), once per backward, on the thread
+    /// running backward, before backward returns.
+    pub fn register_hook(&self, hook: impl FnMut(&Tensor) + Send + 'static) -> HookHandle {
+        let node = self.node.as_ref().unwrap_or_else(|| {
+            panic!("register_hook: a constant gets no gradient; make it with Var::parameter")
+        });
+        let id = node.add_hook(Box::new(hook));
+        HookHandle { node: Arc::downgrade(node), id }
+    }
+
+    /// The result of an op: records `backward` when grad is enabled and an input requires
+    /// grad, else a constant. `backward` must capture tensors only, never `Var`s.
+    pub(crate) fn from_op(
+        name: &'static str,
+        output: Tensor,
+        inputs: &[&Var],
+        backward: impl Fn(&Tensor, &[bool]) -> Vec<Option<Tensor>> + Send + Sync + 'static,
+    ) -> Var {
+        if !is_grad_enabled() || inputs.iter().all(|v| v.node.is_none()) {
+            return Var::constant(output);
+        }
+        let edges = inputs.iter().map(|v| v.node.clone()).collect();
+        let boxed: BackwardFn = Box::new(backward);
+        let node = Node::op(name, &output, edges, boxed);
+        Var { tensor: output, node: Some(node) }
+    }
+}
+
+impl std::fmt::Debug for Var {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.node {
+            None => "constant".to_string(),
+            Some(n) if n.is_leaf() => "parameter".to_string(),
+            Some(n) => format!("grad_fn={}", n.name),
+        };
+        write!(f, "Var({kind}, {:?})", self.tensor)
+    }
+}

@@ -350,9 +350,12 @@ fn gpu_bernoulli_of_a_strided_probability_tensor_equals_the_cpu() {
     let mut gen = Generator::new(11);
     let p = Tensor::rand_with(&mut gen, [37, 29], DType::F32, Device::Cpu).unwrap();
     for dtype in [DType::F32, DType::F64, DType::BF16] {
-        // Transposed and narrowed: element i of the view is read through its strides.
-        let probs = p.to_dtype(dtype).t().narrow(0, 3, 20);
-        let (c, g) = both(12, |gen, dev| probs.to_device(dev).unwrap().bernoulli_with(gen));
+        // Transposed and narrowed on the device: element i of the view is read through its strides.
+        let (c, g) = both(12, |gen, dev| {
+            let probs = p.to_dtype(dtype).to_device(dev).unwrap().t().narrow(0, 3, 20);
+            assert!(!probs.is_contiguous());
+            probs.bernoulli_with(gen)
+        });
         assert_eq!(host_bytes(&c), host_bytes(&g), "bernoulli {dtype}");
     }
 }

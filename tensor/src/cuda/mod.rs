@@ -9,6 +9,7 @@ mod device;
 mod launch;
 pub mod libs;
 pub mod nvrtc;
+pub mod pinned;
 mod storage;
 mod stream;
 
@@ -16,12 +17,19 @@ pub use alloc::{CudaBuffer, MemoryStats};
 pub use device::{device, device_count, is_available, CudaDevice};
 pub(crate) use launch::{expect_launch, launch_cfg, source, suffix};
 pub use nvrtc::KernelSource;
+pub use pinned::PinnedBuffer;
 pub use storage::{CudaStorage, StridedArg, MAX_DIMS};
 pub use stream::{Event, Stream, StreamGuard};
 
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
 pub fn all_kernel_sources() -> Vec<KernelSource> {
-    vec![crate::ops::unary::cuda::SOURCE, crate::ops::binary::cuda::SOURCE, crate::ops::convert::cuda::SOURCE]
+    vec![
+        crate::ops::unary::cuda::SOURCE,
+        crate::ops::binary::cuda::SOURCE,
+        crate::ops::convert::cuda::SOURCE,
+        crate::ops::creation::cuda::SOURCE,
+        crate::ops::random::cuda::SOURCE,
+    ]
 }
 
 /// Allocated, reserved and peak bytes of device `ordinal` (`torch.cuda.memory_stats`).

@@ -15,5 +15,6 @@ pub mod pool;
 pub mod random;
 pub mod reduce;
 pub mod softmax;
+pub mod transfer;
 pub mod unary;
 pub mod view;

@@ -233,7 +233,7 @@ impl SafetensorsFile {
 
 /// Copies little-endian element bytes into typed storage. Goes through a copy because the
 /// data in a file need not be aligned for its type; bool bytes other than 0 read as true.
-fn storage_from_le_bytes(dtype: DType, bytes: &[u8]) -> CpuStorage {
+pub(crate) fn storage_from_le_bytes(dtype: DType, bytes: &[u8]) -> CpuStorage {
     fn pod<T: Element + bytemuck::Pod>(bytes: &[u8]) -> CpuStorage {
         let mut values = vec![T::zero(); bytes.len() / std::mem::size_of::<T>()];
         bytemuck::cast_slice_mut::<T, u8>(&mut values).copy_from_slice(bytes);

@@ -1,10 +1,14 @@
 //! New tensors: constants, ranges, identity. Random tensors live in `random`.
+//!
+//! On CUDA every element is generated on the device (see `cuda.rs`), with the formulas below
+//! evaluated in f64 there too, so both backends give the same bits.
 
 use crate::dtype::{DType, Element};
 use crate::shape::Shape;
-use crate::storage::CpuStorage;
+use crate::storage::{CpuStorage, Storage};
 use crate::{Device, Result, Tensor};
 
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
@@ -12,12 +16,25 @@ impl Tensor {
     /// A tensor of `value` converted to `dtype` (`torch.full`).
     pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
-        Tensor::from_cpu_on(CpuStorage::full(dtype, shape.elem_count(), value), shape, device)
+        match device {
+            Device::Cpu => Ok(Tensor::from_cpu(CpuStorage::full(dtype, shape.elem_count(), value), shape)),
+            Device::Cuda(ordinal) => {
+                let s = cuda::full(ordinal, dtype, shape.elem_count(), value)?;
+                Ok(Tensor::from_storage(Storage::Cuda(s), shape))
+            }
+        }
     }
 
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
-        Tensor::from_cpu_on(CpuStorage::zeros(dtype, shape.elem_count()), shape, device)
+        match device {
+            Device::Cpu => Ok(Tensor::from_cpu(CpuStorage::zeros(dtype, shape.elem_count()), shape)),
+            Device::Cuda(ordinal) => {
+                let dev = crate::cuda::device(ordinal)?;
+                let s = crate::cuda::CudaStorage::zeros(&dev, dtype, shape.elem_count())?;
+                Ok(Tensor::from_storage(Storage::Cuda(s), shape))
+            }
+        }
     }
 
     pub fn ones(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
@@ -54,6 +71,9 @@ impl Tensor {
         // PyTorch counts the elements with the given bounds but, for integer dtypes, computes
         // the values from the start and step truncated to integers.
         let (start, step) = if dtype.is_int() { (start.trunc(), step.trunc()) } else { (start, step) };
+        if let Device::Cuda(ordinal) = device {
+            return Ok(cuda_vector(cuda::arange(ordinal, dtype, n, start, step)?, n));
+        }
         Tensor::from_f64_fn(n, dtype, device, |i| start + i as f64 * step)
     }
 
@@ -66,6 +86,9 @@ impl Tensor {
         let (start, end) = (bound(start), bound(end));
         let step = if steps > 1 { (end - start) / (steps - 1) as f64 } else { 0.0 };
         // Fill from both ends, as PyTorch does, so the last value is exactly `end` (one step is `start`).
+        if let Device::Cuda(ordinal) = device {
+            return Ok(cuda_vector(cuda::linspace(ordinal, dtype, steps, start, end, step)?, steps));
+        }
         let half = steps / 2;
         Tensor::from_f64_fn(steps, dtype, device, |i| {
             if i < half || steps == 1 {
@@ -78,6 +101,9 @@ impl Tensor {
 
     /// The `n x n` identity matrix.
     pub fn eye(n: usize, dtype: DType, device: Device) -> Result<Tensor> {
+        if let Device::Cuda(ordinal) = device {
+            return Ok(Tensor::from_storage(Storage::Cuda(cuda::eye(ordinal, dtype, n)?), [n, n]));
+        }
         let t = Tensor::from_f64_fn(n * n, dtype, device, |i| if i / n == i % n { 1.0 } else { 0.0 })?;
         Ok(t.reshape([n, n]))
     }
@@ -104,4 +130,8 @@ impl Tensor {
         };
         Tensor::from_cpu_on(storage, n, device)
     }
+}
+
+fn cuda_vector(s: crate::cuda::CudaStorage, n: usize) -> Tensor {
+    Tensor::from_storage(Storage::Cuda(s), n)
 }

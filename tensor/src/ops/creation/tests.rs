@@ -104,3 +104,59 @@ crate::device_test! {
         let _ = Tensor::arange(0.0, 1.0, 0.0, DType::F32, dev);
     }
 }
+
+#[test]
+fn fill_patterns_are_the_cast_values_bits() {
+    use super::cuda::fill_pattern;
+    assert_eq!(fill_pattern(DType::F32, 1.5), 1.5f32.to_bits() as u64);
+    assert_eq!(fill_pattern(DType::F64, -0.1), (-0.1f64).to_bits());
+    assert_eq!(fill_pattern(DType::BF16, 1.0), half::bf16::from_f32(1.0).to_bits() as u64);
+    assert_eq!(fill_pattern(DType::F16, 7.9), half::f16::from_f32(7.9).to_bits() as u64);
+    assert_eq!(fill_pattern(DType::I64, -3.7), (-3i64) as u64);
+    assert_eq!(fill_pattern(DType::U32, 4e9), 4_000_000_000u64);
+    assert_eq!(fill_pattern(DType::U8, -1.0), 255);
+    assert_eq!(fill_pattern(DType::Bool, 0.5), 1);
+    assert_eq!(fill_pattern(DType::Bool, 0.0), 0);
+}
+
+/// The device generates every element itself; these must equal the CPU's bits exactly.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_creation_equals_cpu_bit_for_bit() {
+    let gpu = Device::Cuda(0);
+    let same = |a: Tensor, b: Tensor, what: &str| {
+        assert_eq!((a.dims(), a.dtype()), (b.dims(), b.dtype()), "{what}");
+        let (a, b) = (a.to_device(Device::Cpu).unwrap(), b.to_device(Device::Cpu).unwrap());
+        let bits = |t: &Tensor| match &*t.storage() {
+            crate::storage::Storage::Cpu(s) => s.as_bytes().to_vec(),
+            crate::storage::Storage::Cuda(_) => unreachable!("copied to the host"),
+        };
+        assert_eq!(bits(&a), bits(&b), "{what}");
+    };
+    for dtype in DType::ALL {
+        for value in [0.0, -0.0, 1.0, -1.5, 7.9, 1e10, -3e9, f64::NAN, 0.1] {
+            let on = |dev| Tensor::full([3, 5], value, dtype, dev).unwrap();
+            same(on(gpu), on(Device::Cpu), &format!("full {value} {dtype}"));
+        }
+        same(
+            Tensor::zeros([1000], dtype, gpu).unwrap(),
+            Tensor::zeros([1000], dtype, Device::Cpu).unwrap(),
+            "zeros",
+        );
+        for (start, end, step) in
+            [(0.0, 10.0, 1.0), (-3.3, 7.1, 0.37), (100.0, -250.5, -1.7), (0.0, 1e6, 0.1)]
+        {
+            let on = |dev| Tensor::arange(start, end, step, dtype, dev).unwrap();
+            same(on(gpu), on(Device::Cpu), &format!("arange {start} {end} {step} {dtype}"));
+        }
+        for (start, end, steps) in
+            [(0.0, 1.0, 7), (-5.5, 3.25, 1000), (2.0, 2.0, 1), (10.0, -10.0, 101), (0.0, 1.0, 0)]
+        {
+            let on = |dev| Tensor::linspace(start, end, steps, dtype, dev).unwrap();
+            same(on(gpu), on(Device::Cpu), &format!("linspace {start} {end} {steps} {dtype}"));
+        }
+        for n in [0, 1, 17] {
+            same(Tensor::eye(n, dtype, gpu).unwrap(), Tensor::eye(n, dtype, Device::Cpu).unwrap(), "eye");
+        }
+    }
+}

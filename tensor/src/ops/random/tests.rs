@@ -295,3 +295,111 @@ fn drawing_on_a_missing_device_is_an_error_and_consumes_nothing() {
     ));
     assert_eq!(gen.state().offset, 0);
 }
+
+/// Little-endian element bytes of a tensor, copied to the host.
+fn host_bytes(t: &Tensor) -> Vec<u8> {
+    let t = t.to_device(Device::Cpu).unwrap().contiguous();
+    let s = t.storage();
+    match &*s {
+        crate::storage::Storage::Cpu(s) => s.as_bytes().to_vec(),
+        crate::storage::Storage::Cuda(_) => unreachable!("copied to the host"),
+    }
+}
+
+/// Draws `draw` on the CPU and on the GPU from generators in the same state; checks that both
+/// leave the generator at the same offset and returns both results.
+fn both(seed: u64, draw: impl Fn(&mut Generator, Device) -> Tensor) -> (Tensor, Tensor) {
+    let (mut cpu_gen, mut gpu_gen) = (Generator::new(seed), Generator::new(seed));
+    // A draw first so the stream does not start at block 0.
+    let _ = Tensor::rand_with(&mut cpu_gen, [3], DType::F32, Device::Cpu).unwrap();
+    let _ = Tensor::rand_with(&mut gpu_gen, [3], DType::F32, Device::Cuda(0)).unwrap();
+    let c = draw(&mut cpu_gen, Device::Cpu);
+    let g = draw(&mut gpu_gen, Device::Cuda(0));
+    assert_eq!(cpu_gen.state(), gpu_gen.state(), "the generator advances as on the CPU");
+    assert_eq!((g.dims(), g.dtype(), g.device()), (c.dims(), c.dtype(), Device::Cuda(0)));
+    (c, g)
+}
+
+const SIZES: [usize; 6] = [0, 1, 5, 7, 1023, 100_003];
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_uniform_bernoulli_and_randint_equal_the_cpu_bit_for_bit() {
+    for n in SIZES {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            let (c, g) = both(7, |gen, dev| Tensor::rand_with(gen, [n], dtype, dev).unwrap());
+            assert_eq!(host_bytes(&c), host_bytes(&g), "rand {n} {dtype}");
+            let (c, g) = both(8, |gen, dev| Tensor::uniform_with(gen, [n], -2.5, 3.1, dtype, dev).unwrap());
+            assert_eq!(host_bytes(&c), host_bytes(&g), "uniform {n} {dtype}");
+        }
+        for dtype in DType::ALL {
+            let (c, g) =
+                both(9, |gen, dev| Tensor::bernoulli_scalar_with(gen, [n], 0.3, dtype, dev).unwrap());
+            assert_eq!(host_bytes(&c), host_bytes(&g), "bernoulli_scalar {n} {dtype}");
+        }
+        for (low, high) in [(0, 10), (-5, 1 << 40), (i64::MIN, i64::MAX), (3, 4)] {
+            let (c, g) = both(10, |gen, dev| Tensor::randint_with(gen, low, high, [n], dev).unwrap());
+            assert_eq!(c.to_vec::<i64>(), g.to_vec::<i64>(), "randint {n} in {low}..{high}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_bernoulli_of_a_strided_probability_tensor_equals_the_cpu() {
+    let mut gen = Generator::new(11);
+    let p = Tensor::rand_with(&mut gen, [37, 29], DType::F32, Device::Cpu).unwrap();
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        // Transposed and narrowed on the device: element i of the view is read through its strides.
+        let (c, g) = both(12, |gen, dev| {
+            let probs = p.to_dtype(dtype).to_device(dev).unwrap().t().narrow(0, 3, 20);
+            assert!(!probs.is_contiguous());
+            probs.bernoulli_with(gen)
+        });
+        assert_eq!(host_bytes(&c), host_bytes(&g), "bernoulli {dtype}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_normals_equal_the_cpu_to_about_an_ulp() {
+    for n in SIZES {
+        for (dtype, rtol, atol) in [
+            (DType::F32, 2e-6, 1e-6),
+            (DType::F64, 1e-14, 1e-14),
+            (DType::F16, 1e-3, 1e-3),
+            (DType::BF16, 8e-3, 8e-3),
+        ] {
+            let (c, g) = both(13, |gen, dev| Tensor::randn_with(gen, [n], dtype, dev).unwrap());
+            crate::testing::assert_close(&g, &c, rtol, atol, &format!("randn {n} {dtype}"));
+            let (c, g) = both(14, |gen, dev| Tensor::normal_with(gen, [n], 3.0, 0.5, dtype, dev).unwrap());
+            crate::testing::assert_close(&g, &c, rtol * 4.0, atol * 4.0, &format!("normal {n} {dtype}"));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_draws_resume_from_a_saved_state() {
+    let gpu = Device::Cuda(0);
+    let mut gen = Generator::new(99);
+    let _ = Tensor::randn_with(&mut gen, [10], DType::F32, gpu).unwrap();
+    let saved = GeneratorState::from_bytes(&gen.state().to_bytes()).unwrap();
+    let a = Tensor::rand_with(&mut gen, [4, 33], DType::F32, gpu).unwrap();
+    let b = Tensor::randint_with(&mut gen, 0, 1000, [17], gpu).unwrap();
+    let mut restored = Generator::new(0);
+    restored.set_state(saved);
+    let a2 = Tensor::rand_with(&mut restored, [4, 33], DType::F32, gpu).unwrap();
+    let b2 = Tensor::randint_with(&mut restored, 0, 1000, [17], gpu).unwrap();
+    assert_eq!(host_bytes(&a), host_bytes(&a2));
+    assert_eq!(b.to_vec::<i64>(), b2.to_vec::<i64>());
+    assert_eq!(gen.state(), restored.state());
+    // The default generator too, and a CPU draw from the same state gives the same numbers.
+    let _guard = DEFAULT_GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    manual_seed(5);
+    let g = Tensor::rand([100], DType::F32, gpu).unwrap();
+    manual_seed(5);
+    let c = Tensor::rand([100], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(host_bytes(&g), host_bytes(&c));
+    assert_eq!(default_generator().state().offset, 25);
+}

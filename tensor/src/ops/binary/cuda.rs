@@ -97,7 +97,7 @@ fn binary_vectorized(
     let size = a.dtype().size_in_bytes() as u64;
     let pa = a.ptr() + la.offset() as u64 * size;
     let pb = b.ptr() + lb.offset() as u64 * size;
-    if !(la.is_contiguous() && lb.is_contiguous()) || !pa.is_multiple_of(16) || !pb.is_multiple_of(16) {
+    if !(la.is_contiguous() && lb.is_contiguous() && pa.is_multiple_of(16) && pb.is_multiple_of(16)) {
         return None;
     }
     let n = la.elem_count();

@@ -8,6 +8,7 @@
 //! of any float dtype (bf16 activations with f32 parameters under autocast).
 
 mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
@@ -33,8 +34,8 @@ fn float_input(t: &Tensor, op: &str) {
     );
 }
 
-/// Statistics or parameters as an f64 vector, checked to have `shape`.
-fn param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor) -> Vec<f64> {
+/// Panics unless statistics or parameters `t` are floats of `shape` on the input's device.
+fn check_param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor) {
     input.same_device(t, op);
     float_input(t, op);
     assert!(
@@ -43,7 +44,39 @@ fn param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor) -> V
         input.dims(),
         t.dims()
     );
+}
+
+/// Statistics or parameters as an f64 vector, checked to have `shape`.
+fn param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor) -> Vec<f64> {
+    check_param(t, shape, what, op, input);
     t.to_f64_vec()
+}
+
+/// Statistics or parameters as a contiguous f64 tensor on the (CUDA) input's device.
+fn device_param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor) -> Tensor {
+    check_param(t, shape, what, op, input);
+    t.to_dtype(DType::F64).contiguous()
+}
+
+/// Per-channel mean and biased variance in f64: host vectors for a CPU input, `[C]` f64
+/// tensors on the device for a CUDA one (so statistics never leave the GPU).
+enum Moments {
+    Host(Vec<f64>, Vec<f64>),
+    Device(Tensor, Tensor),
+}
+
+impl Moments {
+    /// Mean and variance as `[C]` tensors in the statistics dtype of an input of `dtype`.
+    fn tensors(self, channels: usize, dtype: DType) -> (Tensor, Tensor) {
+        match self {
+            Moments::Host(mean, var) => {
+                (stats_tensor(mean, channels, dtype), stats_tensor(var, channels, dtype))
+            }
+            Moments::Device(mean, var) => {
+                (mean.to_dtype(stats_dtype(dtype)), var.to_dtype(stats_dtype(dtype)))
+            }
+        }
+    }
 }
 
 fn stats_tensor(values: Vec<f64>, shape: impl Into<Shape>, input_dtype: DType) -> Tensor {
@@ -67,18 +100,25 @@ impl Tensor {
     /// one batch norm normalises with; the running variance PyTorch tracks is the unbiased
     /// one, `var * n / (n - 1)` with `n = elem_count / C`.
     pub fn batch_norm_stats(&self) -> (Tensor, Tensor) {
-        let (ch, mean, var) = self.channel_moments("batch_norm_stats");
-        (stats_tensor(mean, ch.channels, self.dtype()), stats_tensor(var, ch.channels, self.dtype()))
+        let (ch, moments) = self.channel_moments("batch_norm_stats");
+        moments.tensors(ch.channels, self.dtype())
     }
 
     /// Per-channel mean and biased variance in f64.
-    fn channel_moments(&self, op: &str) -> (Channels, Vec<f64>, Vec<f64>) {
+    fn channel_moments(&self, op: &str) -> (Channels, Moments) {
         let ch = self.channel_view(op);
-        let (mean, var) = match &*self.storage() {
-            Storage::Cpu(s) => with_float_storage!(s, op, v, T => cpu::channel_moments(v, self.layout(), ch)),
-            Storage::Cuda(_) => crate::cuda::not_yet("norm"),
+        let moments = match &*self.storage() {
+            Storage::Cpu(s) => {
+                let (mean, var) =
+                    with_float_storage!(s, op, v, T => cpu::channel_moments(v, self.layout(), ch));
+                Moments::Host(mean, var)
+            }
+            Storage::Cuda(s) => {
+                let (mean, var) = cuda::channel_moments(s, self.layout(), ch, op);
+                Moments::Device(mean, var)
+            }
         };
-        (ch, mean, var)
+        (ch, moments)
     }
 
     /// `(x - mean) / sqrt(var + eps) * weight + bias` per channel (dim 1), with `mean`, `var`,
@@ -95,21 +135,44 @@ impl Tensor {
     ) -> Tensor {
         let op = "batch_norm";
         let ch = self.channel_view(op);
-        let mean = param(mean, &[ch.channels], "mean", op, self);
-        let var = param(var, &[ch.channels], "var", op, self);
-        self.normalize_channels(ch, &mean, &var, weight, bias, eps)
+        let moments = if self.device().is_cuda() {
+            let mean = device_param(mean, &[ch.channels], "mean", op, self);
+            Moments::Device(mean, device_param(var, &[ch.channels], "var", op, self))
+        } else {
+            let mean = param(mean, &[ch.channels], "mean", op, self);
+            Moments::Host(mean, param(var, &[ch.channels], "var", op, self))
+        };
+        self.normalize_channels(ch, &moments, weight, bias, eps)
     }
 
     fn normalize_channels(
         &self,
         ch: Channels,
-        mean: &[f64],
-        var: &[f64],
+        moments: &Moments,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
         eps: f64,
     ) -> Tensor {
         let (op, shape) = ("batch_norm", [ch.channels]);
+        let (mean, var) = match moments {
+            Moments::Host(mean, var) => (mean, var),
+            Moments::Device(mean, var) => {
+                let weight = weight.map(|w| device_param(w, &shape, "weight", op, self));
+                let bias = bias.map(|b| device_param(b, &shape, "bias", op, self));
+                let storage = match &*self.storage() {
+                    Storage::Cuda(s) => Storage::Cuda(cuda::channel_affine(
+                        s,
+                        self.layout(),
+                        ch,
+                        (mean, var, weight.as_ref(), bias.as_ref()),
+                        eps,
+                        op,
+                    )),
+                    Storage::Cpu(_) => unreachable!("device moments of a CPU tensor"),
+                };
+                return Tensor::from_storage(storage, self.dims());
+            }
+        };
         let weight = weight.map(|w| param(w, &shape, "weight", op, self));
         let bias = bias.map(|b| param(b, &shape, "bias", op, self)).unwrap_or_else(|| vec![0.0; ch.channels]);
         let scale: Vec<f64> =
@@ -118,7 +181,7 @@ impl Tensor {
             Storage::Cpu(s) => with_float_storage!(s, op, v, T => T::into_storage(
                 cpu::channel_affine(v, self.layout(), ch, (mean, &scale, &bias))
             )),
-            Storage::Cuda(_) => crate::cuda::not_yet("norm"),
+            Storage::Cuda(_) => unreachable!("host moments of a CUDA tensor"),
         };
         Tensor::from_cpu(storage, self.dims())
     }
@@ -132,9 +195,10 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f64,
     ) -> (Tensor, Tensor, Tensor) {
-        let (ch, mean, var) = self.channel_moments("batch_norm");
-        let out = self.normalize_channels(ch, &mean, &var, weight, bias, eps);
-        (out, stats_tensor(mean, ch.channels, self.dtype()), stats_tensor(var, ch.channels, self.dtype()))
+        let (ch, moments) = self.channel_moments("batch_norm");
+        let out = self.normalize_channels(ch, &moments, weight, bias, eps);
+        let (mean, var) = moments.tensors(ch.channels, self.dtype());
+        (out, mean, var)
     }
 
     /// Layer norm over the trailing dims `normalized_shape`, as `torch.native_layer_norm`:
@@ -159,19 +223,36 @@ impl Tensor {
             self.dims()
         );
         let axis = axis.unwrap_or(0);
+        let mut stats_shape = self.dims().to_vec();
+        stats_shape[axis..].iter_mut().for_each(|d| *d = 1);
+        let row_len = normalized.elem_count();
+        if self.device().is_cuda() {
+            let weight = weight.map(|w| device_param(w, &normalized, "weight", op, self));
+            let bias = bias.map(|b| device_param(b, &normalized, "bias", op, self));
+            let x = self.contiguous();
+            let (out, mean, rstd) = match &*x.storage() {
+                Storage::Cuda(s) => {
+                    cuda::layer_norm(s, row_len, (weight.as_ref(), bias.as_ref()), eps, &stats_shape)
+                }
+                Storage::Cpu(_) => unreachable!("a CUDA tensor's copy is on the CUDA device"),
+            };
+            let dtype = stats_dtype(self.dtype());
+            return (
+                Tensor::from_storage(Storage::Cuda(out), self.dims()),
+                mean.to_dtype(dtype),
+                rstd.to_dtype(dtype),
+            );
+        }
         let weight = weight.map(|w| param(w, &normalized, "weight", op, self));
         let bias = bias.map(|b| param(b, &normalized, "bias", op, self));
         let x = self.contiguous();
-        let row_len = normalized.elem_count();
         let (out, mean, rstd) = match &*x.storage() {
             Storage::Cpu(s) => with_float_storage!(s, op, v, T => {
                 let (out, mean, rstd) = cpu::layer_norm(v, row_len, weight.as_deref(), bias.as_deref(), eps);
                 (T::into_storage(out), mean, rstd)
             }),
-            Storage::Cuda(_) => crate::cuda::not_yet("norm"),
+            Storage::Cuda(_) => unreachable!("a CPU tensor's copy is on the CPU"),
         };
-        let mut stats_shape = self.dims().to_vec();
-        stats_shape[axis..].iter_mut().for_each(|d| *d = 1);
         (
             Tensor::from_cpu(out, self.dims()),
             stats_tensor(mean, &stats_shape, self.dtype()),

@@ -8,6 +8,7 @@
 //! sliding and the adaptive variant of each reduction.
 
 pub(crate) mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
@@ -24,12 +25,23 @@ pub(crate) struct Window {
     pub count: usize,
 }
 
+/// How the windows along one axis are made: the parameters of `max_windows`, `avg_windows` or
+/// `adaptive_windows`, from which the CUDA kernels recompute them instead of uploading tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AxisRule {
+    Max { kernel: usize, stride: usize, padding: usize, dilation: usize },
+    Avg { kernel: usize, stride: usize, padding: usize, count_include_pad: bool },
+    Adaptive,
+}
+
 /// The windows of every output row and column of a pooling op.
 #[derive(Clone, Debug)]
 pub(crate) struct Windows {
     pub input: [usize; 2],
     pub rows: Vec<Window>,
     pub cols: Vec<Window>,
+    /// The rule the rows and the columns were made by.
+    pub rules: [AxisRule; 2],
     /// Replaces `rows[i].count * cols[j].count` as the divisor of averages.
     pub divisor_override: Option<usize>,
 }
@@ -172,7 +184,13 @@ fn max_pool_windows(
     let out = sliding_output(op, dims, kernel, stride, padding, dilation, ceil_mode);
     let input = spatial(dims);
     let axis = |a: usize| max_windows(input[a], out[a], kernel[a], stride[a], padding[a], dilation[a]);
-    Windows { input, rows: axis(0), cols: axis(1), divisor_override: None }
+    let rule = |a: usize| AxisRule::Max {
+        kernel: kernel[a],
+        stride: stride[a],
+        padding: padding[a],
+        dilation: dilation[a],
+    };
+    Windows { input, rows: axis(0), cols: axis(1), rules: [rule(0), rule(1)], divisor_override: None }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -190,7 +208,13 @@ fn avg_pool_windows(
     let out = sliding_output(op, dims, kernel, stride, padding, [1, 1], ceil_mode);
     let input = spatial(dims);
     let axis = |a: usize| avg_windows(input[a], out[a], kernel[a], stride[a], padding[a], count_include_pad);
-    Windows { input, rows: axis(0), cols: axis(1), divisor_override }
+    let rule = |a: usize| AxisRule::Avg {
+        kernel: kernel[a],
+        stride: stride[a],
+        padding: padding[a],
+        count_include_pad,
+    };
+    Windows { input, rows: axis(0), cols: axis(1), rules: [rule(0), rule(1)], divisor_override }
 }
 
 fn adaptive_pool_windows(op: &str, dims: &[usize], output_size: [usize; 2]) -> Windows {
@@ -200,6 +224,7 @@ fn adaptive_pool_windows(op: &str, dims: &[usize], output_size: [usize; 2]) -> W
         input,
         rows: adaptive_windows(input[0], output_size[0]),
         cols: adaptive_windows(input[1], output_size[1]),
+        rules: [AxisRule::Adaptive; 2],
         divisor_override: None,
     }
 }
@@ -255,7 +280,10 @@ impl Tensor {
                 let (v, i) = cpu::max_pool(s, &nchw(self.layout()), windows, op);
                 (Storage::Cpu(v), Storage::Cpu(i))
             }
-            Storage::Cuda(_) => crate::cuda::not_yet("pool"),
+            Storage::Cuda(s) => {
+                let (v, i) = cuda::max_pool(s, &nchw(self.layout()), windows, op);
+                (Storage::Cuda(v), Storage::Cuda(i))
+            }
         };
         let dims = with_spatial(self.dims(), windows.output());
         (Tensor::from_storage(values, dims.clone()), Tensor::from_storage(indices, dims))
@@ -292,7 +320,15 @@ impl Tensor {
                 spatial(&input_shape),
                 op,
             )),
-            _ => crate::cuda::not_yet("pool"),
+            (Storage::Cuda(g), Storage::Cuda(i)) => Storage::Cuda(cuda::max_pool_backward(
+                g,
+                &nchw(self.layout()),
+                i,
+                &nchw(indices.layout()),
+                spatial(&input_shape),
+                op,
+            )),
+            _ => unreachable!("{op}: checked to be on one device"),
         };
         Tensor::from_storage(storage, input_shape)
     }
@@ -339,7 +375,7 @@ impl Tensor {
     fn avg_pool_with(&self, op: &str, windows: &Windows) -> Tensor {
         let storage = match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::avg_pool(s, &nchw(self.layout()), windows, op)),
-            Storage::Cuda(_) => crate::cuda::not_yet("pool"),
+            Storage::Cuda(s) => Storage::Cuda(cuda::avg_pool(s, &nchw(self.layout()), windows, op)),
         };
         Tensor::from_storage(storage, with_spatial(self.dims(), windows.output()))
     }
@@ -398,7 +434,7 @@ impl Tensor {
         );
         let storage = match &*self.storage() {
             Storage::Cpu(g) => Storage::Cpu(cpu::avg_pool_backward(g, &nchw(self.layout()), windows, op)),
-            Storage::Cuda(_) => crate::cuda::not_yet("pool"),
+            Storage::Cuda(g) => Storage::Cuda(cuda::avg_pool_backward(g, &nchw(self.layout()), windows, op)),
         };
         Tensor::from_storage(storage, input_shape)
     }

@@ -1,0 +1,139 @@
+//! CUDA dispatch for normalisation (kernels in `norm.cu`). Statistics stay on the device as
+//! f64 buffers; weights, biases and given statistics arrive as contiguous f64 tensors.
+
+use super::cpu::Channels;
+use crate::cuda::{self, expect_launch, launch_cfg, CudaStorage, KernelSource, StridedArg};
+use crate::storage::Storage;
+use crate::{DType, Layout, Tensor};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+pub(crate) const SOURCE: KernelSource = cuda::source!("norm", "src/ops/norm/norm.cu");
+
+/// Threads per block of the reductions (a multiple of 32, see `norm_block_sum`).
+const THREADS: u32 = 256;
+/// Elements of one channel one block of `moments_partial` sums: enough blocks to fill the GPU
+/// when there are few channels, few enough partials to sum them in one block after.
+const MOMENT_CHUNK: usize = 1 << 14;
+const MAX_SPLITS: usize = 4096;
+/// Most blocks of `layer_norm`; rows past it are taken in a grid-stride loop.
+const MAX_ROW_BLOCKS: usize = 65535;
+
+fn blocks(x: usize, y: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (x as u32, y as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The device address of a contiguous f64 tensor's first element (0 for none).
+pub(super) fn f64_ptr(t: Option<&Tensor>) -> u64 {
+    let Some(t) = t else { return 0 };
+    debug_assert!(t.dtype() == DType::F64 && t.is_contiguous());
+    match &*t.storage() {
+        Storage::Cuda(s) => s.ptr() + 8 * t.layout().offset() as u64,
+        Storage::Cpu(_) => unreachable!("a parameter on the CPU was checked against a CUDA input"),
+    }
+}
+
+fn f64_tensor(s: CudaStorage, shape: &[usize]) -> Tensor {
+    Tensor::from_storage(Storage::Cuda(s), shape)
+}
+
+/// Per-channel mean and biased variance as f64 tensors of shape `[C]`.
+pub(super) fn channel_moments(s: &CudaStorage, layout: &Layout, ch: Channels, op: &str) -> (Tensor, Tensor) {
+    let dev = s.device();
+    let channels = ch.channels;
+    let count = layout.elem_count().checked_div(channels).unwrap_or(0);
+    let mean = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
+    let var = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
+    if channels > 0 {
+        let splits = count.div_ceil(MOMENT_CHUNK).clamp(1, MAX_SPLITS);
+        let chunk = count.div_ceil(splits).max(1);
+        let partial = expect_launch(CudaStorage::alloc(dev, DType::F64, channels * splits), op);
+        let part =
+            expect_launch(dev.function(&SOURCE, &format!("moments_partial_{}", cuda::suffix(s.dtype()))), op);
+        let finish = expect_launch(dev.function(&SOURCE, "moments_finish"), op);
+        let (sx, x, pp) = (StridedArg::new(layout), s.ptr(), partial.ptr());
+        let (c64, sp64, n64, chunk64, splits64) =
+            (channels as i64, ch.spatial as i64, count as i64, chunk as i64, splits as i64);
+        let countf = count as f64;
+        let stream = mean.stream();
+        // Pass 1 sums x into the mean; pass 2 sums the squared deviations from it.
+        for (center, dst) in [(0u64, mean.ptr()), (mean.ptr(), var.ptr())] {
+            let mut b = stream.launch_builder(&part);
+            b.arg(&sx).arg(&x).arg(&center).arg(&pp).arg(&c64).arg(&sp64).arg(&n64).arg(&chunk64);
+            // SAFETY: types match the kernel; the layout lies inside `s`; `partial` holds
+            // channels * splits values and `center` (when set) `channels`.
+            expect_launch(unsafe { b.launch(blocks(channels, splits)) }, op);
+            let mut b = stream.launch_builder(&finish);
+            b.arg(&pp).arg(&splits64).arg(&countf).arg(&dst);
+            // SAFETY: as above; `dst` holds `channels` values.
+            expect_launch(unsafe { b.launch(blocks(channels, 1)) }, op);
+        }
+    }
+    (f64_tensor(mean, &[channels]), f64_tensor(var, &[channels]))
+}
+
+/// `(x - mean[c]) * weight[c] / sqrt(var[c] + eps) + bias[c]`, contiguous, in the input's dtype.
+/// `stats` are (mean, var, weight, bias) as contiguous f64 tensors on the input's device.
+pub(super) fn channel_affine(
+    s: &CudaStorage,
+    layout: &Layout,
+    ch: Channels,
+    (mean, var, weight, bias): (&Tensor, &Tensor, Option<&Tensor>, Option<&Tensor>),
+    eps: f64,
+    op: &str,
+) -> CudaStorage {
+    let dev = s.device();
+    let n = layout.elem_count();
+    let out = expect_launch(CudaStorage::alloc(dev, s.dtype(), n), op);
+    if n == 0 {
+        return out;
+    }
+    let channels = ch.channels;
+    let scale = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
+    let shift = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
+    let stream = out.stream();
+    let prepare = expect_launch(dev.function(&SOURCE, "bn_prepare"), op);
+    let (c64, sp64, n64) = (channels as i64, ch.spatial as i64, n as i64);
+    let (pm, pv, pw, pb, ps, pz) =
+        (f64_ptr(Some(mean)), f64_ptr(Some(var)), f64_ptr(weight), f64_ptr(bias), scale.ptr(), shift.ptr());
+    let mut b = stream.launch_builder(&prepare);
+    b.arg(&c64).arg(&pv).arg(&pw).arg(&pb).arg(&eps).arg(&ps).arg(&pz);
+    // SAFETY: types match; every per-channel buffer holds `channels` f64 values (checked shapes).
+    expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
+    let affine = expect_launch(dev.function(&SOURCE, &format!("bn_affine_{}", cuda::suffix(s.dtype()))), op);
+    let (sx, x, po) = (StridedArg::new(layout), s.ptr(), out.ptr());
+    let mut b = stream.launch_builder(&affine);
+    b.arg(&sx).arg(&x).arg(&po).arg(&n64).arg(&c64).arg(&sp64).arg(&pm).arg(&ps).arg(&pz);
+    // SAFETY: as above; `out` holds n elements and the layout lies inside `s`.
+    expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+    out
+}
+
+/// Layer norm of the contiguous `s` over rows of `row_len`: the output and each row's mean and
+/// rstd as f64 tensors of shape `stats_shape`.
+pub(super) fn layer_norm(
+    s: &CudaStorage,
+    row_len: usize,
+    (weight, bias): (Option<&Tensor>, Option<&Tensor>),
+    eps: f64,
+    stats_shape: &[usize],
+) -> (CudaStorage, Tensor, Tensor) {
+    let op = "layer_norm";
+    let dev = s.device();
+    let rows: usize = stats_shape.iter().product();
+    let out = expect_launch(CudaStorage::alloc(dev, s.dtype(), rows * row_len), op);
+    let mean = expect_launch(CudaStorage::alloc(dev, DType::F64, rows), op);
+    let rstd = expect_launch(CudaStorage::alloc(dev, DType::F64, rows), op);
+    if rows > 0 {
+        let f = expect_launch(dev.function(&SOURCE, &format!("layer_norm_{}", cuda::suffix(s.dtype()))), op);
+        let (x, po, pw, pb, pm, pr) =
+            (s.ptr(), out.ptr(), f64_ptr(weight), f64_ptr(bias), mean.ptr(), rstd.ptr());
+        let (rows64, len64) = (rows as i64, row_len as i64);
+        let stream = out.stream();
+        let mut b = stream.launch_builder(&f);
+        b.arg(&x).arg(&po).arg(&rows64).arg(&len64).arg(&pw).arg(&pb).arg(&eps).arg(&pm).arg(&pr);
+        // SAFETY: types match; `s` and `out` hold rows * row_len elements, weight and bias
+        // (when given) row_len, mean and rstd `rows`.
+        expect_launch(unsafe { b.launch(blocks(rows.min(MAX_ROW_BLOCKS), 1)) }, op);
+    }
+    (out, f64_tensor(mean, stats_shape), f64_tensor(rstd, stats_shape))
+}

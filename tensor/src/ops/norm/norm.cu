@@ -1,0 +1,132 @@
+// Normalisation kernels. Statistics are two-pass (mean, then mean of squared deviations) and
+// accumulate in f64 like the CPU backend, so a large mean does not swamp a small variance.
+// Outputs compute in the dtype's compute type (f32 for f16/bf16) and round once; products and
+// sums go through the _rn intrinsics so no FMA contraction changes the CPU's rounding.
+
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
+// The sum of `v` over the block (blockDim.x a multiple of 32, at most 1024), returned to every
+// thread. `sh` holds 33 doubles; every thread of the block must call this.
+__device__ double norm_block_sum(double v, double* sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // an earlier call may still be reading sh[32]
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int warps = blockDim.x >> 5;
+        v = lane < warps ? sh[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+        if (lane == 0) sh[32] = v;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+// Partial per-channel sums of x (mean == null) or of (x - mean[c])^2, over the `count` elements
+// of channel blockIdx.x = c, chunk blockIdx.y of `chunk` elements. Element j of a channel is
+// (o, s) = (j / spatial, j % spatial) of the [outer, channels, spatial] view.
+#define MOMENTS(SUFFIX, T, LOAD)                                                                 \
+    extern "C" __global__ void moments_partial_##SUFFIX(Strided sx, const T* x, const double* mean, \
+                                                        double* partial, i64 channels,           \
+                                                        i64 spatial, i64 count, i64 chunk) {     \
+        __shared__ double sh[33];                                                                \
+        const i64 c = blockIdx.x, b = blockIdx.y;                                                \
+        const i64 begin = b * chunk;                                                             \
+        const i64 end = begin + chunk < count ? begin + chunk : count;                           \
+        const double m = mean ? mean[c] : 0.0;                                                   \
+        double acc = 0.0;                                                                        \
+        for (i64 j = begin + threadIdx.x; j < end; j += blockDim.x) {                            \
+            const i64 o = j / spatial, s = j - o * spatial;                                      \
+            const double v = (double)LOAD(x[strided_offset(sx, (o * channels + c) * spatial + s)]); \
+            acc += mean ? (v - m) * (v - m) : v;                                                 \
+        }                                                                                        \
+        const double total = norm_block_sum(acc, sh);                                            \
+        if (threadIdx.x == 0) partial[c * gridDim.y + b] = total;                                \
+    }
+#define ID(x) (x)
+MOMENTS(f32, float, ID)
+MOMENTS(f64, double, ID)
+MOMENTS(bf16, bf16_t, bf16_to_f32)
+MOMENTS(f16, f16_t, f16_to_f32)
+
+// out[c] = (sum of the `splits` partials of channel c) / count; one block per channel, in a
+// fixed order so the result does not depend on timing.
+extern "C" __global__ void moments_finish(const double* partial, i64 splits, double count, double* out) {
+    __shared__ double sh[33];
+    const i64 c = blockIdx.x;
+    double acc = 0.0;
+    for (i64 b = threadIdx.x; b < splits; b += blockDim.x) acc += partial[c * splits + b];
+    const double total = norm_block_sum(acc, sh);
+    if (threadIdx.x == 0) out[c] = total / count;
+}
+
+// Per-channel scale weight / sqrt(var + eps) and shift bias, in f64 (weight, bias may be null).
+extern "C" __global__ void bn_prepare(i64 channels, const double* var, const double* weight,
+                                      const double* bias, double eps, double* scale, double* shift) {
+    FOR_EACH(c, channels) {
+        scale[c] = (weight ? weight[c] : 1.0) / sqrt(var[c] + eps);
+        shift[c] = bias ? bias[c] : 0.0;
+    }
+}
+
+// out[i] = (x - mean[c]) * scale[c] + shift[c], the difference taken in f64 before rounding to
+// the compute type (as the CPU does), c = (i / spatial) % channels.
+#define BN_AFFINE(SUFFIX, T, C, LOAD, STORE)                                                     \
+    extern "C" __global__ void bn_affine_##SUFFIX(Strided sx, const T* x, T* out, i64 n,          \
+                                                  i64 channels, i64 spatial, const double* mean, \
+                                                  const double* scale, const double* shift) {    \
+        FOR_EACH(i, n) {                                                                         \
+            const i64 c = (i / spatial) % channels;                                              \
+            const C centered = (C)((double)LOAD(x[strided_offset(sx, i)]) - mean[c]);            \
+            out[i] = STORE(add_rn(mul_rn(centered, (C)scale[c]), (C)shift[c]));                 \
+        }                                                                                        \
+    }
+BN_AFFINE(f32, float, float, ID, ID)
+BN_AFFINE(f64, double, double, ID, ID)
+BN_AFFINE(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
+BN_AFFINE(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
+// Layer norm over contiguous rows of `row_len`: one block per row (grid-stride over rows).
+// out = (x - mean) * rstd * weight + bias; weight and bias (f64, may be null) have row_len
+// elements; mean and rstd of each row are written in f64.
+#define LAYER_NORM(SUFFIX, T, C, LOAD, STORE)                                                    \
+    extern "C" __global__ void layer_norm_##SUFFIX(const T* x, T* out, i64 rows, i64 row_len,     \
+                                                   const double* weight, const double* bias,     \
+                                                   double eps, double* mean_out,                 \
+                                                   double* rstd_out) {                           \
+        __shared__ double sh[33];                                                                \
+        const double n = (double)row_len;                                                        \
+        for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {                               \
+            const T* src = x + row * row_len;                                                    \
+            T* dst = out + row * row_len;                                                        \
+            double acc = 0.0;                                                                    \
+            for (i64 j = threadIdx.x; j < row_len; j += blockDim.x) acc += (double)LOAD(src[j]); \
+            const double mu = norm_block_sum(acc, sh) / n;                                       \
+            acc = 0.0;                                                                           \
+            for (i64 j = threadIdx.x; j < row_len; j += blockDim.x) {                            \
+                const double d = (double)LOAD(src[j]) - mu;                                      \
+                acc += d * d;                                                                    \
+            }                                                                                    \
+            const double var = norm_block_sum(acc, sh) / n;                                      \
+            const double rs = 1.0 / sqrt(var + eps);                                             \
+            if (threadIdx.x == 0) {                                                              \
+                mean_out[row] = mu;                                                              \
+                rstd_out[row] = rs;                                                              \
+            }                                                                                    \
+            const C rsc = (C)rs;                                                                 \
+            for (i64 j = threadIdx.x; j < row_len; j += blockDim.x) {                            \
+                C y = mul_rn((C)((double)LOAD(src[j]) - mu), rsc);                               \
+                if (weight) y = mul_rn(y, (C)weight[j]);                                         \
+                if (bias) y = add_rn(y, (C)bias[j]);                                             \
+                dst[j] = STORE(y);                                                               \
+            }                                                                                    \
+        }                                                                                        \
+    }
+LAYER_NORM(f32, float, float, ID, ID)
+LAYER_NORM(f64, double, double, ID, ID)
+LAYER_NORM(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
+LAYER_NORM(f16, f16_t, float, f16_to_f32, f32_to_f16)

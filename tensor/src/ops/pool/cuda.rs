@@ -1,0 +1,226 @@
+//! CUDA dispatch for pooling (kernels in `pool.cu`). The kernels recompute each window from the
+//! axis's [`AxisRule`], so nothing but the tensors lives on the device.
+
+use super::{AxisRule, Windows};
+use crate::cuda::{self, expect_launch, launch_cfg, CudaStorage, KernelSource};
+use crate::storage::CpuStorage;
+use crate::{DType, Layout};
+use cudarc::driver::{DeviceRepr, PushKernelArg};
+
+pub(crate) const SOURCE: KernelSource = cuda::source!("pool", "src/ops/pool/pool.cu");
+
+/// One axis's window rule, as `struct PoolAxis` in `pool.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct CudaAxis {
+    kind: i32,
+    count_include_pad: i32,
+    input: i64,
+    output: i64,
+    kernel: i64,
+    stride: i64,
+    padding: i64,
+    dilation: i64,
+}
+
+// SAFETY: plain old data with the C layout the kernels declare.
+unsafe impl DeviceRepr for CudaAxis {}
+
+impl CudaAxis {
+    fn new(rule: AxisRule, input: usize, output: usize) -> CudaAxis {
+        let (kind, kernel, stride, padding, dilation, count_include_pad) = match rule {
+            AxisRule::Max { kernel, stride, padding, dilation } => {
+                (0, kernel, stride, padding, dilation, false)
+            }
+            AxisRule::Avg { kernel, stride, padding, count_include_pad } => {
+                (1, kernel, stride, padding, 1, count_include_pad)
+            }
+            AxisRule::Adaptive => (2, 1, 1, 0, 1, false),
+        };
+        CudaAxis {
+            kind,
+            count_include_pad: count_include_pad as i32,
+            input: input as i64,
+            output: output as i64,
+            kernel: kernel as i64,
+            stride: stride as i64,
+            padding: padding as i64,
+            dilation: dilation as i64,
+        }
+    }
+}
+
+/// The rows' and columns' rules of `win`.
+fn axes(win: &Windows) -> (CudaAxis, CudaAxis) {
+    let [oh, ow] = win.output();
+    (CudaAxis::new(win.rules[0], win.input[0], oh), CudaAxis::new(win.rules[1], win.input[1], ow))
+}
+
+/// Where a strided `[N, C, H, W]` layout's planes sit, as `struct PlaneLayout` in `pool.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct PlaneLayout {
+    offset: i64,
+    strides: [i64; 4],
+    channels: i64,
+}
+
+// SAFETY: plain old data with the C layout the kernels declare.
+unsafe impl DeviceRepr for PlaneLayout {}
+
+impl PlaneLayout {
+    fn new(layout: &Layout) -> PlaneLayout {
+        let s = layout.strides();
+        PlaneLayout {
+            offset: layout.offset() as i64,
+            strides: [s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64],
+            channels: layout.dims()[1] as i64,
+        }
+    }
+}
+
+/// Panics as the CPU backend's dispatch does for a non-float tensor.
+fn float_kernel(op: &str, base: &str, dtype: DType) -> String {
+    assert!(dtype.is_float(), "{op}: expected a floating-point tensor, got dtype {dtype}");
+    format!("{base}_{}", cuda::suffix(dtype))
+}
+
+fn planes(layout: &Layout) -> usize {
+    layout.dims()[0] * layout.dims()[1]
+}
+
+pub(super) fn max_pool(
+    s: &CudaStorage,
+    layout: &Layout,
+    win: &Windows,
+    op: &str,
+) -> (CudaStorage, CudaStorage) {
+    let kernel = float_kernel(op, "max_pool", s.dtype());
+    let [oh, ow] = win.output();
+    let n = planes(layout) * oh * ow;
+    let dev = s.device();
+    let values = expect_launch(CudaStorage::alloc(dev, s.dtype(), n), op);
+    let indices = expect_launch(CudaStorage::alloc(dev, DType::I64, n), op);
+    if n == 0 {
+        return (values, indices);
+    }
+    let f = expect_launch(dev.function(&SOURCE, &kernel), op);
+    let ((rows, cols), lx) = (axes(win), PlaneLayout::new(layout));
+    let (x, pv, pi, n64) = (s.ptr(), values.ptr(), indices.ptr(), n as i64);
+    let stream = values.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&rows).arg(&cols).arg(&lx).arg(&x).arg(&pv).arg(&pi).arg(&n64);
+    // SAFETY: types match the kernel; every window lies inside the input plane, which the
+    // layout places inside `s`; `values` and `indices` hold n elements.
+    expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+    (values, indices)
+}
+
+/// The divisor override as the kernels take it: 0 for none (an override of 0 is rejected).
+fn divisor(win: &Windows) -> i64 {
+    win.divisor_override.unwrap_or(0) as i64
+}
+
+pub(super) fn avg_pool(s: &CudaStorage, layout: &Layout, win: &Windows, op: &str) -> CudaStorage {
+    let kernel = float_kernel(op, "avg_pool", s.dtype());
+    let [oh, ow] = win.output();
+    let n = planes(layout) * oh * ow;
+    let dev = s.device();
+    let out = expect_launch(CudaStorage::alloc(dev, s.dtype(), n), op);
+    if n == 0 {
+        return out;
+    }
+    let f = expect_launch(dev.function(&SOURCE, &kernel), op);
+    let ((rows, cols), lx, d) = (axes(win), PlaneLayout::new(layout), divisor(win));
+    let (x, po, n64) = (s.ptr(), out.ptr(), n as i64);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&rows).arg(&cols).arg(&d).arg(&lx).arg(&x).arg(&po).arg(&n64);
+    // SAFETY: as in `max_pool`.
+    expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+    out
+}
+
+/// `grad` (with `layout`, the output gradient's) spread back over the input planes.
+pub(super) fn avg_pool_backward(grad: &CudaStorage, layout: &Layout, win: &Windows, op: &str) -> CudaStorage {
+    let kernel = float_kernel(op, "avg_pool_backward", grad.dtype());
+    let [h, w] = win.input;
+    let n = planes(layout) * h * w;
+    let dev = grad.device();
+    let out = expect_launch(CudaStorage::alloc(dev, grad.dtype(), n), op);
+    if n == 0 {
+        return out;
+    }
+    let f = expect_launch(dev.function(&SOURCE, &kernel), op);
+    let ((rows, cols), lg, d) = (axes(win), PlaneLayout::new(layout), divisor(win));
+    let (g, po, n64) = (grad.ptr(), out.ptr(), n as i64);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&rows).arg(&cols).arg(&d).arg(&lg).arg(&g).arg(&po).arg(&n64);
+    // SAFETY: types match; the kernel reads only outputs 0..oh, 0..ow of each gradient plane,
+    // which the layout places inside `grad`; `out` holds n elements.
+    expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+    out
+}
+
+pub(super) fn max_pool_backward(
+    grad: &CudaStorage,
+    grad_layout: &Layout,
+    indices: &CudaStorage,
+    index_layout: &Layout,
+    input: [usize; 2],
+    op: &str,
+) -> CudaStorage {
+    let dtype = grad.dtype();
+    let kernel = float_kernel(op, "max_pool_backward", dtype);
+    let planes = planes(grad_layout);
+    let plane = input[0] * input[1];
+    let dev = grad.device();
+    let out = expect_launch(CudaStorage::alloc(dev, dtype, planes * plane), op);
+    if planes * plane == 0 {
+        return out;
+    }
+    // f16/bf16 accumulate in an f32 scratch; f32 and f64 accumulate in the output itself.
+    let scratch = match dtype {
+        DType::F16 | DType::BF16 => {
+            Some(expect_launch(CudaStorage::alloc(dev, DType::F32, planes * plane), op))
+        }
+        _ => None,
+    };
+    let err = expect_launch(CudaStorage::zeros(dev, DType::I64, 2), op);
+    let f = expect_launch(dev.function(&SOURCE, &kernel), op);
+    let (lg, li) = (PlaneLayout::new(grad_layout), PlaneLayout::new(index_layout));
+    let [oh, ow] = [grad_layout.dims()[2] as i64, grad_layout.dims()[3] as i64];
+    let acc = scratch.as_ref().map_or(out.ptr(), |s| s.ptr());
+    let (g, i, po, pe) = (grad.ptr(), indices.ptr(), out.ptr(), err.ptr());
+    let (planes64, plane64) = (planes as i64, plane as i64);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&lg)
+        .arg(&li)
+        .arg(&g)
+        .arg(&i)
+        .arg(&acc)
+        .arg(&po)
+        .arg(&planes64)
+        .arg(&oh)
+        .arg(&ow)
+        .arg(&plane64)
+        .arg(&pe);
+    // SAFETY: types match; the layouts place every (plane, r, c) inside `grad` and `indices`;
+    // `acc` and `out` hold planes * plane elements; indices outside 0..plane are not written.
+    expect_launch(unsafe { b.launch(launch_cfg(planes)) }, op);
+    // Like the CPU kernel, an index outside the plane is a panic; reading the flag waits for
+    // the kernel.
+    let flag = expect_launch(err.to_cpu(), op);
+    if let CpuStorage::I64(v) = &flag {
+        assert!(
+            v[0] == 0,
+            "{op}: index {} is out of range for an input plane of {}x{}",
+            v[1],
+            input[0],
+            input[1]
+        );
+    }
+    out
+}

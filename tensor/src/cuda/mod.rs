@@ -28,6 +28,8 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         crate::ops::binary::cuda::SOURCE,
         crate::ops::convert::cuda::SOURCE,
         crate::ops::creation::cuda::SOURCE,
+        crate::ops::index::cuda::SOURCE,
+        crate::ops::join::cuda::SOURCE,
         crate::ops::norm::cuda::SOURCE,
         crate::ops::pool::cuda::SOURCE,
         crate::ops::random::cuda::SOURCE,

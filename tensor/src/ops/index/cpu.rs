@@ -99,7 +99,7 @@ pub(super) fn index_select<T: Element>(src: &[T], layout: &Layout, dim: usize, i
 
 /// `layout` seen with `shape` (no larger than its own in any dim) and stride 0 along `dim`:
 /// the offset of element `p` plus `index * stride(dim)` is where `p`'s indexed element sits.
-fn without_dim(layout: &Layout, shape: &[usize], dim: usize) -> Layout {
+pub(super) fn without_dim(layout: &Layout, shape: &[usize], dim: usize) -> Layout {
     let mut strides = layout.strides().to_vec();
     strides[dim] = 0;
     Layout::new(shape, strides, layout.offset())

@@ -8,12 +8,13 @@
 //! order the indices appear, so results do not depend on the number of threads.
 
 pub(crate) mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
 use crate::shape::Dim;
 use crate::storage::{CpuStorage, Storage};
-use crate::{DType, Element, Tensor};
+use crate::{DType, Element, Layout, Tensor};
 
 /// Like `with_cpu_storage!` for the dtypes that can be added to (all but bool).
 macro_rules! with_addable_storage {
@@ -86,6 +87,35 @@ fn checked_indices(op: &str, index: &Tensor, dim: usize, size: usize, target: &[
         .collect()
 }
 
+/// The CUDA gather behind index_select, embedding and gather: `out[i] = src[view(i) +
+/// index[index_view(i)] * dim_stride]`, both views having the output's shape.
+fn gather_on_cuda(
+    (src, view, dim_stride): (&Tensor, &Layout, usize),
+    (index, index_view): (&Tensor, &Layout),
+    op: &str,
+) -> Storage {
+    let (s, i) = (src.storage(), index.storage());
+    match (&*s, &*i) {
+        (Storage::Cuda(s), Storage::Cuda(i)) => {
+            Storage::Cuda(cuda::gather((s, view, dim_stride), (i, index_view), op))
+        }
+        _ => unreachable!("{op}: the tensors' devices were checked"),
+    }
+}
+
+/// The layout of `index` (0-D or 1-D) spread over `shape`: each element sees the index entry of
+/// its position along `dim`.
+fn along_dim(index: &Tensor, shape: &[usize], dim: usize) -> Layout {
+    let mut strides = vec![0; shape.len()];
+    strides[dim] = index.strides().first().copied().unwrap_or(0);
+    Layout::new(shape, strides, index.layout().offset())
+}
+
+/// Bool tensors cannot be summed (the CPU kernels' `with_addable_storage!` says the same).
+fn check_addable(t: &Tensor, op: &str) {
+    assert!(t.dtype() != DType::Bool, "{op}: not defined for bool tensors");
+}
+
 /// The dtype check every index op makes on a tensor of values.
 fn same_dtype_and_device(a: &Tensor, b: &Tensor, op: &str) {
     a.same_device(b, op);
@@ -107,20 +137,20 @@ impl Tensor {
             self.dims()
         );
         let idx = checked_indices(op, indices, d, self.dims()[d], self.dims());
-        self.select_rows(d, &idx)
-    }
-
-    /// `index_select` with checked indices; the result's `dim` has `idx.len()` entries.
-    fn select_rows(&self, dim: usize, idx: &[usize]) -> Tensor {
         let mut shape = self.dims().to_vec();
-        shape[dim] = idx.len();
-        let storage = match &*self.storage() {
-            Storage::Cpu(s) => {
-                with_cpu_storage!(s, v, T => T::into_storage(cpu::index_select(v, self.layout(), dim, idx)))
-            }
-            Storage::Cuda(_) => crate::cuda::not_yet("index"),
+        shape[d] = idx.len();
+        let storage = if self.device().is_cuda() {
+            let view = cpu::without_dim(self.layout(), &shape, d);
+            let stride = self.strides()[d];
+            gather_on_cuda((self, &view, stride), (indices, &along_dim(indices, &shape, d)), op)
+        } else {
+            let v = self.with_cpu(
+                op,
+                |s, l| with_cpu_storage!(s, v, T => T::into_storage(cpu::index_select(v, l, d, &idx))),
+            );
+            Storage::Cpu(v)
         };
-        Tensor::from_cpu(storage, shape)
+        Tensor::from_storage(storage, shape)
     }
 
     /// Rows of the embedding table `weight` (`[num_embeddings, embedding_dim]`) for each id in
@@ -139,7 +169,24 @@ impl Tensor {
         let idx = checked_indices(op, self, 0, weight.dims()[0], weight.dims());
         let mut shape = self.dims().to_vec();
         shape.push(weight.dims()[1]);
-        weight.select_rows(0, &idx).reshape(shape)
+        let storage = if weight.device().is_cuda() {
+            // Output element (ids position, k) reads weight[id, k]: a gather over two views.
+            let mut strides = vec![0; self.rank()];
+            strides.push(weight.strides()[1]);
+            let view = Layout::new(shape.as_slice(), strides, weight.layout().offset());
+            let mut id_strides = self.strides().to_vec();
+            id_strides.push(0);
+            let id_view = Layout::new(shape.as_slice(), id_strides, self.layout().offset());
+            gather_on_cuda((weight, &view, weight.strides()[0]), (self, &id_view), op)
+        } else {
+            // The rows in ids order are the result's memory, whatever the ids' shape.
+            let v = weight.with_cpu(
+                op,
+                |s, l| with_cpu_storage!(s, v, T => T::into_storage(cpu::index_select(v, l, 0, &idx))),
+            );
+            Storage::Cpu(v)
+        };
+        Tensor::from_storage(storage, shape)
     }
 
     /// `out[i][j][k] = self[index[i][j][k]][j][k]` for `dim == 0` (and likewise for other dims),
@@ -151,13 +198,14 @@ impl Tensor {
         self.same_device(index, op);
         check_index_fits(op, index, d, self, "input", true);
         let idx = checked_indices(op, index, d, self.dims()[d], self.dims());
-        let storage = match &*self.storage() {
-            Storage::Cpu(s) => {
-                with_cpu_storage!(s, v, T => T::into_storage(cpu::gather(v, self.layout(), d, index.dims(), &idx)))
-            }
-            Storage::Cuda(_) => crate::cuda::not_yet("index"),
+        let storage = if self.device().is_cuda() {
+            let view = cpu::without_dim(self.layout(), index.dims(), d);
+            gather_on_cuda((self, &view, self.strides()[d]), (index, index.layout()), op)
+        } else {
+            let v = self.with_cpu(op, |s, l| with_cpu_storage!(s, v, T => T::into_storage(cpu::gather(v, l, d, index.dims(), &idx))));
+            Storage::Cpu(v)
         };
-        Tensor::from_cpu(storage, index.dims())
+        Tensor::from_storage(storage, index.dims())
     }
 
     /// A copy of `self` with `src[i][j][k]` added at `[index[i][j][k]][j][k]` (for `dim == 0`),
@@ -171,20 +219,30 @@ impl Tensor {
         self.same_device(index, op);
         check_index_fits(op, index, d, self, "self", true);
         check_index_fits(op, index, d, src, "src", false);
+        check_addable(self, op);
         let idx = checked_indices(op, index, d, self.dims()[d], self.dims());
         let storage = match (&*self.storage(), &*src.storage()) {
             (Storage::Cpu(s), Storage::Cpu(src_s)) => {
-                with_addable_storage!(s, op, v, T => T::into_storage(cpu::scatter_add(
+                Storage::Cpu(with_addable_storage!(s, op, v, T => T::into_storage(cpu::scatter_add(
                     (v, self.layout()),
                     (src_s.as_slice::<T>(), src.layout()),
                     d,
                     index.dims(),
                     &idx,
-                )))
+                ))))
             }
-            _ => crate::cuda::not_yet("index"),
+            (Storage::Cuda(s), Storage::Cuda(src_s)) => {
+                // Each index position's element of the contiguous result.
+                let out_layout = Layout::contiguous(self.dims());
+                let out_stride = out_layout.strides()[d];
+                let bases = crate::strided::offsets(&cpu::without_dim(&out_layout, index.dims(), d));
+                let targets: Vec<usize> = bases.iter().zip(&idx).map(|(&b, &i)| b + i * out_stride).collect();
+                let src_view = Layout::new(index.dims(), src.strides().to_vec(), src.layout().offset());
+                Storage::Cuda(cuda::scatter_add((s, self.layout()), (src_s, &src_view), &targets))
+            }
+            _ => unreachable!("{op}: the tensors' devices were checked"),
         };
-        Tensor::from_cpu(storage, self.dims())
+        Tensor::from_storage(storage, self.dims())
     }
 
     /// A copy of `self` with `alpha * source.select(dim, i)` added to
@@ -217,20 +275,26 @@ impl Tensor {
             "{op}: alpha {alpha} must be a whole number for a {} tensor",
             self.dtype()
         );
+        check_addable(self, op);
         let idx = checked_indices(op, index, d, self.dims()[d], self.dims());
         let storage = match (&*self.storage(), &*source.storage()) {
             (Storage::Cpu(s), Storage::Cpu(src_s)) => {
-                with_addable_storage!(s, op, v, T => T::into_storage(cpu::index_add(
+                Storage::Cpu(with_addable_storage!(s, op, v, T => T::into_storage(cpu::index_add(
                     (v, self.layout()),
                     (src_s.as_slice::<T>(), source.layout()),
                     d,
                     &idx,
                     alpha,
-                )))
+                ))))
             }
-            _ => crate::cuda::not_yet("index"),
+            (Storage::Cuda(s), Storage::Cuda(src_s)) => {
+                let src_view = cpu::without_dim(source.layout(), self.dims(), d);
+                let src_rows = (src_s, &src_view, source.strides()[d]);
+                Storage::Cuda(cuda::index_add((s, self.layout()), src_rows, d, &idx, alpha))
+            }
+            _ => unreachable!("{op}: the tensors' devices were checked"),
         };
-        Tensor::from_cpu(storage, self.dims())
+        Tensor::from_storage(storage, self.dims())
     }
 
     /// Class ids (int64 or uint32, any shape) as one-hot int64 vectors of length `num_classes`,
@@ -238,19 +302,27 @@ impl Tensor {
     pub fn one_hot(&self, num_classes: usize) -> Tensor {
         let op = "one_hot";
         let classes = index_values(op, self);
-        let mut data = vec![0i64; classes.len() * num_classes];
-        for (row, &class) in classes.iter().enumerate() {
+        for &class in &classes {
             assert!(
                 (0..num_classes as i64).contains(&class),
                 "{op}: class {class} is out of range for num_classes {num_classes} (ids shape {:?}){}",
                 self.dims(),
                 if class < 0 { "; negative classes are not supported" } else { "" }
             );
-            data[row * num_classes + class as usize] = 1;
         }
         let mut shape = self.dims().to_vec();
         shape.push(num_classes);
-        Tensor::from_cpu(CpuStorage::I64(data), shape)
+        let storage = match &*self.storage() {
+            Storage::Cpu(_) => {
+                let mut data = vec![0i64; classes.len() * num_classes];
+                for (row, &class) in classes.iter().enumerate() {
+                    data[row * num_classes + class as usize] = 1;
+                }
+                Storage::Cpu(CpuStorage::I64(data))
+            }
+            Storage::Cuda(s) => Storage::Cuda(cuda::one_hot(s, self.layout(), num_classes)),
+        };
+        Tensor::from_storage(storage, shape)
     }
 }
 

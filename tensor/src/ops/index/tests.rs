@@ -337,3 +337,59 @@ device_test! {
         x.gather(0, &x);
     }
 }
+
+device_test! {
+    fn embedding_one_hot_and_index_select_read_strided_ids(dev: Device) {
+        // Transposed ids and a transposed table: the gathers read both through their layouts.
+        let ids = random_ids(&[4, 3], 7, 50, dev).t(); // [3, 4]
+        let weight = randn_like(&[5, 7], 51, DType::F32, dev).t(); // [7, 5]
+        assert!(!ids.is_contiguous() && !weight.is_contiguous());
+        let (iv, ws) = (ids.to_vec::<i64>(), weight.to_f64_vec());
+        let got = ids.embedding(&weight);
+        assert_eq!(got.dims(), &[3, 4, 5]);
+        let expected: Vec<f64> = iv.iter().flat_map(|&i| ws[i as usize * 5..i as usize * 5 + 5].to_vec()).collect();
+        assert_eq!(got.to_f64_vec(), expected);
+
+        let hot = ids.one_hot(7).to_vec::<i64>();
+        let expected: Vec<i64> = iv.iter().flat_map(|&c| (0..7).map(move |k| (k == c) as i64)).collect();
+        assert_eq!(hot, expected);
+
+        // A 0-D index keeps the dim with size 1; a strided 1-D index (every other entry).
+        let scalar = Tensor::new(4i64, dev).unwrap();
+        let got = weight.index_select(1, &scalar);
+        assert_eq!(got.dims(), &[7, 1]);
+        assert_eq!(got.to_f64_vec(), (0..7).map(|r| ws[r * 5 + 4]).collect::<Vec<_>>());
+        let every_other = random_ids(&[6], 7, 52, dev).slice(0, 0, 6, 2);
+        let ev = every_other.to_vec::<i64>();
+        let got = weight.index_select(0, &every_other).to_f64_vec();
+        let expected: Vec<f64> = ev.iter().flat_map(|&i| ws[i as usize * 5..i as usize * 5 + 5].to_vec()).collect();
+        assert_eq!(got, expected);
+    }
+}
+
+device_test! {
+    fn u8_index_add_and_scatter_add_wrap(dev: Device) {
+        let (xv, iv, sv) = (vec![250u8, 7, 128], [0usize, 2, 0, 2], vec![3u8, 200, 4, 100]);
+        let x = Tensor::from_vec(xv.clone(), 3, dev).unwrap();
+        let index = Tensor::new(iv.map(|i| i as i64), dev).unwrap();
+        let source = Tensor::from_vec(sv.clone(), 4, dev).unwrap();
+        let (mut added, mut scattered) = (xv.clone(), xv);
+        for (k, &i) in iv.iter().enumerate() {
+            added[i] = added[i].wrapping_add(sv[k].wrapping_mul(3));
+            if k < 3 {
+                scattered[i] = scattered[i].wrapping_add(sv[k]);
+            }
+        }
+        assert!(added.iter().zip(&scattered).any(|(a, s)| a != s) && added[0] < 250, "sums must wrap");
+        assert_eq!(x.index_add(0, &index, &source, 3.0).to_vec::<u8>(), added);
+        assert_eq!(x.scatter_add(0, &index.narrow(0, 0, 3), &source).to_vec::<u8>(), scattered);
+    }
+}
+
+device_test! {
+    #[should_panic(expected = "index_add: not defined for bool tensors")]
+    fn index_add_of_bool_panics(dev: Device) {
+        let x = Tensor::zeros([3], DType::Bool, dev).unwrap();
+        x.index_add(0, &Tensor::new([1i64], dev).unwrap(), &Tensor::zeros([1], DType::Bool, dev).unwrap(), 1.0);
+    }
+}

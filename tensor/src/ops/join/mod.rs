@@ -2,6 +2,7 @@
 //! `cat` and `stack` copy into a new tensor; the split family returns views.
 
 mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
@@ -51,21 +52,32 @@ impl Tensor {
             return first.copy();
         }
         let guards: Vec<_> = joined.iter().map(|t| t.storage()).collect();
+        // Devices were checked to agree, so every guard holds the first one's kind of storage.
         let storage = match &*guards[0] {
-            Storage::Cpu(s0) => with_cpu_storage!(s0, _v, E => {
+            Storage::Cpu(s0) => Storage::Cpu(with_cpu_storage!(s0, _v, E => {
                 let parts: Vec<(&[E], &crate::Layout)> = guards
                     .iter()
                     .zip(&joined)
                     .map(|(g, t)| match &**g {
                         Storage::Cpu(s) => (s.as_slice::<E>(), t.layout()),
-                        Storage::Cuda(_) => crate::cuda::not_yet("join"),
+                        Storage::Cuda(_) => unreachable!("{op}: devices were checked"),
                     })
                     .collect();
                 E::into_storage(cpu::cat(&parts, d))
-            }),
-            Storage::Cuda(_) => crate::cuda::not_yet("join"),
+            })),
+            Storage::Cuda(_) => {
+                let parts: Vec<(&crate::cuda::CudaStorage, &crate::Layout)> = guards
+                    .iter()
+                    .zip(&joined)
+                    .map(|(g, t)| match &**g {
+                        Storage::Cuda(s) => (s, t.layout()),
+                        Storage::Cpu(_) => unreachable!("{op}: devices were checked"),
+                    })
+                    .collect();
+                Storage::Cuda(cuda::cat(&parts, d))
+            }
         };
-        Tensor::from_cpu(storage, shape)
+        Tensor::from_storage(storage, shape)
     }
 
     /// The tensors, all of one shape, joined along a new dim `dim` (in `-(rank+1)..=rank`), as

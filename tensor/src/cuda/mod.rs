@@ -21,7 +21,13 @@ pub use stream::{Event, Stream, StreamGuard};
 
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
 pub fn all_kernel_sources() -> Vec<KernelSource> {
-    vec![crate::ops::unary::cuda::SOURCE, crate::ops::binary::cuda::SOURCE, crate::ops::convert::cuda::SOURCE]
+    vec![
+        crate::ops::unary::cuda::SOURCE,
+        crate::ops::binary::cuda::SOURCE,
+        crate::ops::convert::cuda::SOURCE,
+        crate::ops::reduce::cuda::SOURCE,
+        crate::ops::softmax::cuda::SOURCE,
+    ]
 }
 
 /// Allocated, reserved and peak bytes of device `ordinal` (`torch.cuda.memory_stats`).

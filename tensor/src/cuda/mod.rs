@@ -33,6 +33,8 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         crate::ops::norm::cuda::SOURCE,
         crate::ops::pool::cuda::SOURCE,
         crate::ops::random::cuda::SOURCE,
+        crate::ops::reduce::cuda::SOURCE,
+        crate::ops::softmax::cuda::SOURCE,
     ]
 }
 

@@ -7,6 +7,7 @@
 //! are int64; float sums accumulate in f32 (f64 for f64 tensors).
 
 pub(crate) mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 pub(crate) mod proptests;
 #[cfg(test)]
@@ -121,7 +122,7 @@ impl Tensor {
         let out_shape = reduced_shape(self.dims(), &dims, keepdim);
         let storage = match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::reduce(s, self.layout(), &dims, op)),
-            Storage::Cuda(_) => crate::cuda::not_yet("reduce"),
+            Storage::Cuda(s) => Storage::Cuda(cuda::reduce(s, self.layout(), &dims, op)),
         };
         Tensor::from_storage(storage, out_shape)
     }

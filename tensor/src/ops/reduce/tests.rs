@@ -414,3 +414,122 @@ device_test! {
         base(&[2, 3], DType::F32, 1, dev).topk(1, 2, true, true);
     }
 }
+
+/// Every reduction of `x` over `dims` on the GPU against the CPU backend (same dtype rules;
+/// argmax/argmin and max/min exactly).
+fn check_gpu_against_cpu(x: &Tensor, dims: &[i64], what: &str) {
+    let g = x.to_device(Device::Cuda(0)).unwrap();
+    let ops = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::ArgMax,
+        ReduceOp::ArgMin,
+        ReduceOp::Var { correction: 1 },
+        ReduceOp::Std { correction: 0 },
+    ];
+    for op in ops {
+        if !x.dtype().is_float() && matches!(op, ReduceOp::Mean | ReduceOp::Var { .. } | ReduceOp::Std { .. })
+        {
+            continue;
+        }
+        let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
+        if arg && dims.len() != 1 {
+            continue;
+        }
+        for keepdim in [false, true] {
+            let want = x.reduce(op, dims, keepdim);
+            let got = g.reduce(op, dims, keepdim).to_device(Device::Cpu).unwrap();
+            let what = format!("{what}: {} over {dims:?} keepdim {keepdim}", op.name());
+            assert_eq!((got.dims(), got.dtype()), (want.dims(), want.dtype()), "{what}");
+            if arg || matches!(op, ReduceOp::Max | ReduceOp::Min) || !want.dtype().is_float() {
+                let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+                for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                    assert!(p == q || (p.is_nan() && q.is_nan()), "{what}: element {i}: {p} vs {q}");
+                }
+            } else {
+                let (rtol, atol) = tol(x.dtype());
+                crate::testing::assert_close(&got, &want, rtol * 4.0, atol * 4.0, &what);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_reductions_match_cpu_on_every_kernel_path() {
+    // Thread-per-output (short or column reductions), block-per-output, and split reductions
+    // (few outputs, long ranges), on contiguous and strided views.
+    let cases: Vec<(&str, Vec<usize>, Vec<i64>)> = vec![
+        ("short rows", vec![500, 7], vec![1]),
+        ("columns", vec![300, 5000], vec![0]),
+        ("few columns", vec![30000, 3], vec![0]),
+        ("rows", vec![2000, 300], vec![1]),
+        ("split rows", vec![3, 100000], vec![1]),
+        ("whole", vec![200, 1000], vec![]),
+        ("middle", vec![20, 500, 12], vec![1]),
+        ("outer two", vec![40, 30, 50], vec![0, 2]),
+    ];
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::U8] {
+        for (name, shape, dims) in &cases {
+            let n: usize = shape.iter().product();
+            let v: Vec<f64> = values(n, 31, true).iter().map(|x| (x * 10.0).round()).collect();
+            let x = Tensor::from_vec(v, shape.as_slice(), Device::Cpu).unwrap().to_dtype(dtype);
+            check_gpu_against_cpu(&x, dims, &format!("{dtype} {name} {shape:?}"));
+            let t = x.transpose(0, -1);
+            let tdims: Vec<i64> = dims
+                .iter()
+                .map(|&d| {
+                    if d == 0 {
+                        -1
+                    } else if d == shape.len() as i64 - 1 {
+                        0
+                    } else {
+                        d
+                    }
+                })
+                .collect();
+            check_gpu_against_cpu(&t, &tdims, &format!("{dtype} {name} transposed"));
+        }
+    }
+    // NaN, infinities and all -inf lanes: first-occurrence and NaN rules of argmax/argmin.
+    let mut v = values(64 * 3000, 41, true);
+    v[5] = f64::NAN;
+    v[3000 + 7] = f64::INFINITY;
+    v[2 * 3000..3 * 3000].fill(f64::NEG_INFINITY);
+    v[3 * 3000 + 10] = f64::NAN;
+    v[3 * 3000 + 2000] = f64::NAN;
+    for dtype in [DType::F32, DType::BF16, DType::F64] {
+        let x = Tensor::from_vec(v.clone(), [64, 3000], Device::Cpu).unwrap().to_dtype(dtype);
+        check_gpu_against_cpu(&x, &[1], &format!("{dtype} special"));
+        check_gpu_against_cpu(&x.t(), &[0], &format!("{dtype} special transposed"));
+        check_gpu_against_cpu(&x.narrow(0, 2, 1).reshape([3, 1000]).t(), &[1], &format!("{dtype} all -inf"));
+    }
+    let b = Tensor::from_vec(values(5000, 43, true), [50, 100], Device::Cpu).unwrap().to_dtype(DType::Bool);
+    check_gpu_against_cpu(&b, &[1], "bool");
+    check_gpu_against_cpu(&b, &[0], "bool columns");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_topk_matches_cpu() {
+    for (shape, dim, k) in
+        [(vec![40, 50], 1, 5), (vec![50, 40], 0, 40), (vec![3, 20000], 1, 7), (vec![6, 300, 4], 1, 30)]
+    {
+        let n: usize = shape.iter().product();
+        let mut v = values(n, 51, true);
+        v[3] = f64::NAN;
+        for dtype in [DType::F32, DType::BF16, DType::I64] {
+            let x = Tensor::from_vec(v.clone(), shape.as_slice(), Device::Cpu).unwrap().to_dtype(dtype);
+            let g = x.to_device(Device::Cuda(0)).unwrap();
+            for (largest, sorted) in [(true, true), (false, true), (true, false), (false, false)] {
+                let (wv, wi) = x.topk(k, dim, largest, sorted);
+                let (gv, gi) = g.topk(k, dim, largest, sorted);
+                let what = format!("{dtype} {shape:?} dim {dim} k {k} largest {largest} sorted {sorted}");
+                assert_eq!(gi.to_vec::<i64>(), wi.to_vec::<i64>(), "{what}");
+                crate::testing::assert_close(&gv.to_device(Device::Cpu).unwrap(), &wv, 0.0, 0.0, &what);
+            }
+        }
+    }
+}

@@ -29,11 +29,14 @@ impl Tensor {
         order.push(d);
         let lanes = self.layout().permute(&order);
         let (values, indices) = match &*self.storage() {
-            Storage::Cpu(s) => with_cpu_storage!(s, v, T => {
-                let (vals, idx) = topk_lanes(v, &lanes, k, largest, sorted);
-                (Storage::Cpu(T::into_storage(vals)), Storage::Cpu(CpuStorage::I64(idx)))
-            }),
-            Storage::Cuda(_) => crate::cuda::not_yet("topk"),
+            Storage::Cpu(s) => {
+                let (v, i) = topk_cpu(s, &lanes, k, largest, sorted);
+                (Storage::Cpu(v), Storage::Cpu(i))
+            }
+            Storage::Cuda(s) => {
+                let (v, i) = super::cuda::topk(s, &lanes, k, largest, sorted);
+                (Storage::Cuda(v), Storage::Cuda(i))
+            }
         };
         let mut shape: Vec<usize> = order[..order.len() - 1].iter().map(|&i| self.dims()[i]).collect();
         shape.push(k);
@@ -44,6 +47,20 @@ impl Tensor {
         let restore = |s: Storage| Tensor::from_storage(s, shape.clone()).permute(&back).contiguous();
         (restore(values), restore(indices))
     }
+}
+
+/// Values and int64 indices of the top k of every lane of `lanes` (the searched dim last).
+pub(super) fn topk_cpu(
+    s: &CpuStorage,
+    lanes: &Layout,
+    k: usize,
+    largest: bool,
+    sorted: bool,
+) -> (CpuStorage, CpuStorage) {
+    with_cpu_storage!(s, v, T => {
+        let (vals, idx) = topk_lanes(v, lanes, k, largest, sorted);
+        (T::into_storage(vals), CpuStorage::I64(idx))
+    })
 }
 
 #[allow(clippy::eq_op)]

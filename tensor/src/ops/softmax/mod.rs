@@ -5,6 +5,7 @@
 //! Float tensors only; f16 and bf16 compute in f32.
 
 mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
@@ -51,7 +52,7 @@ impl Tensor {
         let input = self.contiguous();
         let storage = match &*input.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::softmax(s, outer, n, inner, op)),
-            Storage::Cuda(_) => crate::cuda::not_yet("softmax"),
+            Storage::Cuda(s) => Storage::Cuda(cuda::softmax(s, input.layout().offset(), outer, n, inner, op)),
         };
         Tensor::from_storage(storage, self.dims())
     }

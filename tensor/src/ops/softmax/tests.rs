@@ -114,3 +114,107 @@ proptest! {
         check(&t, dim, &format!("{spec:?}"));
     }
 }
+
+/// Inputs of `shape` with NaN, +-inf and all--inf rows sprinkled in when `special`.
+fn gpu_input(shape: &[usize], dtype: DType, seed: u64, special: bool) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut v: Vec<f64> = values(n, seed, false).iter().map(|x| x * 4.0).collect();
+    if special && n > 64 {
+        let last = *shape.last().unwrap();
+        v[3] = f64::NEG_INFINITY;
+        v[n / 2] = f64::NAN;
+        v[n - 5] = f64::INFINITY;
+        // One whole row of -inf (the second row), when there are rows.
+        if n >= 2 * last {
+            v[last..2 * last].fill(f64::NEG_INFINITY);
+        }
+    }
+    Tensor::from_vec(v, shape, Device::Cpu).unwrap().to_dtype(dtype)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_softmax_matches_cpu_on_every_kernel_path() {
+    let dev = Device::Cuda(0);
+    // Row lengths for each kernel: warp (scalar and vector access), block (8 and 16 values a
+    // thread), the three-pass long-row kernel; then columns (inner > 1).
+    let cases: &[(&[usize], i64)] = &[
+        (&[37, 1], -1),
+        (&[50, 31], -1),
+        (&[40, 128], -1),
+        (&[9, 1000], -1),
+        (&[7, 1023], -1),
+        (&[5, 2048], -1),
+        (&[3, 5001], -1),
+        (&[4, 12288], -1),
+        (&[2, 16384], -1),
+        (&[2, 40000], -1),
+        (&[6, 70, 33], 1),
+        (&[3000, 5], 0),
+    ];
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        let (rtol, atol) = tolerance(dtype);
+        for (i, &(shape, dim)) in cases.iter().enumerate() {
+            for special in [false, true] {
+                let x = gpu_input(shape, dtype, 100 + i as u64, special);
+                let g = x.to_device(dev).unwrap();
+                for log in [false, true] {
+                    let (want, got) = if log {
+                        (x.log_softmax(dim), g.log_softmax(dim))
+                    } else {
+                        (x.softmax(dim), g.softmax(dim))
+                    };
+                    let got = got.to_device(Device::Cpu).unwrap();
+                    let what = format!("{dtype} {shape:?} dim {dim} log {log} special {special}");
+                    assert_close(&got, &want, rtol, atol, &what);
+                }
+                // A view whose rows start off a vector boundary takes the scalar kernels.
+                if shape.len() == 2 && shape[1] > 2 {
+                    let v = g.narrow(1, 1, shape[1] - 1);
+                    let got = v.softmax(-1).to_device(Device::Cpu).unwrap();
+                    let want = x.narrow(1, 1, shape[1] - 1).softmax(-1);
+                    assert_close(&got, &want, rtol, atol, &format!("narrowed {dtype} {shape:?}"));
+                }
+            }
+        }
+    }
+}
+
+/// Times a row softmax over a 256 MB f32 tensor (the target: >= 80% of device copy
+/// bandwidth); prints the rates and checks sampled rows against the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_softmax_row_bandwidth() {
+    let dev = Device::Cuda(0);
+    for cols in [128usize, 1024, 4096, 8192, 32768] {
+        let rows = (64usize << 20) / cols;
+        let x = Tensor::randn([rows, cols], DType::F32, Device::Cpu).unwrap().to_device(dev).unwrap();
+        let time = |f: &dyn Fn() -> Tensor| {
+            f();
+            crate::cuda::synchronize(0).unwrap();
+            let reps = 20;
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                f();
+            }
+            crate::cuda::synchronize(0).unwrap();
+            t0.elapsed().as_secs_f64() / reps as f64
+        };
+        let bytes = 2.0 * (rows * cols * 4) as f64;
+        let copy = time(&|| x.copy());
+        let soft = time(&|| x.softmax(-1));
+        let logs = time(&|| x.log_softmax(-1));
+        println!(
+            "[{rows}, {cols}] f32: copy {:.0} GB/s, softmax {:.0} GB/s ({:.3} ms, {:.0}% of copy), log_softmax {:.0} GB/s",
+            bytes / copy / 1e9,
+            bytes / soft / 1e9,
+            soft * 1e3,
+            100.0 * copy / soft,
+            bytes / logs / 1e9
+        );
+        let head = x.narrow(0, 0, 3);
+        let got = head.softmax(-1).to_device(Device::Cpu).unwrap();
+        let want = head.to_device(Device::Cpu).unwrap().softmax(-1);
+        assert_close(&got, &want, 1e-5, 1e-6, &format!("[{rows}, {cols}]"));
+    }
+}

@@ -1,0 +1,106 @@
+//! CUDA dispatch for softmax and log_softmax (kernels in `softmax.cu`).
+
+use super::SoftmaxOp;
+use crate::cuda::{self, expect_launch, launch_cfg, CudaStorage, KernelSource};
+use crate::DType;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+pub(crate) const SOURCE: KernelSource = cuda::source!("softmax", "src/ops/softmax/softmax.cu");
+
+/// Rows up to this long take a warp each, longer ones a block (`softmax_w*` / `softmax_b*`).
+const WARP_ROW_MAX: usize = 32 * 32;
+/// Rows up to this long are held in registers by one block of 1024 threads.
+const BLOCK_ROW_MAX: usize = 1024 * 16;
+/// Threads per block of the warp-per-row kernels (their `__launch_bounds__`).
+const WARP_BLOCK: u32 = 128;
+
+/// Elements per vector access in `softmax.cu` (16 bytes, 8 for 16-bit types).
+fn vec_len(dtype: DType) -> usize {
+    if dtype == DType::F64 {
+        2
+    } else {
+        4
+    }
+}
+
+/// Softmax over the middle dim of the contiguous block `[outer, n, inner]` starting at element
+/// `offset` of `s`; the result is a new contiguous storage of the block.
+pub(super) fn softmax(
+    s: &CudaStorage,
+    offset: usize,
+    outer: usize,
+    n: usize,
+    inner: usize,
+    op: SoftmaxOp,
+) -> CudaStorage {
+    let name = op.name();
+    let dtype = s.dtype();
+    let total = outer * n * inner;
+    let dev = s.device();
+    let out = expect_launch(CudaStorage::alloc(dev, dtype, total), name);
+    if total == 0 {
+        return out;
+    }
+    let sfx = cuda::suffix(dtype);
+    let log = (op == SoftmaxOp::LogSoftmax) as i32;
+    let src = s.ptr() + (offset * dtype.size_in_bytes()) as u64;
+    let dst = out.ptr();
+    let stream = out.stream();
+    let (outer64, n64, inner64) = (outer as i64, n as i64, inner as i64);
+    if inner > 1 {
+        let f = expect_launch(dev.function(&SOURCE, &format!("softmax_cols_{sfx}")), name);
+        let mut b = stream.launch_builder(&f);
+        b.arg(&src).arg(&dst).arg(&outer64).arg(&n64).arg(&inner64).arg(&log);
+        // SAFETY: argument types match the kernel; both buffers hold the block.
+        expect_launch(unsafe { b.launch(launch_cfg(outer * inner)) }, name);
+        return out;
+    }
+    let rows = outer;
+    let vec = vec_len(dtype);
+    // Vector access needs every row to start on a vector boundary (the allocator aligns blocks
+    // to far more than 16 bytes).
+    let aligned = n.is_multiple_of(vec) && src.is_multiple_of((vec * dtype.size_in_bytes()) as u64);
+    let (kernel, cfg) = if n <= WARP_ROW_MAX {
+        let vpt = n.div_ceil(32).next_power_of_two();
+        let access = if aligned && vpt >= 4 { "v" } else { "s" };
+        let rows_per_block = (WARP_BLOCK / 32) as usize;
+        let blocks = rows.div_ceil(rows_per_block);
+        let cfg = LaunchConfig {
+            grid_dim: (grid(blocks, name), 1, 1),
+            block_dim: (WARP_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (format!("softmax_w{vpt}_{access}_{sfx}"), cfg)
+    } else if n <= BLOCK_ROW_MAX {
+        let threads = n.div_ceil(8).next_power_of_two().clamp(128, 1024);
+        let vpt = n.div_ceil(threads).next_power_of_two().max(8);
+        let access = if aligned { "v" } else { "s" };
+        let cfg = LaunchConfig {
+            grid_dim: (grid(rows, name), 1, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (format!("softmax_b{vpt}_{access}_{sfx}"), cfg)
+    } else {
+        let cfg = LaunchConfig {
+            grid_dim: (rows.min(1 << 16) as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (format!("softmax_long_{sfx}"), cfg)
+    };
+    let f = expect_launch(dev.function(&SOURCE, &kernel), name);
+    let mut b = stream.launch_builder(&f);
+    b.arg(&src).arg(&dst).arg(&outer64).arg(&n64).arg(&log);
+    // SAFETY: as above; the grid covers `rows` rows of `n`, and vector kernels get aligned rows.
+    expect_launch(unsafe { b.launch(cfg) }, name);
+    out
+}
+
+/// A grid size for one block per unit of work, within CUDA's limit on `gridDim.x`.
+fn grid(blocks: usize, op: &str) -> u32 {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b < i32::MAX as u32)
+        .unwrap_or_else(|| panic!("{op}: too many rows for one launch ({blocks} blocks)"))
+}

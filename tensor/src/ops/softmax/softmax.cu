@@ -1,0 +1,203 @@
+// softmax / log_softmax (`log` = 1) over the middle dim of a contiguous block [outer, n, inner].
+// Semantics as the CPU backend: m = the largest non-NaN value (-inf to start), s = sum of
+// exp(x - m); softmax = exp(x - m) / s, log_softmax = (x - m) - log(s). A NaN or +inf in the
+// slice, or a slice of only -inf, makes s NaN and so every output NaN.
+//
+// Rows (inner == 1) are read once into registers: a warp per row up to 32 * 32 elements, a
+// block per row up to 1024 * 16, with vector loads when rows are aligned; longer rows take a
+// three-pass block kernel, and inner > 1 a thread per column.
+
+struct SF32 {
+    typedef float T; typedef float C;
+    static __device__ C up(T x) { return x; }
+    static __device__ T down(C c) { return c; }
+};
+struct SF64 {
+    typedef double T; typedef double C;
+    static __device__ C up(T x) { return x; }
+    static __device__ T down(C c) { return c; }
+};
+struct SBF16 {
+    typedef bf16_t T; typedef float C;
+    static __device__ C up(T x) { return bf16_to_f32(x); }
+    static __device__ T down(C c) { return f32_to_bf16(c); }
+};
+struct SF16 {
+    typedef f16_t T; typedef float C;
+    static __device__ C up(T x) { return f16_to_f32(x); }
+    static __device__ T down(C c) { return f32_to_f16(c); }
+};
+
+__device__ __forceinline__ float neg_inf(float) { return __int_as_float(0xff800000); }
+__device__ __forceinline__ double neg_inf(double) { return __longlong_as_double(0xfff0000000000000LL); }
+
+template <typename C> __device__ __forceinline__ C warp_max(C x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        C y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = y > x ? y : x;
+    }
+    return x;
+}
+template <typename C> __device__ __forceinline__ C warp_sum(C x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// The block-wide max (MAX) or sum, returned to every thread.
+template <typename C, bool MAX> __device__ C block_reduce(C x) {
+    __shared__ C partial[32];
+    x = MAX ? warp_max(x) : warp_sum(x);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();  // an earlier call may still be reading `partial`
+    if (l == 0) partial[w] = x;
+    __syncthreads();
+    x = l < nw ? partial[l] : (MAX ? neg_inf(x) : (C)0);
+    return MAX ? warp_max(x) : warp_sum(x);
+}
+
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+
+// One row per warp (WARP) or per block, VPT values per thread held in registers. Thread t of a
+// group of G holds the VEC-element chunks starting at (c * G + t) * VEC; with VEC > 1 the host
+// guarantees n % VEC == 0 and aligned rows, so a chunk is wholly inside the row or outside.
+template <class E, int VPT, int VEC, bool WARP>
+__device__ void softmax_rows(const typename E::T* in, typename E::T* out, long long rows, long long n, int log) {
+    typedef typename E::T T;
+    typedef typename E::C C;
+    const int G = WARP ? 32 : blockDim.x;
+    const int t = WARP ? (threadIdx.x & 31) : threadIdx.x;
+    const long long row = WARP ? (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
+    if (row >= rows) return;  // uniform per warp (WARP) or per block
+    const T* x = in + row * n;
+    T* y = out + row * n;
+    const C ninf = neg_inf((C)0);
+    C v[VPT];
+#pragma unroll
+    for (int c = 0; c < VPT / VEC; ++c) {
+        const long long idx = ((long long)c * G + t) * VEC;
+        if (idx < n) {
+            Pack<T, VEC> p = *(const Pack<T, VEC>*)(x + idx);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) v[c * VEC + e] = E::up(p.v[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) v[c * VEC + e] = ninf;
+        }
+    }
+    C m = ninf;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) m = v[i] > m ? v[i] : m;
+    m = WARP ? warp_max(m) : block_reduce<C, true>(m);
+    // Padding is -inf: exp gives 0, or NaN only where the real elements already give NaN.
+    C s = 0;
+    if (log) {
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) s += m_exp(v[i] - m);
+    } else {
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            v[i] = m_exp(v[i] - m);
+            s += v[i];
+        }
+    }
+    s = WARP ? warp_sum(s) : block_reduce<C, false>(s);
+    const C log_s = m_log(s);
+#pragma unroll
+    for (int c = 0; c < VPT / VEC; ++c) {
+        const long long idx = ((long long)c * G + t) * VEC;
+        if (idx < n) {
+            Pack<T, VEC> p;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const C a = v[c * VEC + e];
+                p.v[e] = E::down(log ? (a - m) - log_s : a / s);
+            }
+            *(Pack<T, VEC>*)(y + idx) = p;
+        }
+    }
+}
+
+// Rows too long for registers: a block per row, three passes (the re-reads mostly hit L2).
+template <class E>
+__device__ void softmax_long_rows(const typename E::T* in, typename E::T* out, long long rows, long long n, int log) {
+    typedef typename E::C C;
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const typename E::T* x = in + row * n;
+        typename E::T* y = out + row * n;
+        C m = neg_inf((C)0);
+        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+            C a = E::up(x[i]);
+            m = a > m ? a : m;
+        }
+        m = block_reduce<C, true>(m);
+        C s = 0;
+        for (long long i = threadIdx.x; i < n; i += blockDim.x) s += m_exp(E::up(x[i]) - m);
+        s = block_reduce<C, false>(s);
+        const C log_s = m_log(s);
+        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+            C a = E::up(x[i]) - m;
+            y[i] = E::down(log ? a - log_s : m_exp(a) / s);
+        }
+    }
+}
+
+// inner > 1: a thread per (outer, inner) column; neighbouring threads read neighbouring elements.
+template <class E>
+__device__ void softmax_columns(const typename E::T* in, typename E::T* out, long long outer, long long n,
+                                long long inner, int log) {
+    typedef typename E::C C;
+    FOR_EACH(col, outer * inner) {
+        const long long o = col / inner, i = col - o * inner, base = o * n * inner + i;
+        C m = neg_inf((C)0);
+        for (long long j = 0; j < n; ++j) {
+            C a = E::up(in[base + j * inner]);
+            m = a > m ? a : m;
+        }
+        C s = 0;
+        for (long long j = 0; j < n; ++j) s += m_exp(E::up(in[base + j * inner]) - m);
+        const C log_s = m_log(s);
+        for (long long j = 0; j < n; ++j) {
+            C a = E::up(in[base + j * inner]) - m;
+            out[base + j * inner] = E::down(log ? a - log_s : m_exp(a) / s);
+        }
+    }
+}
+
+#define ROWS_KERNEL(NAME, E, VPT, VEC, WARP, BOUND)                                                       \
+    extern "C" __global__ void __launch_bounds__(BOUND)                                                 \
+    NAME(const E::T* in, E::T* out, long long rows, long long n, int log) {                             \
+        softmax_rows<E, VPT, VEC, WARP>(in, out, rows, n, log);                                          \
+    }
+
+// Kernel names: softmax_w{VPT}_{s|v}_{dtype} (warp per row, scalar or vector access),
+// softmax_b{VPT}_{s|v}_{dtype} (block per row), softmax_long_{dtype}, softmax_cols_{dtype}.
+#define SOFTMAX_KERNELS(E, SUFFIX, VEC)                                                                 \
+    ROWS_KERNEL(softmax_w1_s_##SUFFIX, E, 1, 1, true, 128)                                              \
+    ROWS_KERNEL(softmax_w2_s_##SUFFIX, E, 2, 1, true, 128)                                              \
+    ROWS_KERNEL(softmax_w4_s_##SUFFIX, E, 4, 1, true, 128)                                              \
+    ROWS_KERNEL(softmax_w8_s_##SUFFIX, E, 8, 1, true, 128)                                              \
+    ROWS_KERNEL(softmax_w16_s_##SUFFIX, E, 16, 1, true, 128)                                            \
+    ROWS_KERNEL(softmax_w32_s_##SUFFIX, E, 32, 1, true, 128)                                            \
+    ROWS_KERNEL(softmax_w4_v_##SUFFIX, E, 4, VEC, true, 128)                                            \
+    ROWS_KERNEL(softmax_w8_v_##SUFFIX, E, 8, VEC, true, 128)                                            \
+    ROWS_KERNEL(softmax_w16_v_##SUFFIX, E, 16, VEC, true, 128)                                          \
+    ROWS_KERNEL(softmax_w32_v_##SUFFIX, E, 32, VEC, true, 128)                                          \
+    ROWS_KERNEL(softmax_b8_s_##SUFFIX, E, 8, 1, false, 1024)                                            \
+    ROWS_KERNEL(softmax_b16_s_##SUFFIX, E, 16, 1, false, 1024)                                          \
+    ROWS_KERNEL(softmax_b8_v_##SUFFIX, E, 8, VEC, false, 1024)                                          \
+    ROWS_KERNEL(softmax_b16_v_##SUFFIX, E, 16, VEC, false, 1024)                                        \
+    extern "C" __global__ void __launch_bounds__(1024)                                                  \
+    softmax_long_##SUFFIX(const E::T* in, E::T* out, long long rows, long long n, int log) {            \
+        softmax_long_rows<E>(in, out, rows, n, log);                                                     \
+    }                                                                                                    \
+    extern "C" __global__ void softmax_cols_##SUFFIX(const E::T* in, E::T* out, long long outer,        \
+                                                     long long n, long long inner, int log) {           \
+        softmax_columns<E>(in, out, outer, n, inner, log);                                               \
+    }
+
+SOFTMAX_KERNELS(SF32, f32, 4)
+SOFTMAX_KERNELS(SF64, f64, 2)
+SOFTMAX_KERNELS(SBF16, bf16, 4)
+SOFTMAX_KERNELS(SF16, f16, 4)

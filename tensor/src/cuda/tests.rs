@@ -13,13 +13,18 @@ fn all_kernel_sources_compile_with_nvrtc() {
         eprintln!("skipped: {e}");
         return;
     }
-    for arch in [80, 90] {
-        for src in all_kernel_sources() {
-            let cubin = nvrtc::compile(&src, arch).unwrap_or_else(|e| panic!("{e}"));
-            // An ELF image, as cuModuleLoadData expects.
-            assert_eq!(&cubin[..4], b"\x7fELF", "{}.cu for sm_{arch} is not a cubin", src.name);
+    // One thread per (source, arch): NVRTC compiles are independent and take seconds each.
+    std::thread::scope(|scope| {
+        for arch in [80, 90] {
+            for src in all_kernel_sources() {
+                scope.spawn(move || {
+                    let cubin = nvrtc::compile(&src, arch).unwrap_or_else(|e| panic!("{e}"));
+                    // An ELF image, as cuModuleLoadData expects.
+                    assert_eq!(&cubin[..4], b"\x7fELF", "{}.cu for sm_{arch} is not a cubin", src.name);
+                });
+            }
         }
-    }
+    });
 }
 
 #[test]

@@ -225,10 +225,10 @@ pub(super) fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Geometry
     let dev = device_of(x, OP);
     let y = if x.elem_count() == 0 || w.elem_count() == 0 || g.n * g.o * g.oh * g.ow == 0 {
         zeros(&dev, x.dtype(), &[g.n, g.o, g.oh, g.ow], OP)
-    } else if let Some(h) = cudnn_handle(&dev) {
-        cudnn::forward(&h, x, w, g)
     } else {
-        forward_fallback(x, w, g)
+        cudnn_handle(&dev)
+            .and_then(|h| cudnn::forward(&h, x, w, g))
+            .unwrap_or_else(|| forward_fallback(x, w, g))
     };
     match bias {
         Some(b) => y.add(&b.reshape([1, g.o, 1, 1])),
@@ -242,10 +242,9 @@ pub(super) fn backward_input(gy: &Tensor, w: &Tensor, g: &Geometry) -> Tensor {
     if gy.elem_count() == 0 || w.elem_count() == 0 || g.n * g.c * g.h * g.w == 0 {
         return zeros(&dev, gy.dtype(), &[g.n, g.c, g.h, g.w], OP);
     }
-    match cudnn_handle(&dev) {
-        Some(h) => cudnn::backward_input(&h, gy, w, g),
-        None => backward_input_fallback(gy, w, g),
-    }
+    cudnn_handle(&dev)
+        .and_then(|h| cudnn::backward_input(&h, gy, w, g))
+        .unwrap_or_else(|| backward_input_fallback(gy, w, g))
 }
 
 pub(super) fn backward_weight(gy: &Tensor, x: &Tensor, g: &Geometry) -> Tensor {
@@ -255,10 +254,9 @@ pub(super) fn backward_weight(gy: &Tensor, x: &Tensor, g: &Geometry) -> Tensor {
     if gy.elem_count() == 0 || x.elem_count() == 0 || shape.iter().product::<usize>() == 0 {
         return zeros(&dev, gy.dtype(), &shape, OP);
     }
-    match cudnn_handle(&dev) {
-        Some(h) => cudnn::backward_weight(&h, gy, x, g),
-        None => backward_weight_fallback(gy, x, g),
-    }
+    cudnn_handle(&dev)
+        .and_then(|h| cudnn::backward_weight(&h, gy, x, g))
+        .unwrap_or_else(|| backward_weight_fallback(gy, x, g))
 }
 
 /// `y [N, O, OH, OW] = W_g [O/g, patch] @ col_g [patch, OH*OW]` per sample and group.

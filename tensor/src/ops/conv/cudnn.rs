@@ -272,10 +272,12 @@ fn ws_ptr(ws: &Option<Tensor>) -> *mut c_void {
     ws.as_ref().map_or(std::ptr::null_mut(), |t| first_ptr(t) as *mut c_void)
 }
 
-/// Requested from each heuristic query: every algorithm cuDNN knows, best first.
+/// Requested from each heuristic query: every algorithm cuDNN knows, best first. When none of
+/// them supports a convolution (some dtype and layout pairs on some versions), the functions
+/// below return `None` and the caller runs the im2col fallback instead.
 const ALGOS: usize = 16;
 
-pub(super) fn forward(handle: &Mutex<Handle>, x: &Tensor, w: &Tensor, g: &Geometry) -> Tensor {
+pub(super) fn forward(handle: &Mutex<Handle>, x: &Tensor, w: &Tensor, g: &Geometry) -> Option<Tensor> {
     const OP: &str = "conv2d";
     let (dtype, dev) = (x.dtype(), device_of(x, OP));
     let cl = is_channels_last(x);
@@ -302,10 +304,10 @@ pub(super) fn forward(handle: &Mutex<Handle>, x: &Tensor, w: &Tensor, g: &Geomet
                 perf.as_mut_ptr(),
             ),
         );
-        let best = perf[..count.max(0) as usize]
-            .iter()
-            .find(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType))
-            .unwrap_or_else(|| panic!("{OP}: cuDNN offers no algorithm for {}", d.shapes));
+        // No supported algorithm: the caller falls back to im2col.
+        let best = perf[..count.max(0) as usize].iter().find(|p| {
+            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
+        })?;
         d.set_math(dtype, best.mathType);
         let mut bytes = 0;
         d.check(
@@ -336,10 +338,15 @@ pub(super) fn forward(handle: &Mutex<Handle>, x: &Tensor, w: &Tensor, g: &Geomet
             ),
         );
     }
-    y
+    Some(y)
 }
 
-pub(super) fn backward_input(handle: &Mutex<Handle>, gy: &Tensor, w: &Tensor, g: &Geometry) -> Tensor {
+pub(super) fn backward_input(
+    handle: &Mutex<Handle>,
+    gy: &Tensor,
+    w: &Tensor,
+    g: &Geometry,
+) -> Option<Tensor> {
     const OP: &str = "conv2d_backward_input";
     let (dtype, dev) = (gy.dtype(), device_of(gy, OP));
     let cl = is_channels_last(gy);
@@ -364,10 +371,10 @@ pub(super) fn backward_input(handle: &Mutex<Handle>, gy: &Tensor, w: &Tensor, g:
                 perf.as_mut_ptr(),
             ),
         );
-        let best = perf[..count.max(0) as usize]
-            .iter()
-            .find(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType))
-            .unwrap_or_else(|| panic!("{OP}: cuDNN offers no algorithm for {}", d.shapes));
+        // No supported algorithm: the caller falls back to im2col.
+        let best = perf[..count.max(0) as usize].iter().find(|p| {
+            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
+        })?;
         d.set_math(dtype, best.mathType);
         let mut bytes = 0;
         d.check(
@@ -398,10 +405,15 @@ pub(super) fn backward_input(handle: &Mutex<Handle>, gy: &Tensor, w: &Tensor, g:
             ),
         );
     }
-    dx
+    Some(dx)
 }
 
-pub(super) fn backward_weight(handle: &Mutex<Handle>, gy: &Tensor, x: &Tensor, g: &Geometry) -> Tensor {
+pub(super) fn backward_weight(
+    handle: &Mutex<Handle>,
+    gy: &Tensor,
+    x: &Tensor,
+    g: &Geometry,
+) -> Option<Tensor> {
     const OP: &str = "conv2d_backward_weight";
     let (dtype, dev) = (gy.dtype(), device_of(gy, OP));
     let cl = is_channels_last(x);
@@ -426,10 +438,10 @@ pub(super) fn backward_weight(handle: &Mutex<Handle>, gy: &Tensor, x: &Tensor, g
                 perf.as_mut_ptr(),
             ),
         );
-        let best = perf[..count.max(0) as usize]
-            .iter()
-            .find(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType))
-            .unwrap_or_else(|| panic!("{OP}: cuDNN offers no algorithm for {}", d.shapes));
+        // No supported algorithm: the caller falls back to im2col.
+        let best = perf[..count.max(0) as usize].iter().find(|p| {
+            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
+        })?;
         d.set_math(dtype, best.mathType);
         let mut bytes = 0;
         d.check(
@@ -460,7 +472,7 @@ pub(super) fn backward_weight(handle: &Mutex<Handle>, gy: &Tensor, x: &Tensor, g
             ),
         );
     }
-    dw
+    Some(dw)
 }
 
 #[cfg(test)]

@@ -21,12 +21,17 @@ pub use pinned::PinnedBuffer;
 pub use storage::{CudaStorage, StridedArg, MAX_DIMS};
 pub use stream::{Event, Stream, StreamGuard};
 
+/// Backend switches, as `torch.backends.cuda.matmul.allow_tf32` and `torch.backends.cudnn.enabled`.
+pub use crate::ops::conv::cuda::{cudnn_enabled, set_cudnn_enabled};
+pub use crate::ops::matmul::cuda::{allow_tf32, set_allow_tf32};
+
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
 pub fn all_kernel_sources() -> Vec<KernelSource> {
     vec![
         crate::ops::unary::cuda::SOURCE,
         crate::ops::binary::cuda::SOURCE,
         crate::ops::convert::cuda::SOURCE,
+        crate::ops::conv::cuda::SOURCE,
         crate::ops::creation::cuda::SOURCE,
         crate::ops::index::cuda::SOURCE,
         crate::ops::join::cuda::SOURCE,

@@ -2,14 +2,18 @@
 //! primitives, the gradients with respect to the input and to the weight.
 //!
 //! f32 and f64 compute natively; f16 and bf16 compute in f32 and round once (the gemm crate has
-//! no bf16 kernel, and f32 accumulation is what PyTorch's CPU kernels use for both).
+//! no bf16 kernel, and f32 accumulation is what PyTorch's CPU kernels use for both). On CUDA
+//! they run through cuDNN when it loads, else as im2col + cuBLAS (`cuda.rs`), both accumulating
+//! 16-bit types in f32; channels-last (NHWC) views are convolved as they lie there.
 
 mod cpu;
+pub(crate) mod cuda;
+mod cudnn;
 #[cfg(test)]
 mod tests;
 
 use crate::storage::{CpuStorage, Storage};
-use crate::{DType, Tensor};
+use crate::{DType, Device, Tensor};
 use cpu::Geometry;
 
 /// Checks the shapes of a convolution and works out its output size; panics naming `op`.
@@ -82,7 +86,7 @@ fn run(
         .iter()
         .map(|g| match &**g {
             Storage::Cpu(s) => s,
-            Storage::Cuda(_) => crate::cuda::not_yet(op),
+            Storage::Cuda(_) => unreachable!("{op}: CUDA tensors are dispatched before `run`"),
         })
         .collect();
     let out = Tensor::from_cpu(f(&cpu), shape);
@@ -120,6 +124,10 @@ impl Tensor {
             );
             tensors.push(b);
         }
+        if let Device::Cuda(_) = self.device() {
+            compute_dtype(self.dtype(), OP);
+            return cuda::conv2d(self, weight, bias, &g);
+        }
         run(OP, self.dtype(), &tensors, [g.n, g.o, g.oh, g.ow], |s| match s {
             [CpuStorage::F32(x), CpuStorage::F32(w), rest @ ..] => {
                 CpuStorage::F32(cpu::forward(x, w, rest.first().map(|b| b.as_slice::<f32>()), &g))
@@ -148,6 +156,10 @@ impl Tensor {
         grad_output.same_dtype(weight, OP);
         let g = geometry(OP, &input_shape, weight.dims(), stride, padding, dilation, groups);
         check_grad_output(OP, grad_output, &g, &input_shape);
+        if let Device::Cuda(_) = grad_output.device() {
+            compute_dtype(grad_output.dtype(), OP);
+            return cuda::backward_input(grad_output, weight, &g);
+        }
         run(OP, grad_output.dtype(), &[grad_output, weight], input_shape, |s| match s {
             [CpuStorage::F32(gy), CpuStorage::F32(w)] => CpuStorage::F32(cpu::backward_input(gy, w, &g)),
             [CpuStorage::F64(gy), CpuStorage::F64(w)] => CpuStorage::F64(cpu::backward_input(gy, w, &g)),
@@ -172,6 +184,10 @@ impl Tensor {
         grad_output.same_dtype(input, OP);
         let g = geometry(OP, input.dims(), &weight_shape, stride, padding, dilation, groups);
         check_grad_output(OP, grad_output, &g, input.dims());
+        if let Device::Cuda(_) = grad_output.device() {
+            compute_dtype(grad_output.dtype(), OP);
+            return cuda::backward_weight(grad_output, input, &g);
+        }
         run(OP, grad_output.dtype(), &[grad_output, input], weight_shape, |s| match s {
             [CpuStorage::F32(gy), CpuStorage::F32(x)] => CpuStorage::F32(cpu::backward_weight(gy, x, &g)),
             [CpuStorage::F64(gy), CpuStorage::F64(x)] => CpuStorage::F64(cpu::backward_weight(gy, x, &g)),

@@ -197,3 +197,91 @@ device_test! {
         x.conv2d(&rand(&[1, 2, 3, 3], 2, DType::F32, dev), None, [1, 1], [0, 0], [1, 1], 1);
     }
 }
+
+/// Builds an operand on a device, with the same values and the same strides on each.
+type Make<'a> = &'a dyn Fn(Device) -> Tensor;
+
+/// conv2d, its input gradient and its weight gradient on the GPU, through cuDNN (`cudnn`) or the
+/// im2col + cuBLAS fallback, against the CPU.
+fn check_gpu(x: Make, w: Make, bias: Option<Make>, p: &Params, cudnn: bool, what: &str) {
+    let (cpu, gpu) = (Device::Cpu, Device::Cuda(0));
+    let (xc, wc, bc) = (x(cpu), w(cpu), bias.map(|b| b(cpu)));
+    let y = xc.conv2d(&wc, bc.as_ref(), p.stride, p.padding, p.dilation, p.groups);
+    let gyc = rand(y.dims(), 77, xc.dtype(), cpu);
+    let gx = Tensor::conv2d_backward_input(&gyc, &wc, dims4(&xc), p.stride, p.padding, p.dilation, p.groups);
+    let gw = Tensor::conv2d_backward_weight(&gyc, &xc, dims4(&wc), p.stride, p.padding, p.dilation, p.groups);
+    let (xd, wd, bd) = (x(gpu), w(gpu), bias.map(|b| b(gpu)));
+    assert_eq!(xd.strides(), xc.strides(), "{what}: the GPU operand has the CPU one's layout");
+    let gyd = rand(y.dims(), 77, xc.dtype(), gpu);
+    let (yd, gxd, gwd) = super::cuda::with_cudnn(cudnn, || {
+        (
+            xd.conv2d(&wd, bd.as_ref(), p.stride, p.padding, p.dilation, p.groups),
+            Tensor::conv2d_backward_input(&gyd, &wd, dims4(&xc), p.stride, p.padding, p.dilation, p.groups),
+            Tensor::conv2d_backward_weight(&gyd, &xd, dims4(&wc), p.stride, p.padding, p.dilation, p.groups),
+        )
+    });
+    // TF32 is off by default: f32 is full precision. The weight gradient sums over the batch and
+    // every output pixel, so it gets a larger absolute tolerance.
+    let (rtol, atol, atol_w) = match xc.dtype() {
+        DType::F64 => (1e-10, 1e-10, 1e-10),
+        DType::F32 => (1e-5, 1e-5, 1e-4),
+        DType::F16 => (5e-3, 1e-2, 5e-2),
+        _ => (1e-2, 1e-2, 5e-2),
+    };
+    let path = if cudnn { "cudnn" } else { "im2col" };
+    let close = |got: &Tensor, want: &Tensor, atol, s: &str| {
+        assert_eq!(got.device(), gpu, "{what} {path} {s}: device");
+        assert_eq!(got.dtype(), want.dtype(), "{what} {path} {s}: dtype");
+        let got = got.to_device(cpu).unwrap();
+        assert_close(&got, want, rtol, atol, &format!("{what} ({}, {path}): {s}", xc.dtype()));
+    };
+    close(&yd, &y, atol, "forward");
+    close(&gxd, &gx, atol, "grad input");
+    close(&gwd, &gw, atol_w, "grad weight");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_conv2d_matches_the_cpu_on_both_paths() {
+    let gpu = crate::cuda::device(0).unwrap();
+    eprintln!("cuDNN available: {}", super::cuda::cudnn_available(&gpu));
+    let prm = |stride, padding, dilation, groups| Params { stride, padding, dilation, groups };
+    for cudnn in [true, false] {
+        for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+            let r = |shape: &'static [usize], seed| move |d: Device| rand(shape, seed, dtype, d);
+            let bias = r(&[9], 3);
+            let (x, w) = (r(&[2, 6, 17, 13], 1), r(&[9, 2, 3, 2], 2));
+            let p = prm([2, 1], [1, 2], [2, 1], 3);
+            check_gpu(&x, &w, Some(&bias), &p, cudnn, "stride, padding, dilation, groups, bias");
+            // Channels-last input and weight: stored NHWC, used in place by cuDNN.
+            let x_cl = |d: Device| rand(&[2, 17, 13, 6], 4, dtype, d).permute([0, 3, 1, 2]);
+            let w_cl = |d: Device| rand(&[9, 3, 2, 2], 5, dtype, d).permute([0, 3, 1, 2]);
+            check_gpu(&x_cl, &w_cl, None, &p, cudnn, "channels-last");
+            let p1 = prm([1, 1], [1, 1], [1, 1], 3);
+            check_gpu(&x_cl, &w, Some(&bias), &p1, cudnn, "channels-last input only");
+            // A narrowed input (neither layout): packed first (cuDNN) or read with strides (im2col).
+            let x_n = |d: Device| rand(&[3, 8, 12, 12], 6, dtype, d).narrow(1, 1, 6).narrow(3, 2, 9);
+            check_gpu(&x_n, &w, None, &prm([1, 2], [0, 1], [1, 1], 3), cudnn, "narrowed");
+            // Depthwise and pointwise.
+            let p = prm([1, 1], [1, 1], [1, 1], 4);
+            check_gpu(&r(&[2, 4, 9, 9], 7), &r(&[4, 1, 3, 3], 8), None, &p, cudnn, "depthwise");
+            let p = prm([1, 1], [0, 0], [1, 1], 1);
+            check_gpu(&r(&[2, 5, 6, 7], 9), &r(&[3, 5, 1, 1], 10), None, &p, cudnn, "pointwise");
+            // A bigger single-group case: many output pixels per sample.
+            let p = prm([1, 1], [1, 1], [1, 1], 1);
+            check_gpu(&r(&[4, 16, 32, 30], 11), &r(&[8, 16, 3, 3], 12), None, &p, cudnn, "16 -> 8 channels");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_conv2d_of_an_empty_batch_is_empty() {
+    let gpu = Device::Cuda(0);
+    let x = Tensor::zeros([0, 2, 5, 5], DType::F32, gpu).unwrap();
+    let w = rand(&[3, 2, 3, 3], 1, DType::F32, gpu);
+    let y = x.conv2d(&w, None, [1, 1], [0, 0], [1, 1], 1);
+    assert_eq!(y.dims(), [0, 3, 3, 3]);
+    let gw = Tensor::conv2d_backward_weight(&y, &x, [3, 2, 3, 3], [1, 1], [0, 0], [1, 1], 1);
+    assert_eq!(gw.to_f64_vec(), vec![0.0; 54]);
+}

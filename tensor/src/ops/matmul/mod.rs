@@ -3,12 +3,13 @@
 //! narrowed and expanded views are multiplied without a copy.
 
 pub(crate) mod cpu;
+pub(crate) mod cuda;
 #[cfg(test)]
 pub(crate) mod tests;
 
 use crate::shape::broadcast_shapes;
 use crate::storage::{CpuStorage, Storage};
-use crate::{DType, Layout, Tensor};
+use crate::{DType, Device, Layout, Tensor};
 use cpu::Batched;
 
 impl Tensor {
@@ -20,7 +21,8 @@ impl Tensor {
     /// - with more dims, the leading (batch) dims broadcast: `[B, 1, M, K] @ [H, K, N]` gives
     ///   `[B, H, M, N]`.
     ///
-    /// Float dtypes only; bf16 is computed in f32 and rounded once.
+    /// Float dtypes only; bf16 and f16 are computed with f32 accumulation and rounded once (on
+    /// CUDA through cuBLAS; f32 there uses TF32 only when `cuda::set_allow_tf32(true)`).
     pub fn matmul(&self, rhs: &Tensor) -> Tensor {
         self.same_device(rhs, "matmul");
         self.same_dtype(rhs, "matmul");
@@ -37,7 +39,7 @@ impl Tensor {
             self.dims(),
             rhs.dims()
         );
-        if self.dtype() == DType::BF16 {
+        if self.dtype() == DType::BF16 && self.device() == Device::Cpu {
             // No bf16 GEMM kernel exists in the gemm crate: widen to f32 (exact), multiply with
             // f32 accumulation, round once, as PyTorch's CPU bf16 matmul does.
             return self.to_dtype(DType::F32).matmul(&rhs.to_dtype(DType::F32)).to_dtype(DType::BF16);
@@ -96,6 +98,17 @@ impl Tensor {
     /// `self [batch.., m, k] @ rhs [batch.., k, n]` with the batch dims broadcast to `batch`.
     fn batched_matmul(&self, rhs: &Tensor, batch: &[usize], (m, n, k): (usize, usize, usize)) -> Storage {
         let plan = plan_batches(self.layout(), rhs.layout(), batch, (m, n, k));
+        if let Device::Cuda(_) = self.device() {
+            // cuBLAS reads a matrix in place when its rows or its columns have unit stride; any
+            // other (a slice with a step on both axes, a broadcast row) is copied first.
+            let (lhs_ok, rhs_ok) = cuda::plan_is_expressible(&plan);
+            if !lhs_ok {
+                return self.contiguous().batched_matmul(rhs, batch, (m, n, k));
+            }
+            if !rhs_ok {
+                return self.batched_matmul(&rhs.contiguous(), batch, (m, n, k));
+            }
+        }
         let storage = match (&*self.storage(), &*rhs.storage()) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(match (a, b) {
                 (CpuStorage::F32(a), CpuStorage::F32(b)) => CpuStorage::F32(cpu::batched_matmul(a, b, &plan)),
@@ -103,7 +116,8 @@ impl Tensor {
                 (CpuStorage::F16(a), CpuStorage::F16(b)) => CpuStorage::F16(cpu::batched_matmul(a, b, &plan)),
                 (a, _) => unreachable!("matmul: dtype {} was checked to be f32, f64 or f16", a.dtype()),
             }),
-            _ => crate::cuda::not_yet("matmul"),
+            (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(cuda::batched_matmul(a, b, &plan)),
+            _ => unreachable!("matmul: operands were checked to be on one device"),
         };
         storage
     }

@@ -190,3 +190,59 @@ device_test! {
         a.matmul(&a);
     }
 }
+
+/// The product on the GPU (through cuBLAS) against the same product on the CPU.
+fn check_gpu(a: &Tensor, b: &Tensor, what: &str) {
+    let gpu = Device::Cuda(0);
+    let want = a.matmul(b);
+    let got = a.to_device(gpu).unwrap().matmul(&b.to_device(gpu).unwrap());
+    assert_eq!(got.device(), gpu, "{what}: device");
+    assert_eq!(got.dtype(), a.dtype(), "{what}: dtype");
+    let (rtol, atol) = match a.dtype() {
+        DType::F64 => (1e-12, 1e-12),
+        // TF32 is off by default, so f32 products are full precision.
+        DType::F32 => (1e-5, 1e-5),
+        DType::F16 => (2e-3, 1e-2),
+        _ => (1e-2, 1e-2),
+    };
+    assert_close(&got.to_device(Device::Cpu).unwrap(), &want, rtol, atol, what);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cublas_matches_the_cpu() {
+    let cpu = Device::Cpu;
+    for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+        let r = |shape: &[usize], seed| rand(shape, seed, dtype, cpu);
+        let w = |s: &str| format!("{dtype} {s}");
+        check_gpu(&r(&[257, 129], 1), &r(&[129, 65], 2), &w("257x129 @ 129x65"));
+        // Transposed operands go to cuBLAS as op T, without a copy.
+        check_gpu(&r(&[129, 257], 3).t(), &r(&[65, 129], 4).t(), &w("a.t() @ b.t()"));
+        check_gpu(&r(&[257, 129], 5), &r(&[65, 129], 6).t(), &w("a @ b.t()"));
+        // Narrowed columns: a leading dimension larger than the row.
+        check_gpu(&r(&[40, 30], 7).narrow(1, 3, 20), &r(&[20, 9], 8), &w("narrowed @ b"));
+        // Stepped slices on both axes are copied first.
+        check_gpu(
+            &r(&[40, 30], 9).slice(0, 0, 40, 2).slice(1, 1, 30, 3),
+            &r(&[10, 7], 10),
+            &w("stepped @ b"),
+        );
+        // Broadcast batch dims: runs of evenly stepping products, and stride-0 batches.
+        check_gpu(&r(&[3, 1, 33, 17], 11), &r(&[4, 17, 9], 12), &w("[3,1,33,17] @ [4,17,9]"));
+        check_gpu(&r(&[5, 2, 4], 13), &r(&[1, 4, 6], 14).expand([5, -1, -1]), &w("x @ expanded"));
+        check_gpu(&r(&[2, 3, 7, 4], 15), &r(&[2, 3, 5, 4], 16).transpose(-1, -2), &w("q @ k^T"));
+        // The tall product (shared rhs) and a lhs whose rows do not stack.
+        check_gpu(&r(&[3, 40, 24], 17), &r(&[16, 24], 18).t(), &w("x @ w.t()"));
+        check_gpu(&r(&[3, 40, 24], 19).transpose(0, 1), &r(&[24, 16], 20), &w("x.transpose(0, 1) @ w"));
+        // A permuted batch whose offsets step back between runs, vectors, and empty sums.
+        check_gpu(
+            &r(&[4, 3, 6], 21).permute([1, 0, 2]).unsqueeze(2),
+            &r(&[3, 4, 6, 5], 22),
+            &w("permuted batch"),
+        );
+        check_gpu(&r(&[9], 23), &r(&[9], 24), &w("dot"));
+        check_gpu(&r(&[2, 5, 9], 25), &r(&[9], 26), &w("batched matrix @ vector"));
+        check_gpu(&r(&[3, 0], 27), &r(&[0, 4], 28), &w("k = 0"));
+        check_gpu(&r(&[0, 3], 29), &r(&[3, 4], 30), &w("m = 0"));
+    }
+}

@@ -1,0 +1,522 @@
+//! Convolutions through cuDNN's legacy API (cudnnConvolutionForward / BackwardData /
+//! BackwardFilter), with algorithms from cuDNN's heuristics (the `_v7` queries, which run
+//! nothing) and workspaces from our caching allocator.
+//!
+//! Tensors are described with explicit strides, so an NCHW tensor and a channels-last (NHWC)
+//! view of the same logical shape are both passed as they lie; filters only know the two packed
+//! formats, so a convolution runs wholly in one of them: channels-last when the activation
+//! (input, or grad_output for the input gradient) is channels-last, else NCHW. Other strides are
+//! copied into the chosen format first. The output has that format too, as in PyTorch.
+
+use super::cpu::Geometry;
+use super::cuda::{current_stream, device_of, empty, first_ptr};
+use crate::cuda::libs::{self, CudaLib};
+use crate::cuda::CudaDevice;
+use crate::ops::matmul::cuda::{allow_tf32, bind};
+use crate::{DType, Tensor};
+use cudarc::cudnn::{result as dnn, sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A cuDNN handle of one device; used under its mutex, bound to the current stream each call.
+pub(crate) struct Handle {
+    raw: sys::cudnnHandle_t,
+}
+
+// SAFETY: the handle is only used under its mutex.
+unsafe impl Send for Handle {}
+
+/// The device's cuDNN handle, or `None` when cuDNN cannot be loaded (or fails to start, which
+/// is reported once on stderr); the answer is kept for the life of the process.
+pub(crate) fn handle(dev: &Arc<CudaDevice>) -> Option<Arc<Mutex<Handle>>> {
+    type PerDevice = HashMap<usize, Option<Arc<Mutex<Handle>>>>;
+    static HANDLES: OnceLock<Mutex<PerDevice>> = OnceLock::new();
+    let mut handles = HANDLES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    handles.entry(dev.ordinal()).or_insert_with(|| create(dev)).clone()
+}
+
+fn create(dev: &Arc<CudaDevice>) -> Option<Arc<Mutex<Handle>>> {
+    // Checked first: cudarc panics with only the library's name when it cannot load it.
+    if !libs::loadable(CudaLib::Cudnn) {
+        return None;
+    }
+    // Some cuDNN engines call cuBLAS: load it from our search folders before cuDNN looks.
+    libs::preload(CudaLib::CublasLt);
+    libs::preload(CudaLib::Cublas);
+    bind(dev, "conv2d");
+    match dnn::create_handle() {
+        Ok(raw) => Some(Arc::new(Mutex::new(Handle { raw }))),
+        Err(e) => {
+            eprintln!(
+                "oxtrain: cuDNN was loaded but cudnnCreate failed ({e:?}); CUDA convolutions use im2col + cuBLAS ({})",
+                libs::describe_search(CudaLib::Cudnn)
+            );
+            None
+        }
+    }
+}
+
+fn data_type(dtype: DType) -> sys::cudnnDataType_t {
+    match dtype {
+        DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        DType::F64 => sys::cudnnDataType_t::CUDNN_DATA_DOUBLE,
+        DType::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
+        DType::BF16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+        other => unreachable!("convolutions were checked to be float, got {other}"),
+    }
+}
+
+/// Whether a 4-D tensor lies packed in NHWC order (and not also in NCHW order, which wins).
+fn is_channels_last(t: &Tensor) -> bool {
+    !t.is_contiguous() && t.permute([0, 2, 3, 1]).is_contiguous()
+}
+
+/// The tensor with the same logical NCHW shape, packed in the chosen order (copied if needed).
+fn packed(t: &Tensor, channels_last: bool) -> Tensor {
+    if !channels_last {
+        t.contiguous()
+    } else if t.permute([0, 2, 3, 1]).is_contiguous() {
+        t.clone()
+    } else {
+        t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])
+    }
+}
+
+/// An uninitialised `[n, c, h, w]` tensor stored in the chosen order.
+fn empty_packed(dev: &Arc<CudaDevice>, dtype: DType, [n, c, h, w]: [usize; 4], cl: bool, op: &str) -> Tensor {
+    if cl {
+        empty(dev, dtype, &[n, h, w, c], op).permute([0, 3, 1, 2])
+    } else {
+        empty(dev, dtype, &[n, c, h, w], op)
+    }
+}
+
+/// The descriptors of one convolution, destroyed on drop.
+struct Descriptors {
+    x: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+    op: &'static str,
+    shapes: String,
+}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: created in `Descriptors::new` and destroyed once, here.
+        unsafe {
+            let _ = dnn::destroy_tensor_descriptor(self.x);
+            let _ = dnn::destroy_filter_descriptor(self.w);
+            let _ = dnn::destroy_tensor_descriptor(self.y);
+            let _ = dnn::destroy_convolution_descriptor(self.conv);
+        }
+    }
+}
+
+fn c_int(v: usize, op: &str) -> i32 {
+    i32::try_from(v).unwrap_or_else(|_| panic!("{op}: size {v} is past cuDNN's 32-bit limit"))
+}
+
+impl Descriptors {
+    /// Panics with the op, the shapes and the status when a cuDNN call fails.
+    fn check(&self, what: &str, r: Result<(), dnn::CudnnError>) {
+        r.unwrap_or_else(|e| panic!("{}: {what} failed for {}: {e:?}", self.op, self.shapes));
+    }
+
+    fn new(op: &'static str, dtype: DType, g: &Geometry, cl: bool) -> Descriptors {
+        let shapes = format!(
+            "input [{}, {}, {}, {}], weight [{}, {}, {}, {}], output [{}, {}, {}, {}], stride {:?}, padding {:?}, dilation {:?}, groups {} ({dtype}{})",
+            g.n, g.c, g.h, g.w, g.o, g.c / g.groups, g.kh, g.kw, g.n, g.o, g.oh, g.ow,
+            g.stride, g.padding, g.dilation, g.groups, if cl { ", channels-last" } else { "" }
+        );
+        fn create<T>(op: &str, r: Result<T, dnn::CudnnError>) -> T {
+            r.unwrap_or_else(|e| panic!("{op}: creating a cuDNN descriptor failed: {e:?}"))
+        }
+        let d = Descriptors {
+            x: create(op, dnn::create_tensor_descriptor()),
+            w: create(op, dnn::create_filter_descriptor()),
+            y: create(op, dnn::create_tensor_descriptor()),
+            conv: create(op, dnn::create_convolution_descriptor()),
+            op,
+            shapes,
+        };
+        let ty = data_type(dtype);
+        let i = |v: usize| c_int(v, op);
+        let tensor = |desc, [n, c, h, w]: [usize; 4]| {
+            let strides = if cl { [h * w * c, 1, w * c, c] } else { [c * h * w, h * w, w, 1] };
+            // SAFETY: a live descriptor.
+            unsafe { dnn::set_tensor4d_descriptor_ex(desc, ty, [n, c, h, w].map(i), strides.map(i)) }
+        };
+        d.check("cudnnSetTensor4dDescriptorEx (input)", tensor(d.x, [g.n, g.c, g.h, g.w]));
+        d.check("cudnnSetTensor4dDescriptorEx (output)", tensor(d.y, [g.n, g.o, g.oh, g.ow]));
+        let format = if cl {
+            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+        } else {
+            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+        };
+        // SAFETY: live descriptors throughout.
+        unsafe {
+            let filter = [g.o, g.c / g.groups, g.kh, g.kw].map(i);
+            d.check("cudnnSetFilter4dDescriptor", dnn::set_filter4d_descriptor(d.w, ty, format, filter));
+            // 16-bit types and f32 accumulate in f32, f64 in f64.
+            let compute = if dtype == DType::F64 {
+                sys::cudnnDataType_t::CUDNN_DATA_DOUBLE
+            } else {
+                sys::cudnnDataType_t::CUDNN_DATA_FLOAT
+            };
+            d.check(
+                "cudnnSetConvolution2dDescriptor",
+                dnn::set_convolution2d_descriptor(
+                    d.conv,
+                    i(g.padding[0]),
+                    i(g.padding[1]),
+                    i(g.stride[0]),
+                    i(g.stride[1]),
+                    i(g.dilation[0]),
+                    i(g.dilation[1]),
+                    sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                    compute,
+                ),
+            );
+            d.check("cudnnSetConvolutionGroupCount", dnn::set_convolution_group_count(d.conv, i(g.groups)));
+            d.check(
+                "cudnnSetConvolutionMathType",
+                dnn::set_convolution_math_type(d.conv, requested_math(dtype)),
+            );
+            // Our output size and cuDNN's must agree, or the buffers would be wrongly sized.
+            let (mut n, mut c, mut h, mut w) = (0, 0, 0, 0);
+            d.check(
+                "cudnnGetConvolution2dForwardOutputDim",
+                sys::cudnnGetConvolution2dForwardOutputDim(d.conv, d.x, d.w, &mut n, &mut c, &mut h, &mut w)
+                    .result(),
+            );
+            assert_eq!(
+                [n, c, h, w],
+                [g.n, g.o, g.oh, g.ow].map(i),
+                "{op}: cuDNN's output size differs for {}",
+                d.shapes
+            );
+        }
+        d
+    }
+
+    /// Sets the math type an algorithm was rated with (as PyTorch does), except that f32 stays
+    /// on FMA math unless TF32 is allowed: cuDNN's default math would use TF32.
+    fn set_math(&self, dtype: DType, rated: sys::cudnnMathType_t) {
+        let math =
+            if dtype == DType::F32 && !allow_tf32() { sys::cudnnMathType_t::CUDNN_FMA_MATH } else { rated };
+        // SAFETY: a live descriptor.
+        self.check("cudnnSetConvolutionMathType", unsafe { dnn::set_convolution_math_type(self.conv, math) });
+    }
+}
+
+/// Tensor cores for the 16-bit types; for f32 only with TF32 allowed; plain FMA otherwise.
+fn requested_math(dtype: DType) -> sys::cudnnMathType_t {
+    match dtype {
+        DType::F16 | DType::BF16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        // Default math lets cuDNN use TF32 for f32.
+        DType::F32 if allow_tf32() => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+        _ => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+    }
+}
+
+/// Whether an algorithm rated with `math` keeps f32 precise enough: never with conversion of f32
+/// operands to f16, and with tensor cores (TF32) only when allowed.
+fn math_allowed(dtype: DType, math: sys::cudnnMathType_t) -> bool {
+    use sys::cudnnMathType_t::*;
+    match (dtype, math) {
+        (DType::F32, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) => false,
+        (DType::F32, CUDNN_TENSOR_OP_MATH) => allow_tf32(),
+        _ => true,
+    }
+}
+
+/// What the three convolutions share: the locked handle bound to the current stream, the
+/// scaling factors and a workspace.
+struct Call<'a> {
+    h: std::sync::MutexGuard<'a, Handle>,
+    dev: Arc<CudaDevice>,
+    alpha: (f32, f64),
+    beta: (f32, f64),
+}
+
+impl<'a> Call<'a> {
+    fn new(handle: &'a Mutex<Handle>, dev: Arc<CudaDevice>, d: &Descriptors) -> Call<'a> {
+        let h = handle.lock().unwrap_or_else(|e| e.into_inner());
+        bind(&dev, d.op);
+        let stream = current_stream(&dev, d.op);
+        // SAFETY: a live handle and a stream of this device's context.
+        d.check("cudnnSetStream", unsafe { dnn::set_stream(h.raw, stream.cu_stream() as sys::cudaStream_t) });
+        Call { h, dev, alpha: (1.0, 1.0), beta: (0.0, 0.0) }
+    }
+
+    /// Pointers to alpha and beta in the type cuDNN expects: double for f64, float otherwise.
+    fn scale(&self, dtype: DType) -> (*const c_void, *const c_void) {
+        if dtype == DType::F64 {
+            (&self.alpha.1 as *const f64 as _, &self.beta.1 as *const f64 as _)
+        } else {
+            (&self.alpha.0 as *const f32 as _, &self.beta.0 as *const f32 as _)
+        }
+    }
+
+    /// A workspace of `bytes` on the current stream (freed blocks are reused in stream order,
+    /// so dropping it right after queueing the convolution is safe).
+    fn workspace(&self, bytes: usize, op: &str) -> Option<Tensor> {
+        (bytes > 0).then(|| empty(&self.dev, DType::U8, &[bytes], op))
+    }
+}
+
+fn ws_ptr(ws: &Option<Tensor>) -> *mut c_void {
+    ws.as_ref().map_or(std::ptr::null_mut(), |t| first_ptr(t) as *mut c_void)
+}
+
+/// Requested from each heuristic query: every algorithm cuDNN knows, best first. When none of
+/// them supports a convolution (some dtype and layout pairs on some versions), the functions
+/// below return `None` and the caller runs the im2col fallback instead.
+const ALGOS: usize = 16;
+
+pub(super) fn forward(handle: &Mutex<Handle>, x: &Tensor, w: &Tensor, g: &Geometry) -> Option<Tensor> {
+    const OP: &str = "conv2d";
+    let (dtype, dev) = (x.dtype(), device_of(x, OP));
+    let cl = is_channels_last(x);
+    let (x, w) = (packed(x, cl), packed(w, cl));
+    let y = empty_packed(&dev, dtype, [g.n, g.o, g.oh, g.ow], cl, OP);
+    let d = Descriptors::new(OP, dtype, g, cl);
+    let call = Call::new(handle, dev, &d);
+    // SAFETY (this block): live handle and descriptors; the perf array holds ALGOS entries and
+    // all-zero bits are valid for each of its fields; the pointers address buffers laid out as
+    // the descriptors say, alive until the work is queued.
+    unsafe {
+        let mut perf: [sys::cudnnConvolutionFwdAlgoPerf_t; ALGOS] = std::mem::zeroed();
+        let mut count = 0;
+        d.check(
+            "cudnnGetConvolutionForwardAlgorithm_v7",
+            dnn::get_convolution_forward_algorithm(
+                call.h.raw,
+                d.x,
+                d.w,
+                d.conv,
+                d.y,
+                ALGOS as i32,
+                &mut count,
+                perf.as_mut_ptr(),
+            ),
+        );
+        // No supported algorithm: the caller falls back to im2col.
+        let best = perf[..count.max(0) as usize].iter().find(|p| {
+            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
+        })?;
+        d.set_math(dtype, best.mathType);
+        let mut bytes = 0;
+        d.check(
+            "cudnnGetConvolutionForwardWorkspaceSize",
+            sys::cudnnGetConvolutionForwardWorkspaceSize(
+                call.h.raw, d.x, d.w, d.conv, d.y, best.algo, &mut bytes,
+            )
+            .result(),
+        );
+        let ws = call.workspace(bytes, OP);
+        let (alpha, beta) = call.scale(dtype);
+        d.check(
+            "cudnnConvolutionForward",
+            dnn::convolution_forward(
+                call.h.raw,
+                alpha,
+                d.x,
+                first_ptr(&x) as *const c_void,
+                d.w,
+                first_ptr(&w) as *const c_void,
+                d.conv,
+                best.algo,
+                ws_ptr(&ws),
+                bytes,
+                beta,
+                d.y,
+                first_ptr(&y) as *mut c_void,
+            ),
+        );
+    }
+    Some(y)
+}
+
+pub(super) fn backward_input(
+    handle: &Mutex<Handle>,
+    gy: &Tensor,
+    w: &Tensor,
+    g: &Geometry,
+) -> Option<Tensor> {
+    const OP: &str = "conv2d_backward_input";
+    let (dtype, dev) = (gy.dtype(), device_of(gy, OP));
+    let cl = is_channels_last(gy);
+    let (gy, w) = (packed(gy, cl), packed(w, cl));
+    let dx = empty_packed(&dev, dtype, [g.n, g.c, g.h, g.w], cl, OP);
+    let d = Descriptors::new(OP, dtype, g, cl);
+    let call = Call::new(handle, dev, &d);
+    // SAFETY: as in `forward`.
+    unsafe {
+        let mut perf: [sys::cudnnConvolutionBwdDataAlgoPerf_t; ALGOS] = std::mem::zeroed();
+        let mut count = 0;
+        d.check(
+            "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+            dnn::get_convolution_backward_data_algorithm(
+                call.h.raw,
+                d.w,
+                d.y,
+                d.conv,
+                d.x,
+                ALGOS as i32,
+                &mut count,
+                perf.as_mut_ptr(),
+            ),
+        );
+        // No supported algorithm: the caller falls back to im2col.
+        let best = perf[..count.max(0) as usize].iter().find(|p| {
+            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
+        })?;
+        d.set_math(dtype, best.mathType);
+        let mut bytes = 0;
+        d.check(
+            "cudnnGetConvolutionBackwardDataWorkspaceSize",
+            sys::cudnnGetConvolutionBackwardDataWorkspaceSize(
+                call.h.raw, d.w, d.y, d.conv, d.x, best.algo, &mut bytes,
+            )
+            .result(),
+        );
+        let ws = call.workspace(bytes, OP);
+        let (alpha, beta) = call.scale(dtype);
+        d.check(
+            "cudnnConvolutionBackwardData",
+            dnn::convolution_backward_data(
+                call.h.raw,
+                alpha,
+                d.w,
+                first_ptr(&w) as *const c_void,
+                d.y,
+                first_ptr(&gy) as *const c_void,
+                d.conv,
+                best.algo,
+                ws_ptr(&ws),
+                bytes,
+                beta,
+                d.x,
+                first_ptr(&dx) as *mut c_void,
+            ),
+        );
+    }
+    Some(dx)
+}
+
+pub(super) fn backward_weight(
+    handle: &Mutex<Handle>,
+    gy: &Tensor,
+    x: &Tensor,
+    g: &Geometry,
+) -> Option<Tensor> {
+    const OP: &str = "conv2d_backward_weight";
+    let (dtype, dev) = (gy.dtype(), device_of(gy, OP));
+    let cl = is_channels_last(x);
+    let (gy, x) = (packed(gy, cl), packed(x, cl));
+    let dw = empty_packed(&dev, dtype, [g.o, g.c / g.groups, g.kh, g.kw], cl, OP);
+    let d = Descriptors::new(OP, dtype, g, cl);
+    let call = Call::new(handle, dev, &d);
+    // SAFETY: as in `forward`.
+    unsafe {
+        let mut perf: [sys::cudnnConvolutionBwdFilterAlgoPerf_t; ALGOS] = std::mem::zeroed();
+        let mut count = 0;
+        d.check(
+            "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+            dnn::get_convolution_backward_filter_algorithm(
+                call.h.raw,
+                d.x,
+                d.y,
+                d.conv,
+                d.w,
+                ALGOS as i32,
+                &mut count,
+                perf.as_mut_ptr(),
+            ),
+        );
+        // No supported algorithm: the caller falls back to im2col.
+        let best = perf[..count.max(0) as usize].iter().find(|p| {
+            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
+        })?;
+        d.set_math(dtype, best.mathType);
+        let mut bytes = 0;
+        d.check(
+            "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+            sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                call.h.raw, d.x, d.y, d.conv, d.w, best.algo, &mut bytes,
+            )
+            .result(),
+        );
+        let ws = call.workspace(bytes, OP);
+        let (alpha, beta) = call.scale(dtype);
+        d.check(
+            "cudnnConvolutionBackwardFilter",
+            dnn::convolution_backward_filter(
+                call.h.raw,
+                alpha,
+                d.x,
+                first_ptr(&x) as *const c_void,
+                d.y,
+                first_ptr(&gy) as *const c_void,
+                d.conv,
+                best.algo,
+                ws_ptr(&ws),
+                bytes,
+                beta,
+                d.w,
+                first_ptr(&dw) as *mut c_void,
+            ),
+        );
+    }
+    Some(dw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Descriptors need no GPU: where cuDNN is installed, check that it accepts ours (groups,
+    /// dilation, channels-last strides) and agrees on the output size.
+    #[test]
+    fn cudnn_accepts_our_descriptors_where_installed() {
+        if !libs::loadable(CudaLib::Cudnn) {
+            eprintln!("skipped: {}", libs::describe_search(CudaLib::Cudnn));
+            return;
+        }
+        let g = super::super::geometry("conv2d", &[2, 6, 17, 13], &[9, 2, 3, 2], [2, 1], [1, 2], [2, 1], 3);
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+            for cl in [false, true] {
+                let d = Descriptors::new("conv2d", dtype, &g, cl);
+                d.set_math(dtype, sys::cudnnMathType_t::CUDNN_DEFAULT_MATH);
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "cuDNN's output size differs")]
+    fn a_wrong_output_size_is_caught() {
+        if !libs::loadable(CudaLib::Cudnn) {
+            panic!("skipped: cuDNN's output size differs (not installed)");
+        }
+        let g = Geometry {
+            n: 1,
+            c: 2,
+            h: 5,
+            w: 5,
+            o: 3,
+            kh: 3,
+            kw: 3,
+            oh: 4,
+            ow: 3,
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        Descriptors::new("conv2d", DType::F32, &g, false);
+    }
+}

@@ -55,9 +55,3 @@ pub fn synchronize(ordinal: usize) -> crate::Result<()> {
 
 #[cfg(test)]
 mod tests;
-
-/// Panics for an op whose CUDA kernels are not written yet, saying what to do instead.
-#[track_caller]
-pub(crate) fn not_yet(op: &str) -> ! {
-    panic!("{op} is not implemented on CUDA yet; move the tensors to the CPU with .to_device(Device::Cpu)")
-}

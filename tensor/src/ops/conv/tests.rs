@@ -123,6 +123,14 @@ fn check_direct(x: &Tensor, w: &Tensor, p: &Params, what: &str) {
     let gx = Tensor::conv2d_backward_input(&gy, w, dims4(x), p.stride, p.padding, p.dilation, p.groups);
     close(&gx, want.grad_x, "grad input");
     let gw = Tensor::conv2d_backward_weight(&gy, x, dims4(w), p.stride, p.padding, p.dilation, p.groups);
+    if x.device().is_cuda() && x.dtype() == DType::F32 {
+        // Each weight-gradient element sums N*H*W products (5120 here) in f32; cuDNN's
+        // backward-filter algorithms order that sum differently from the CPU, which moves
+        // elements near cancellation by a few 1e-4 absolute.
+        let want = Tensor::from_vec(want.grad_w, gw.dims(), Device::Cpu).unwrap();
+        assert_close(&gw, &want, rtol, 1e-3, &format!("{what}: grad weight"));
+        return;
+    }
     close(&gw, want.grad_w, "grad weight");
 }
 

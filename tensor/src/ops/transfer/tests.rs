@@ -83,7 +83,7 @@ fn from_pinned_uploads_and_the_buffer_can_be_refilled() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-#[should_panic(expected = "from_pinned: shape [10] of f32 needs 40 bytes, the pinned buffer holds 16")]
+#[should_panic(expected = "from_pinned: shape [10] of float32 needs 40 bytes, the pinned buffer holds 16")]
 fn from_pinned_past_the_buffer_panics() {
     let mut buf = PinnedBuffer::new(0, 16).unwrap();
     let _ = Tensor::from_pinned(&mut buf, [10], DType::F32, Device::Cuda(0));

@@ -76,6 +76,34 @@ fn cudnn_handle(dev: &Arc<CudaDevice>) -> Option<Arc<std::sync::Mutex<cudnn::Han
     }
 }
 
+/// Runs `cudnn_call` when cuDNN serves this device, else (or when cuDNN offers no algorithm)
+/// `fallback`, saying once per op and reason on stderr that the slower path runs.
+fn cudnn_or_fallback(
+    dev: &Arc<CudaDevice>,
+    op: &'static str,
+    x: &Tensor,
+    cudnn_call: impl FnOnce(&std::sync::Mutex<cudnn::Handle>) -> Option<Tensor>,
+    fallback: impl FnOnce() -> Tensor,
+) -> Tensor {
+    static WARNED: std::sync::Mutex<Vec<(&'static str, bool)>> = std::sync::Mutex::new(Vec::new());
+    let handle = cudnn_handle(dev);
+    let loaded = handle.is_some();
+    if let Some(y) = handle.and_then(|h| cudnn_call(&h)) {
+        return y;
+    }
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if cudnn_enabled() && !warned.contains(&(op, loaded)) {
+        warned.push((op, loaded));
+        let why = if loaded {
+            format!("cuDNN offers no algorithm for {} with strides {:?}", x.dtype(), x.strides())
+        } else {
+            "cuDNN is not available".to_string()
+        };
+        eprintln!("oxtrain: {op} runs on the im2col fallback: {why}");
+    }
+    fallback()
+}
+
 /// Shapes of the convolution for `conv.cu` (`struct ConvArgs`), samples `n0..n0 + count`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -226,9 +254,7 @@ pub(super) fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Geometry
     let y = if x.elem_count() == 0 || w.elem_count() == 0 || g.n * g.o * g.oh * g.ow == 0 {
         zeros(&dev, x.dtype(), &[g.n, g.o, g.oh, g.ow], OP)
     } else {
-        cudnn_handle(&dev)
-            .and_then(|h| cudnn::forward(&h, x, w, g))
-            .unwrap_or_else(|| forward_fallback(x, w, g))
+        cudnn_or_fallback(&dev, OP, x, |h| cudnn::forward(h, x, w, g), || forward_fallback(x, w, g))
     };
     match bias {
         Some(b) => y.add(&b.reshape([1, g.o, 1, 1])),
@@ -242,9 +268,13 @@ pub(super) fn backward_input(gy: &Tensor, w: &Tensor, g: &Geometry) -> Tensor {
     if gy.elem_count() == 0 || w.elem_count() == 0 || g.n * g.c * g.h * g.w == 0 {
         return zeros(&dev, gy.dtype(), &[g.n, g.c, g.h, g.w], OP);
     }
-    cudnn_handle(&dev)
-        .and_then(|h| cudnn::backward_input(&h, gy, w, g))
-        .unwrap_or_else(|| backward_input_fallback(gy, w, g))
+    cudnn_or_fallback(
+        &dev,
+        OP,
+        gy,
+        |h| cudnn::backward_input(h, gy, w, g),
+        || backward_input_fallback(gy, w, g),
+    )
 }
 
 pub(super) fn backward_weight(gy: &Tensor, x: &Tensor, g: &Geometry) -> Tensor {
@@ -254,9 +284,13 @@ pub(super) fn backward_weight(gy: &Tensor, x: &Tensor, g: &Geometry) -> Tensor {
     if gy.elem_count() == 0 || x.elem_count() == 0 || shape.iter().product::<usize>() == 0 {
         return zeros(&dev, gy.dtype(), &shape, OP);
     }
-    cudnn_handle(&dev)
-        .and_then(|h| cudnn::backward_weight(&h, gy, x, g))
-        .unwrap_or_else(|| backward_weight_fallback(gy, x, g))
+    cudnn_or_fallback(
+        &dev,
+        OP,
+        x,
+        |h| cudnn::backward_weight(h, gy, x, g),
+        || backward_weight_fallback(gy, x, g),
+    )
 }
 
 /// `y [N, O, OH, OW] = W_g [O/g, patch] @ col_g [patch, OH*OW]` per sample and group.

@@ -76,3 +76,30 @@ MATH1(m_rint, rintf, rint)
 MATH1(m_abs, fabsf, fabs)
 __device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
+
+// Any element as a double (exact for every dtype but i64 beyond 2^53).
+#define LOAD_F32(x) ((double)(x))
+#define LOAD_F64(x) ((double)(x))
+#define LOAD_BF16(x) ((double)bf16_to_f32(x))
+#define LOAD_F16(x) ((double)f16_to_f32(x))
+#define LOAD_I64(x) ((double)(x))
+#define LOAD_U32(x) ((double)(x))
+#define LOAD_U8(x) ((double)(x))
+#define LOAD_BOOL(x) ((x) ? 1.0 : 0.0)
+
+// Casts from a double with the CPU's `Element::from_f64` rules (PyTorch's): floats round to
+// nearest even, float-to-int truncates toward zero and saturates (NaN gives 0, like Rust's
+// `as`), unsigned targets go through i64 and wrap (-1.0 -> 255), bool is `d != 0`.
+__device__ __forceinline__ double sat_trunc(double d, double lo, double hi) {
+    if (d != d) return 0.0;
+    d = trunc(d);
+    return d < lo ? lo : (d > hi ? hi : d);
+}
+#define STORE_F32(d) ((float)(d))
+#define STORE_F64(d) (d)
+#define STORE_BF16(d) f32_to_bf16((float)(d))
+#define STORE_F16(d) f32_to_f16((float)(d))
+#define STORE_I64(d) ((i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
+#define STORE_U32(d) ((u32)(i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
+#define STORE_U8(d) ((u8)(i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
+#define STORE_BOOL(d) ((u8)((d) != 0.0))

@@ -2,31 +2,6 @@
 // and fills. Conversions go through double, which holds every f32/f16/bf16/u32/u8 value
 // exactly; integer-to-integer casts below stay in integers so large i64 values keep every bit.
 
-#define LOAD_F32(x) ((double)(x))
-#define LOAD_F64(x) ((double)(x))
-#define LOAD_BF16(x) ((double)bf16_to_f32(x))
-#define LOAD_F16(x) ((double)f16_to_f32(x))
-#define LOAD_I64(x) ((double)(x))
-#define LOAD_U32(x) ((double)(x))
-#define LOAD_U8(x) ((double)(x))
-#define LOAD_BOOL(x) ((x) ? 1.0 : 0.0)
-
-// Float to integer truncates toward zero and saturates (NaN gives 0), like Rust's `as`.
-__device__ __forceinline__ double sat(double d, double lo, double hi) {
-    if (d != d) return 0.0;
-    d = trunc(d);
-    return d < lo ? lo : (d > hi ? hi : d);
-}
-#define STORE_F32(d) ((float)(d))
-#define STORE_F64(d) (d)
-#define STORE_BF16(d) f32_to_bf16((float)(d))
-#define STORE_F16(d) f32_to_f16((float)(d))
-#define STORE_I64(d) ((i64)sat(d, -9223372036854775808.0, 9223372036854775807.0))
-// Unsigned targets go through i64 and wrap (-1.0 -> 255), as PyTorch's CPU casts.
-#define STORE_U32(d) ((u32)(i64)sat(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_U8(d) ((u8)(i64)sat(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_BOOL(d) ((u8)((d) != 0.0))
-
 #define CONVERT(SN, ST, SL, DN, DT, DS)                                                          \
     extern "C" __global__ void convert_##SN##_##DN(Strided s, const ST* in, DT* out, i64 n) {    \
         FOR_EACH(i, n) { out[i] = DS(SL(in[strided_offset(s, i)])); }                           \

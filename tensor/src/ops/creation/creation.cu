@@ -1,22 +1,8 @@
 // Ranges and identity matrices generated on the device. Each element is computed in double
 // exactly as the CPU backend computes it (`ops/creation/mod.rs`), then stored with the same
-// cast rules as the CPU's `Element::from_f64` (these STORE_* macros copy `convert.cu`'s).
+// cast rules as the CPU's `Element::from_f64` (the STORE_* macros of `cuda/common.cuh`).
 // The arithmetic uses __dmul_rn / __dadd_rn because NVRTC runs with --fmad=true, and a fused
 // multiply-add would round once where the CPU rounds twice.
-
-__device__ __forceinline__ double sat_trunc(double d, double lo, double hi) {
-    if (d != d) return 0.0;
-    d = trunc(d);
-    return d < lo ? lo : (d > hi ? hi : d);
-}
-#define STORE_F32(d) ((float)(d))
-#define STORE_F64(d) (d)
-#define STORE_BF16(d) f32_to_bf16((float)(d))
-#define STORE_F16(d) f32_to_f16((float)(d))
-#define STORE_I64(d) ((i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_U32(d) ((u32)(i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_U8(d) ((u8)(i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_BOOL(d) ((u8)((d) != 0.0))
 
 #define CREATION(SN, T, STORE)                                                                   \
     extern "C" __global__ void arange_##SN(double start, double step, T* out, i64 n) {           \

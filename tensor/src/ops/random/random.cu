@@ -69,29 +69,6 @@ __device__ __forceinline__ void box_muller_f64(Words w, double* z0, double* z1) 
     *z1 = __dmul_rn(r, sin(theta));
 }
 
-// The CPU's `Element::from_f64` cast rules (copied from `convert.cu`'s STORE_* macros).
-__device__ __forceinline__ double sat_trunc(double d, double lo, double hi) {
-    if (d != d) return 0.0;
-    d = trunc(d);
-    return d < lo ? lo : (d > hi ? hi : d);
-}
-#define STORE_F32(d) ((float)(d))
-#define STORE_F64(d) (d)
-#define STORE_BF16(d) f32_to_bf16((float)(d))
-#define STORE_F16(d) f32_to_f16((float)(d))
-#define STORE_I64(d) ((i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_U32(d) ((u32)(i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_U8(d) ((u8)(i64)sat_trunc(d, -9223372036854775808.0, 9223372036854775807.0))
-#define STORE_BOOL(d) ((u8)((d) != 0.0))
-#define LOAD_F32(x) ((double)(x))
-#define LOAD_F64(x) ((double)(x))
-#define LOAD_BF16(x) ((double)bf16_to_f32(x))
-#define LOAD_F16(x) ((double)f16_to_f32(x))
-#define LOAD_I64(x) ((double)(x))
-#define LOAD_U32(x) ((double)(x))
-#define LOAD_U8(x) ((double)(x))
-#define LOAD_BOOL(x) ((x) ? 1.0 : 0.0)
-
 // Grid-stride loop over the draw's blocks: element i comes from block first + i / k.
 #define FOR_EACH_BLOCK(b, n, k) FOR_EACH(b, ((n) + (k) - 1) / (k))
 #define BLOCK(b) philox_block(k0, k1, first + (unsigned long long)(b))

@@ -2,21 +2,8 @@
 //! forms), and `var`, `std`, `logsumexp` composed from them.
 
 use crate::Var;
+use oxtrain_tensor::ops::reduce::reduced_dims;
 use oxtrain_tensor::{Dims, Tensor};
-
-/// Sorted reduced dims, PyTorch's way: an empty list means every dim; a scalar reduces nothing.
-pub(crate) fn reduced_dims<D: Dims + ?Sized>(shape: &[usize], dims: &D, op: &str) -> Vec<usize> {
-    if shape.is_empty() {
-        dims.to_indexes(1, op);
-        return vec![];
-    }
-    let dims = dims.to_indexes(shape.len(), op);
-    if dims.is_empty() {
-        (0..shape.len()).collect()
-    } else {
-        dims
-    }
-}
 
 /// The input's shape with the reduced dims set to 1 (the `keepdim` shape).
 fn kept_shape(shape: &[usize], dims: &[usize]) -> Vec<usize> {

@@ -76,8 +76,9 @@ impl ReduceOp {
     }
 }
 
-/// Sorted reduced-dim indices for `dims` on a tensor of shape `shape`, PyTorch's way.
-pub(crate) fn reduced_dims<D: Dims + ?Sized>(shape: &[usize], dims: &D, op: &str) -> Vec<usize> {
+/// Sorted reduced-dim indices for `dims` on a tensor of shape `shape`, PyTorch's way: an empty
+/// list means every dim; a scalar reduces nothing. Public so autograd reduces the same dims.
+pub fn reduced_dims<D: Dims + ?Sized>(shape: &[usize], dims: &D, op: &str) -> Vec<usize> {
     if shape.is_empty() {
         // A scalar takes dim 0 or -1 and there is nothing to reduce.
         dims.to_indexes(1, op);

@@ -169,8 +169,12 @@ impl Var {
     }
 
     /// The result of an op: records `backward` when grad is enabled and an input requires
-    /// grad, else a constant. `backward` must capture tensors only, never `Var`s.
-    pub(crate) fn from_op(
+    /// grad, else a constant. This is how other crates add differentiable ops (what
+    /// `torch.autograd.Function` is in PyTorch): `backward(grad_output, needs)` returns one
+    /// gradient per input, `None` where `needs[i]` is false; a gradient may have the
+    /// broadcast shape of its input, the engine sums it down. `backward` must capture tensors
+    /// only, never `Var`s, or the graph would keep itself alive.
+    pub fn from_op(
         name: &'static str,
         output: Tensor,
         inputs: &[&Var],

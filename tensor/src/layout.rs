@@ -59,6 +59,12 @@ impl Layout {
         self.shape.elem_count()
     }
 
+    /// Whether two indices of this view reach one storage element: a dim of size > 1 with
+    /// stride 0 (what `expand` makes). Writing through such a view would be ill-defined.
+    pub fn has_internal_overlap(&self) -> bool {
+        self.dims().iter().zip(&self.strides).any(|(&d, &s)| d > 1 && s == 0)
+    }
+
     /// Row-major and gap-free (dims of size 1 may have any stride, as in PyTorch); the offset may be anything.
     pub fn is_contiguous(&self) -> bool {
         // With no elements there is nothing out of order (PyTorch agrees).

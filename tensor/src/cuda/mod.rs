@@ -34,6 +34,7 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         crate::ops::conv::cuda::SOURCE,
         crate::ops::creation::cuda::SOURCE,
         crate::ops::index::cuda::SOURCE,
+        crate::ops::inplace::cuda::SOURCE,
         crate::ops::join::cuda::SOURCE,
         crate::ops::norm::cuda::SOURCE,
         crate::ops::pool::cuda::SOURCE,

@@ -7,6 +7,7 @@ pub mod conv;
 pub mod convert;
 pub mod creation;
 pub mod index;
+pub mod inplace;
 pub mod join;
 pub mod matmul;
 pub mod ndarray_interop;

@@ -23,6 +23,7 @@ pub use stream::{Event, Stream, StreamGuard};
 
 /// Backend switches, as `torch.backends.cuda.matmul.allow_tf32` and `torch.backends.cudnn.enabled`.
 pub use crate::ops::conv::cuda::{cudnn_enabled, set_cudnn_enabled};
+pub use crate::ops::conv::cudnn_plan::{cudnn_benchmark, set_cudnn_benchmark};
 pub use crate::ops::matmul::cuda::{allow_tf32, set_allow_tf32};
 
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).

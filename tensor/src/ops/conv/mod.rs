@@ -9,6 +9,7 @@
 mod cpu;
 pub(crate) mod cuda;
 mod cudnn;
+pub(crate) mod cudnn_plan;
 #[cfg(test)]
 mod tests;
 

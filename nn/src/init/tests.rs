@@ -92,3 +92,15 @@ fn a_generator_makes_initialisation_reproducible() {
     let d = Linear::new(8, 8, Device::Cpu).unwrap();
     assert_eq!(c.weight.tensor().to_f64_vec(), d.weight.tensor().to_f64_vec());
 }
+
+#[test]
+fn norm_and_embedding_defaults_are_pytorchs() {
+    let emb = crate::Embedding::new(1000, 64, Device::Cpu).unwrap();
+    assert_normal(&emb.weight.tensor(), 1.0, "Embedding weight");
+    let bn = crate::BatchNorm2d::new(5, Device::Cpu).unwrap();
+    let ln = crate::LayerNorm::new([5], Device::Cpu).unwrap();
+    for (name, t) in bn.state_dict().into_iter().chain(ln.state_dict()) {
+        let expected = if name.ends_with("weight") || name == "running_var" { 1.0 } else { 0.0 };
+        assert!(t.to_f64_vec().iter().all(|&v| v == expected), "{name}: {:?}", t.to_f64_vec());
+    }
+}

@@ -2,44 +2,7 @@
 //! state-dict names), [`Forward`] (one input, one output, what [`Sequential`](crate::Sequential)
 //! chains) and the [`Visitor`] through which a module lists what it owns.
 //!
-//! # Writing a module
-//!
-//! A module is a plain struct. It implements [`Module::visit`], listing its own parameters,
-//! buffers and child modules with the names PyTorch would give them, in the order PyTorch
-//! registers them (the order the attributes are assigned in `__init__`):
-//!
-//! ```
-//! use oxtrain_autograd::Var;
-//! use oxtrain_nn::{Forward, Linear, Module, Parameter, Visitor};
-//! use oxtrain_tensor::{DType, Device, Tensor};
-//!
-//! struct Block { fc: Linear, gain: Parameter }
-//!
-//! impl Module for Block {
-//!     fn visit(&self, v: &mut dyn Visitor) {
-//!         v.child("fc", &self.fc);      // fc.weight, fc.bias
-//!         v.param("gain", &self.gain);  // gain
-//!     }
-//! }
-//!
-//! impl Forward for Block {
-//!     fn forward(&self, x: &Var) -> Var {
-//!         self.fc.forward(x).relu() * self.gain.var()
-//!     }
-//! }
-//!
-//! let block = Block {
-//!     fc: Linear::new(4, 4, Device::Cpu)?,
-//!     gain: Parameter::new(Tensor::ones(4, DType::F32, Device::Cpu)?),
-//! };
-//! let names: Vec<String> = block.state_dict().into_iter().map(|(n, _)| n).collect();
-//! assert_eq!(names, ["gain", "fc.weight", "fc.bias"]); // own entries first, as PyTorch orders them
-//! # Ok::<(), oxtrain_tensor::Error>(())
-//! ```
-//!
-//! Everything else (`parameters`, `state_dict`, `train`/`eval`, `load_state_dict`, ...) comes
-//! from the trait's provided methods. A module whose forward differs between training and
-//! evaluation keeps a [`TrainingFlag`] and returns it from [`Module::training_flag`].
+//! See [`Module`] for how to write one.
 
 mod params;
 mod state;
@@ -91,6 +54,45 @@ pub trait Forward: Module {
 ///
 /// Implement [`visit`](Module::visit) (and [`training_flag`](Module::training_flag) when the
 /// module behaves differently in training); every other method is provided.
+///
+/// # Writing a module
+///
+/// A module is a plain struct. It implements [`Module::visit`], listing its own parameters,
+/// buffers and child modules with the names PyTorch would give them, in the order PyTorch
+/// registers them (the order the attributes are assigned in `__init__`):
+///
+/// ```
+/// use oxtrain_autograd::Var;
+/// use oxtrain_nn::{Forward, Linear, Module, Parameter, Visitor};
+/// use oxtrain_tensor::{DType, Device, Tensor};
+///
+/// struct Block { fc: Linear, gain: Parameter }
+///
+/// impl Module for Block {
+///     fn visit(&self, v: &mut dyn Visitor) {
+///         v.child("fc", &self.fc);      // fc.weight, fc.bias
+///         v.param("gain", &self.gain);  // gain
+///     }
+/// }
+///
+/// impl Forward for Block {
+///     fn forward(&self, x: &Var) -> Var {
+///         self.fc.forward(x).relu() * self.gain.var()
+///     }
+/// }
+///
+/// let block = Block {
+///     fc: Linear::new(4, 4, Device::Cpu)?,
+///     gain: Parameter::new(Tensor::ones(4, DType::F32, Device::Cpu)?),
+/// };
+/// let names: Vec<String> = block.state_dict().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["gain", "fc.weight", "fc.bias"]); // own entries first, as PyTorch orders them
+/// # Ok::<(), oxtrain_tensor::Error>(())
+/// ```
+///
+/// Everything else (`parameters`, `state_dict`, `train`/`eval`, `load_state_dict`, ...) comes
+/// from the trait's provided methods. A module whose forward differs between training and
+/// evaluation keeps a [`TrainingFlag`] and returns it from [`Module::training_flag`].
 pub trait Module: Send + Sync {
     /// Shows this module's own parameters, buffers and children to `v`, in registration order.
     fn visit(&self, v: &mut dyn Visitor);
@@ -360,6 +362,15 @@ impl<T: Module + ?Sized> Module for Box<T> {
 impl<T: Forward + ?Sized> Forward for Box<T> {
     fn forward(&self, x: &Var) -> Var {
         (**self).forward(x)
+    }
+}
+
+impl<T: Module + ?Sized> Module for &T {
+    fn visit(&self, v: &mut dyn Visitor) {
+        (**self).visit(v)
+    }
+    fn training_flag(&self) -> Option<&TrainingFlag> {
+        (**self).training_flag()
     }
 }
 

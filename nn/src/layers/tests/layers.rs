@@ -170,3 +170,13 @@ device_test!(
         oxtrain_tensor::testing::assert_close(&out, &expected, 1e-2, 1e-2, "linear bf16");
     }
 );
+
+device_test!(
+    fn a_model_built_on_the_cpu_moves_to_the_device(device: Device) {
+        let model = small_cnn(Device::Cpu);
+        super::load(&model, "sequential", Device::Cpu);
+        model.to_device(device).unwrap();
+        assert!(model.state_dict().iter().all(|(_, t)| t.device() == device));
+        super::check_forward_backward(&model, "sequential", device);
+    }
+);

@@ -318,12 +318,14 @@ fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
 }
 
 /// Moves and/or converts every parameter and buffer below `visit`; stops at the first error.
+/// Parameters shared by several modules (tied weights) stay shared: each gets the one new leaf.
 fn convert(
     visit: &dyn Fn(&mut dyn Visitor),
     device: Option<Device>,
     dtype: Option<DType>,
 ) -> oxtrain_tensor::Result<()> {
     let mut result = Ok(());
+    let mut converted: Vec<(Tensor, Var)> = Vec::new();
     walk(visit, "", &mut |_, item| {
         if result.is_err() {
             return;
@@ -338,9 +340,19 @@ fn convert(
         if target_device == current.device() && !changes_dtype {
             return;
         }
+        if let Item::Param(p) = item {
+            if let Some((_, var)) = converted.iter().find(|(old, _)| same_tensor(old, &current)) {
+                p.replace(var.clone());
+                return;
+            }
+        }
         match params::moved(&current, target_device, dtype) {
             Ok(t) => match item {
-                Item::Param(p) => p.replace(t),
+                Item::Param(p) => {
+                    let var = Var::parameter(t);
+                    converted.push((current, var.clone()));
+                    p.replace(var);
+                }
                 Item::Buffer(b) => b.replace(t),
                 Item::Module(_) => {}
             },

@@ -44,10 +44,10 @@ impl Parameter {
         self.var().dims().to_vec()
     }
 
-    /// Swaps in a new leaf holding `tensor` (dropping the old gradient). Used by
-    /// `Module::to_device` / `to_dtype`; an optimizer built before holds the old `Var`.
-    pub(crate) fn replace(&self, tensor: Tensor) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Var::parameter(tensor);
+    /// Swaps in a new leaf (dropping the old gradient). Used by `Module::to_device` /
+    /// `to_dtype`; an optimizer built before holds the old `Var`.
+    pub(crate) fn replace(&self, var: Var) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = var;
     }
 }
 

@@ -258,6 +258,11 @@ fn tied_parameters_are_listed_once_but_saved_under_both_names() {
     let tied = Tied { emb, head };
     assert_eq!(keys(tied.named_parameters()), ["head"]);
     assert_eq!(keys(tied.state_dict()), ["head", "emb.weight"]);
+    // Converting keeps them tied.
+    tied.to_dtype(DType::F64).unwrap();
+    assert_eq!(keys(tied.named_parameters()), ["head"]);
+    assert_eq!(tied.head.tensor().dtype(), DType::F64);
+    assert!(tied.head.tensor().same_storage(&tied.emb.weight.tensor()));
 }
 
 #[test]

@@ -1,1 +1,4 @@
-//! oxtrain-nn: not built yet; see the workspace README for the plan.
+//! oxtrain-nn: layers, losses, optimizers, learning-rate schedules and mixed-precision helpers.
+#![doc = include_str!("../README.md")]
+
+pub mod loss;

@@ -22,7 +22,11 @@ pub fn binary_cross_entropy_with_logits(input: &Var, target: &Tensor) -> Var {
 /// `-w [p y log σ(x) + (1 - y) log(1 - σ(x))]` per element, computed in f32 as
 /// `(1 - y) x + (1 + (p - 1) y) softplus(-x)` with a softplus that cannot overflow, then
 /// reduced. `target` holds probabilities in `[0, 1]` of the input's shape.
-pub fn binary_cross_entropy_with_logits_with(input: &Var, target: &Tensor, opts: &BceWithLogitsOptions) -> Var {
+pub fn binary_cross_entropy_with_logits_with(
+    input: &Var,
+    target: &Tensor,
+    opts: &BceWithLogitsOptions,
+) -> Var {
     let op = "binary_cross_entropy_with_logits";
     let x = input.tensor();
     assert!(x.dtype().is_float(), "{op}: input must be floating point, got {}", x.dtype());
@@ -36,10 +40,7 @@ pub fn binary_cross_entropy_with_logits_with(input: &Var, target: &Tensor, opts:
     let (xf, y) = (f32(x), f32(target));
     // softplus(-x) = log(1 + e^-x) = log1p(e^-|x|) + max(-x, 0)
     let softplus_neg = xf.abs().neg().exp().log1p().add(&xf.neg().relu());
-    let log_weight = match &opts.pos_weight {
-        Some(p) => Some(f32(p).add_scalar(-1.0).mul(&y).add_scalar(1.0)),
-        None => None,
-    };
+    let log_weight = opts.pos_weight.as_ref().map(|p| f32(p).add_scalar(-1.0).mul(&y).add_scalar(1.0));
     let one_minus_y = y.affine(-1.0, 1.0);
     let mut loss = one_minus_y.mul(&xf);
     loss = match &log_weight {

@@ -12,7 +12,9 @@ mod mse;
 #[cfg(test)]
 mod tests;
 
-pub use bce::{binary_cross_entropy_with_logits, binary_cross_entropy_with_logits_with, BceWithLogitsOptions};
+pub use bce::{
+    binary_cross_entropy_with_logits, binary_cross_entropy_with_logits_with, BceWithLogitsOptions,
+};
 pub use cross_entropy::{cross_entropy, cross_entropy_with, CrossEntropyOptions};
 pub use mse::mse_loss;
 

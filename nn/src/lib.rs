@@ -3,4 +3,5 @@
 
 pub mod amp;
 pub mod loss;
+pub mod lr_scheduler;
 pub mod optim;

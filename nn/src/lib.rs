@@ -1,10 +1,15 @@
-//! oxtrain-nn: neural-network modules on `oxtrain_autograd::Var`, with PyTorch's names.
+//! oxtrain-nn: neural-network modules on `oxtrain_autograd::Var` with PyTorch's names, losses,
+//! optimizers, learning-rate schedules and mixed-precision helpers.
 #![doc = include_str!("../README.md")]
 
+pub mod amp;
 pub mod functional;
 pub mod init;
 mod layers;
+pub mod loss;
+pub mod lr_scheduler;
 mod module;
+pub mod optim;
 
 pub use layers::*;
 pub use module::{

@@ -336,6 +336,13 @@ pub(super) fn backward_weight(
     convolve(handle, dev, OP, Direction::BackwardFilter, dtype, g, cl, &bufs).then_some(dw)
 }
 
+/// Whether 16-bit convolutions try cuDNN's graph API first (`OXTRAIN_CUDNN_GRAPH=0` keeps
+/// them on the legacy API, for comparison).
+fn use_graph_api() -> bool {
+    static USE: OnceLock<bool> = OnceLock::new();
+    *USE.get_or_init(|| !std::env::var("OXTRAIN_CUDNN_GRAPH").is_ok_and(|v| v == "0"))
+}
+
 /// Queues one convolution on the current stream; false when cuDNN has no algorithm for it
 /// (the caller falls back to im2col). The buffers stay alive until the work is queued.
 #[allow(clippy::too_many_arguments)]
@@ -352,6 +359,14 @@ fn convolve(
     let d = Descriptors::new(op, dtype, g, cl);
     let call = Call::new(handle, dev, &d);
     let raw = call.h.raw;
+    if use_graph_api() {
+        let stream = current_stream(&call.dev, op);
+        let workspace = |bytes: usize| call.workspace(bytes, op);
+        let run = super::cudnn_graph::Run { handle: raw, stream: &stream, bufs: b, workspace: &workspace };
+        if super::cudnn_graph::convolve(&run, call.dev.ordinal(), direction, dtype, g, cl, op) {
+            return true;
+        }
+    }
     let Some(plan) =
         plan(raw, &d, direction, dtype, call.dev.ordinal(), b, |bytes| call.workspace(bytes, op))
     else {

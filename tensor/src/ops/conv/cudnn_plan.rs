@@ -67,7 +67,7 @@ pub fn cudnn_benchmark() -> bool {
     benchmark_flag().load(Ordering::Relaxed)
 }
 
-fn log_choices() -> bool {
+pub(super) fn log_choices() -> bool {
     static LOG: OnceLock<bool> = OnceLock::new();
     *LOG.get_or_init(|| std::env::var("OXTRAIN_CUDNN_LOG").is_ok_and(|v| !v.is_empty() && v != "0"))
 }

@@ -2,6 +2,8 @@
 //! references computed here in f64 from each rank's deterministic input.
 #![allow(dead_code)]
 
+pub mod procs;
+
 use oxtrain_comm::{shard_range, Communicator, ReduceOp};
 use oxtrain_tensor::half::{bf16, f16};
 use oxtrain_tensor::{DType, Device, Element, Tensor};

@@ -109,11 +109,26 @@ impl CpuCommunicator {
     where
         F: FnOnce() -> Result<E> + Send + 'static,
     {
+        CpuCommunicator::spawn_with_ids(backend, opts, make, move || Ok((rank, world)))
+    }
+
+    /// As `spawn`, for backends that learn their rank and world size only once the engine
+    /// exists (`ids` is called after the engine is made).
+    pub(crate) fn spawn_with_ids<E: CpuEngine, F>(
+        backend: &'static str,
+        opts: &CommOptions,
+        make: F,
+        ids: impl FnOnce() -> Result<(usize, usize)>,
+    ) -> Result<CpuCommunicator>
+    where
+        F: FnOnce() -> Result<E> + Send + 'static,
+    {
+        let (ids_tx, ids_rx) = channel::<(usize, usize)>();
         let (tx, rx) = channel::<Job>();
         let (ready_tx, ready_rx) = channel::<Result<()>>();
         let check = opts.check;
         let worker = std::thread::Builder::new()
-            .name(format!("oxtrain-comm-{backend}-{rank}"))
+            .name(format!("oxtrain-comm-{backend}"))
             .spawn(move || {
                 let mut engine = match make() {
                     Ok(e) => {
@@ -125,6 +140,7 @@ impl CpuCommunicator {
                         return;
                     }
                 };
+                let Ok((rank, world)) = ids_rx.recv() else { return };
                 let mut broken: Option<String> = None;
                 for (req, reply) in rx {
                     let result = match &broken {
@@ -152,6 +168,8 @@ impl CpuCommunicator {
                 return Err(CommError::Aborted("the communicator's worker thread died while starting".into()))
             }
         }
+        let (rank, world) = ids()?;
+        let _ = ids_tx.send((rank, world));
         let timeout = opts.timeout;
         Ok(CpuCommunicator { rank, world, backend, tx: Mutex::new(Some(tx)), worker: Some(worker), timeout })
     }

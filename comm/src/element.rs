@@ -17,6 +17,8 @@ pub trait Accumulator: Copy + PartialOrd + std::ops::Add<Output = Self> + Send +
     const ZERO: Self;
     fn div_count(self, n: usize) -> Self;
     fn is_nan(self) -> bool;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
 }
 
 impl Accumulator for f32 {
@@ -27,6 +29,12 @@ impl Accumulator for f32 {
     fn is_nan(self) -> bool {
         f32::is_nan(self)
     }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> f32 {
+        v as f32
+    }
 }
 
 impl Accumulator for f64 {
@@ -36,6 +44,12 @@ impl Accumulator for f64 {
     }
     fn is_nan(self) -> bool {
         f64::is_nan(self)
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> f64 {
+        v
     }
 }
 

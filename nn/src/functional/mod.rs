@@ -14,7 +14,8 @@ pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>) -> Var {
     );
     let y = x.matmul(&weight.t());
     match bias {
-        Some(b) => y.add(b),
+        // Under autocast the bias joins the product's 16-bit dtype, as in PyTorch's linear.
+        Some(b) => y.add(&b.autocast_lower()),
         None => y,
     }
 }

@@ -57,6 +57,15 @@ fn sentence_embeddings_match_sentence_transformers() {
     let mask = fx.tensor("minilm", "mask", Device::Cpu);
     assert_eq!(batch.attention_mask.to_vec::<i64>(), mask.to_vec::<i64>());
 
+    // Fixed-length padding truncates and pads every row to that length.
+    let fixed = tokenizer.encode_batch(&texts, Padding::Fixed(8), None, Device::Cpu).unwrap();
+    assert_eq!(fixed.input_ids.dims(), [texts.len(), 8]);
+    let ids = fx.tensor("minilm", "ids", Device::Cpu).to_vec::<i64>();
+    let width = batch.input_ids.dims()[1];
+    assert_eq!(fixed.input_ids.to_vec::<i64>()[..7], ids[..7], "the first row's tokens up to the limit");
+    assert_eq!(fixed.input_ids.to_vec::<i64>()[7], 102, "truncation keeps [SEP] last");
+    assert!(width > 8, "the longest sentence needs more than 8 tokens");
+
     let model = BertModel::from_pretrained(&dir, Device::Cpu).unwrap();
     model.eval();
     let out = oxtrain_autograd::no_grad(|| {

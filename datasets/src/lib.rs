@@ -1,1 +1,8 @@
-//! oxtrain-datasets: not built yet; see the workspace README for the plan.
+#![doc = "oxtrain-datasets"]
+
+pub mod decode;
+pub mod error;
+pub mod rng;
+pub mod transforms;
+
+pub use error::{Error, Result};

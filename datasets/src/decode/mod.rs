@@ -125,11 +125,30 @@ pub fn image_dimensions(bytes: &[u8], path: &Path, limits: &DecodeLimits) -> Res
     Ok((w, h))
 }
 
+/// Whether a JPEG's last scan is followed by an end-of-image marker. zune-jpeg (like libjpeg)
+/// fills a truncated scan with grey and reports success; PIL refuses such files ("image file is
+/// truncated"), and so does this loader. Inside entropy-coded data 0xFF is always followed by
+/// 0x00 or a restart marker, so the bytes FF D9 and FF DA there are real markers; an EXIF
+/// thumbnail's end marker sits before the main image's scans and does not count.
+fn jpeg_is_complete(bytes: &[u8]) -> bool {
+    let last = |m: u8| bytes.windows(2).rposition(|w| w[0] == 0xFF && w[1] == m);
+    match (last(0xD9), last(0xDA)) {
+        (Some(eoi), Some(sos)) => eoi > sos,
+        _ => false,
+    }
+}
+
 /// The whole image at full size.
 pub fn decode_rgb(bytes: &[u8], path: &Path, limits: &DecodeLimits) -> Result<RgbImage> {
     let (width, height) = image_dimensions(bytes, path, limits)?;
     let data = match sniff(bytes) {
         Format::Jpeg => {
+            if !jpeg_is_complete(bytes) {
+                return Err(Error::bad_image(
+                    path,
+                    "the JPEG is truncated (no end-of-image marker after its last scan)",
+                ));
+            }
             let mut d = zune_decoder(bytes, limits);
             let data = d.decode().map_err(|e| Error::bad_image(path, format!("JPEG data: {e:?}")))?;
             let (w, h) = d.dimensions().ok_or_else(|| Error::bad_image(path, "JPEG without a size"))?;
@@ -148,14 +167,22 @@ pub fn decode_rgb(bytes: &[u8], path: &Path, limits: &DecodeLimits) -> Result<Rg
     Ok(RgbImage { width, height, data })
 }
 
+/// How much larger than the output a DCT-reduced decode must stay: PIL's `reducing_gap = 2`
+/// (what its `thumbnail` uses with JPEG draft mode). The reduced IDCT averages like a box
+/// filter; keeping twice the output's pixels leaves most of the smoothing to the bilinear
+/// antialias filter, so the result stays close to torchvision's full decode (see the tests).
+pub const REDUCING_GAP: f64 = 2.0;
+
 /// The largest DCT reduction (1, 2, 4 or 8) of a JPEG of `full` size that keeps a region of
-/// `region` (width, height) source pixels at least `need` (width, height) pixels large, so the
-/// resize after it still only shrinks (or keeps) the image, as it would from the full decode.
+/// `region` (width, height) source pixels at least [`REDUCING_GAP`] times `need` (width,
+/// height) pixels large.
 pub fn dct_reduction(full: (u32, u32), region: (f64, f64), need: (u32, u32)) -> u32 {
     let mut s = 1;
     for cand in [2u32, 4, 8] {
         // Scaled sizes round up (ceil(W * k / 8)), so a region shrinks by at most `cand`.
-        let fits = region.0 / cand as f64 >= need.0 as f64 && region.1 / cand as f64 >= need.1 as f64;
+        let c = cand as f64;
+        let fits =
+            region.0 / c >= REDUCING_GAP * need.0 as f64 && region.1 / c >= REDUCING_GAP * need.1 as f64;
         if fits && full.0 / cand >= 1 && full.1 / cand >= 1 {
             s = cand;
         }
@@ -175,6 +202,12 @@ pub fn decode_rgb_reduced(
         return decode_rgb(bytes, path, limits);
     }
     let (width, height) = image_dimensions(bytes, path, limits)?;
+    if !jpeg_is_complete(bytes) {
+        return Err(Error::bad_image(
+            path,
+            "the JPEG is truncated (no end-of-image marker after its last scan)",
+        ));
+    }
     let mut d = jpeg_decoder::Decoder::new(Cursor::new(bytes));
     d.set_max_decoding_buffer_size(limits.max_pixels as usize * 4);
     d.read_info().map_err(|e| Error::bad_image(path, format!("JPEG header: {e}")))?;

@@ -75,9 +75,10 @@ fn grayscale_jpeg_becomes_rgb() {
 #[test]
 fn dct_reduction_keeps_enough_pixels() {
     assert_eq!(dct_reduction((500, 375), (300.0, 250.0), (224, 224)), 1);
-    assert_eq!(dct_reduction((2000, 1500), (900.0, 1000.0), (224, 224)), 4);
-    assert_eq!(dct_reduction((4000, 3000), (3000.0, 3000.0), (224, 224)), 8);
-    assert_eq!(dct_reduction((4000, 3000), (460.0, 3000.0), (224, 224)), 2);
+    assert_eq!(dct_reduction((500, 375), (460.0, 375.0), (112, 112)), 1);
+    assert_eq!(dct_reduction((2000, 1500), (1800.0, 2000.0), (224, 224)), 4);
+    assert_eq!(dct_reduction((4000, 3000), (3600.0, 3600.0), (224, 224)), 8);
+    assert_eq!(dct_reduction((4000, 3000), (900.0, 3000.0), (224, 224)), 2);
     let bytes = jpeg(400, 240, 90);
     for (reduction, size) in [(2, (200, 120)), (4, (100, 60)), (8, (50, 30))] {
         let got = decode_rgb_reduced(&bytes, p(), &DecodeLimits::default(), reduction).unwrap();

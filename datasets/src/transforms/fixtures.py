@@ -71,6 +71,24 @@ class Recorder:
         return v
 
 
+def photo_cases(cases):
+    """A JPEG large enough for the loader's DCT-scaled decoding, decoded by PIL as torchvision does."""
+    h, w = 360, 480
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    rng = np.random.default_rng(11)
+    img = np.stack([128 + 100 * np.sin(x / 23.0 + y / 41.0), 128 + 90 * np.cos(y / 17.0), (x + 2 * y) % 256], axis=-1)
+    img += rng.normal(0, 6, size=(h, w, 3))
+    pil = Image.fromarray(np.clip(np.rint(img), 0, 255).astype(np.uint8), "RGB")
+    pil.save(os.path.join(HERE, "test_photo.jpg"), quality=92)
+    photo = Image.open(os.path.join(HERE, "test_photo.jpg")).convert("RGB")
+    bilinear = InterpolationMode.BILINEAR
+    for n, (box, out) in enumerate([((0, 0, 360, 480), (90, 120)), ((40, 60, 300, 320), (64, 64)), ((10, 10, 200, 200), (96, 96))]):
+        res = F.resized_crop(photo, *box, list(out), interpolation=bilinear, antialias=True)
+        cases[f"photo_crop_{n}"] = {"box": list(box), "out": list(out), "expected": hwc(res)}
+    res = F.center_crop(F.resize(photo, 128, interpolation=bilinear, antialias=True), 112)
+    cases["photo_eval"] = {"short": 128, "crop": 112, "expected": hwc(res)}
+
+
 def rrc_cases(cases):
     import torchvision.transforms.transforms as T
 
@@ -118,6 +136,7 @@ def main():
     for n, (short, crop) in enumerate([(64, 48), (50, 37), (91, 91), (120, 100)]):
         res = F.center_crop(F.resize(img, short, interpolation=bilinear, antialias=True), crop)
         cases[f"resize_center_{n}"] = {"short": short, "crop": crop, "expected": hwc(res)}
+    photo_cases(cases)
     rrc_cases(cases)
     cases["versions"] = {"torchvision": torchvision.__version__.split("+")[0], "torch": torch.__version__.split("+")[0]}
     fixture_io.write(__file__, cases)

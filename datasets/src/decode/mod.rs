@@ -131,11 +131,9 @@ pub fn image_dimensions(bytes: &[u8], path: &Path, limits: &DecodeLimits) -> Res
 /// 0x00 or a restart marker, so the bytes FF D9 and FF DA there are real markers; an EXIF
 /// thumbnail's end marker sits before the main image's scans and does not count.
 fn jpeg_is_complete(bytes: &[u8]) -> bool {
-    let last = |m: u8| bytes.windows(2).rposition(|w| w[0] == 0xFF && w[1] == m);
-    match (last(0xD9), last(0xDA)) {
-        (Some(eoi), Some(sos)) => eoi > sos,
-        _ => false,
-    }
+    // Searched from the end, so a complete file costs a few bytes of scanning.
+    let Some(eoi) = bytes.windows(2).rposition(|w| w == [0xFF, 0xD9]) else { return false };
+    !bytes[eoi..].windows(2).any(|w| w == [0xFF, 0xDA])
 }
 
 /// The whole image at full size.

@@ -7,11 +7,13 @@
 //! code runs on every device the tensor crate supports.
 #![doc = include_str!("../README.md")]
 
+mod autocast;
 mod gradcheck;
 mod graph;
 mod ops;
 mod var;
 
+pub use autocast::{autocast, autocast_disabled, autocast_dtype};
 pub use gradcheck::gradcheck;
 pub use graph::sum_to_shape;
 pub use var::{is_grad_enabled, no_grad, HookHandle, Var};

@@ -1,1 +1,17 @@
-//! oxtrain-nn: not built yet; see the workspace README for the plan.
+//! oxtrain-nn: neural-network modules on `oxtrain_autograd::Var` with PyTorch's names, losses,
+//! optimizers, learning-rate schedules and mixed-precision helpers.
+#![doc = include_str!("../README.md")]
+
+pub mod amp;
+pub mod functional;
+pub mod init;
+mod layers;
+pub mod loss;
+pub mod lr_scheduler;
+mod module;
+pub mod optim;
+
+pub use layers::*;
+pub use module::{
+    Buffer, Forward, LoadError, LoadReport, Module, Parameter, ShapeMismatch, TrainingFlag, Visitor,
+};

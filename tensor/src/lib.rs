@@ -31,6 +31,7 @@ pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use ops::binary::{BinaryOp, CmpOp};
+pub use ops::optim::{AdamWStep, SgdStep};
 pub use ops::random::{manual_seed, Generator, GeneratorState};
 pub use ops::reduce::ReduceOp;
 pub use ops::softmax::SoftmaxOp;

@@ -1,3 +1,8 @@
-//! oxtrain: the trainer crate. It re-exports the workspace's crates under one name.
+//! oxtrain: the trainer crate. It re-exports the workspace's crates under one name and holds
+//! the built-in example that `oxtrain train` runs.
 
+pub mod builtin;
+
+pub use oxtrain_autograd as autograd;
+pub use oxtrain_nn as nn;
 pub use oxtrain_tensor as tensor;

@@ -35,16 +35,28 @@ impl Var {
     }
 
     pub fn add(&self, rhs: &Var) -> Var {
+        if self.dtype() != rhs.dtype() {
+            let (a, b) = self.promote_pair(rhs);
+            return a.add(&b);
+        }
         let out = self.tensor().add(rhs.tensor());
         Var::from_op("add", out, &[self, rhs], |g, _| vec![Some(g.clone()), Some(g.clone())])
     }
 
     pub fn sub(&self, rhs: &Var) -> Var {
+        if self.dtype() != rhs.dtype() {
+            let (a, b) = self.promote_pair(rhs);
+            return a.sub(&b);
+        }
         let out = self.tensor().sub(rhs.tensor());
         Var::from_op("sub", out, &[self, rhs], |g, needs| vec![Some(g.clone()), needs[1].then(|| g.neg())])
     }
 
     pub fn mul(&self, rhs: &Var) -> Var {
+        if self.dtype() != rhs.dtype() {
+            let (a, b) = self.promote_pair(rhs);
+            return a.mul(&b);
+        }
         let out = self.tensor().mul(rhs.tensor());
         let (a, b) = (self.tensor().clone(), rhs.tensor().clone());
         Var::from_op("mul", out, &[self, rhs], move |g, needs| {
@@ -53,6 +65,10 @@ impl Var {
     }
 
     pub fn div(&self, rhs: &Var) -> Var {
+        if self.dtype() != rhs.dtype() {
+            let (a, b) = self.promote_pair(rhs);
+            return a.div(&b);
+        }
         let out = self.tensor().div(rhs.tensor());
         let (b, y) = (rhs.tensor().clone(), out.clone());
         Var::from_op("div", out, &[self, rhs], move |g, needs| {
@@ -73,6 +89,10 @@ impl Var {
     }
 
     fn select_op(&self, name: &'static str, rhs: &Var, wins: CmpOp) -> Var {
+        if self.dtype() != rhs.dtype() {
+            let (a, b) = self.promote_pair(rhs);
+            return a.select_op(name, &b, wins);
+        }
         let (a, b) = (self.tensor().clone(), rhs.tensor().clone());
         let out = if wins == CmpOp::Gt { a.maximum(&b) } else { a.minimum(&b) };
         Var::from_op(name, out, &[self, rhs], move |g, _| {

@@ -6,6 +6,14 @@ use crate::Var;
 impl Var {
     /// The matrix product with `torch.matmul` semantics.
     pub fn matmul(&self, rhs: &Var) -> Var {
+        if crate::autocast_dtype().is_some() {
+            let (a, b) = (self.autocast_lower(), rhs.autocast_lower());
+            return crate::autocast_disabled(|| a.matmul(&b));
+        }
+        if self.dtype() != rhs.dtype() {
+            let (a, b) = self.promote_pair(rhs);
+            return a.matmul(&b);
+        }
         let (a, b) = (self.tensor().clone(), rhs.tensor().clone());
         let out = a.matmul(&b);
         let (a_vec, b_vec) = (a.rank() == 1, b.rank() == 1);

@@ -34,6 +34,10 @@ impl Var {
         dilation: [usize; 2],
         groups: usize,
     ) -> Var {
+        if crate::autocast_dtype().is_some() {
+            let (x, w, b) = (self.autocast_lower(), weight.autocast_lower(), bias.map(Var::autocast_lower));
+            return crate::autocast_disabled(|| x.conv2d(&w, b.as_ref(), stride, padding, dilation, groups));
+        }
         let out =
             self.tensor().conv2d(weight.tensor(), bias.map(Var::tensor), stride, padding, dilation, groups);
         let (x, w) = (self.tensor().clone(), weight.tensor().clone());
@@ -124,6 +128,10 @@ impl Var {
         bias: Option<&Var>,
         eps: f64,
     ) -> Var {
+        if crate::autocast_dtype().is_some() {
+            let (x, w, b) = (self.autocast_f32(), weight.map(Var::autocast_f32), bias.map(Var::autocast_f32));
+            return crate::autocast_disabled(|| x.layer_norm(normalized_shape, w.as_ref(), b.as_ref(), eps));
+        }
         let normalized = normalized_shape.into();
         let x = self.tensor().clone();
         let (out, mean, rstd) =

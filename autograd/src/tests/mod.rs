@@ -1,6 +1,7 @@
 //! Tests: every op's gradient against finite differences (`gradcheck`), and the engine's
 //! contracts (hooks, retain_graph, no_grad, freeing, deep graphs).
 
+mod autocast;
 mod elementwise;
 mod engine;
 mod index;

@@ -23,6 +23,7 @@ pub use stream::{Event, Stream, StreamGuard};
 
 /// Backend switches, as `torch.backends.cuda.matmul.allow_tf32` and `torch.backends.cudnn.enabled`.
 pub use crate::ops::conv::cuda::{cudnn_enabled, set_cudnn_enabled};
+pub use crate::ops::conv::cudnn_plan::{cudnn_benchmark, set_cudnn_benchmark};
 pub use crate::ops::matmul::cuda::{allow_tf32, set_allow_tf32};
 
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
@@ -37,6 +38,7 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         crate::ops::inplace::cuda::SOURCE,
         crate::ops::join::cuda::SOURCE,
         crate::ops::norm::cuda::SOURCE,
+        crate::ops::optim::cuda::SOURCE,
         crate::ops::pool::cuda::SOURCE,
         crate::ops::random::cuda::SOURCE,
         crate::ops::reduce::cuda::SOURCE,

@@ -12,6 +12,7 @@ pub mod join;
 pub mod matmul;
 pub mod ndarray_interop;
 pub mod norm;
+pub mod optim;
 pub mod pool;
 pub mod random;
 pub mod reduce;

@@ -13,7 +13,7 @@ use crate::ops::matmul::cpu::{gemm_into, GemmElement, Mat};
 use rayon::prelude::*;
 
 /// Shapes and hyper-parameters of one convolution.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Geometry {
     pub n: usize,
     pub c: usize,

@@ -1,6 +1,6 @@
 //! Convolutions through cuDNN's legacy API (cudnnConvolutionForward / BackwardData /
-//! BackwardFilter), with algorithms from cuDNN's heuristics (the `_v7` queries, which run
-//! nothing) and workspaces from our caching allocator.
+//! BackwardFilter), with algorithms chosen once per shape (`cudnn_plan.rs`) and workspaces from
+//! our caching allocator.
 //!
 //! Tensors are described with explicit strides, so an NCHW tensor and a channels-last (NHWC)
 //! view of the same logical shape are both passed as they lie; filters only know the two packed
@@ -10,6 +10,7 @@
 
 use super::cpu::Geometry;
 use super::cuda::{current_stream, device_of, empty, first_ptr};
+use super::cudnn_plan::{plan, Algo};
 use crate::cuda::libs::{self, CudaLib};
 use crate::cuda::CudaDevice;
 use crate::ops::matmul::cuda::{allow_tf32, bind};
@@ -92,14 +93,35 @@ fn empty_packed(dev: &Arc<CudaDevice>, dtype: DType, [n, c, h, w]: [usize; 4], c
     }
 }
 
+/// The three convolutions cuDNN computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Direction {
+    /// `y = conv(x, w)`.
+    Forward,
+    /// `dx` from `dy` and `w`.
+    BackwardData,
+    /// `dw` from `x` and `dy`.
+    BackwardFilter,
+}
+
+/// Device addresses of the convolution's three tensors (`y` is `dy` for the backward
+/// directions); the direction says which one is written.
+pub(super) struct Buffers {
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+}
+
 /// The descriptors of one convolution, destroyed on drop.
-struct Descriptors {
-    x: sys::cudnnTensorDescriptor_t,
-    w: sys::cudnnFilterDescriptor_t,
-    y: sys::cudnnTensorDescriptor_t,
-    conv: sys::cudnnConvolutionDescriptor_t,
-    op: &'static str,
-    shapes: String,
+pub(super) struct Descriptors {
+    pub x: sys::cudnnTensorDescriptor_t,
+    pub w: sys::cudnnFilterDescriptor_t,
+    pub y: sys::cudnnTensorDescriptor_t,
+    pub conv: sys::cudnnConvolutionDescriptor_t,
+    pub op: &'static str,
+    pub shapes: String,
+    pub geometry: Geometry,
+    pub channels_last: bool,
 }
 
 impl Drop for Descriptors {
@@ -120,7 +142,7 @@ fn c_int(v: usize, op: &str) -> i32 {
 
 impl Descriptors {
     /// Panics with the op, the shapes and the status when a cuDNN call fails.
-    fn check(&self, what: &str, r: Result<(), dnn::CudnnError>) {
+    pub(super) fn check(&self, what: &str, r: Result<(), dnn::CudnnError>) {
         r.unwrap_or_else(|e| panic!("{}: {what} failed for {}: {e:?}", self.op, self.shapes));
     }
 
@@ -140,6 +162,8 @@ impl Descriptors {
             conv: create(op, dnn::create_convolution_descriptor()),
             op,
             shapes,
+            geometry: *g,
+            channels_last: cl,
         };
         let ty = data_type(dtype);
         let i = |v: usize| c_int(v, op);
@@ -224,7 +248,7 @@ fn requested_math(dtype: DType) -> sys::cudnnMathType_t {
 
 /// Whether an algorithm rated with `math` keeps f32 precise enough: never with conversion of f32
 /// operands to f16, and with tensor cores (TF32) only when allowed.
-fn math_allowed(dtype: DType, math: sys::cudnnMathType_t) -> bool {
+pub(super) fn math_allowed(dtype: DType, math: sys::cudnnMathType_t) -> bool {
     use sys::cudnnMathType_t::*;
     match (dtype, math) {
         (DType::F32, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) => false,
@@ -272,73 +296,14 @@ fn ws_ptr(ws: &Option<Tensor>) -> *mut c_void {
     ws.as_ref().map_or(std::ptr::null_mut(), |t| first_ptr(t) as *mut c_void)
 }
 
-/// Requested from each heuristic query: every algorithm cuDNN knows, best first. When none of
-/// them supports a convolution (some dtype and layout pairs on some versions), the functions
-/// below return `None` and the caller runs the im2col fallback instead.
-const ALGOS: usize = 16;
-
 pub(super) fn forward(handle: &Mutex<Handle>, x: &Tensor, w: &Tensor, g: &Geometry) -> Option<Tensor> {
     const OP: &str = "conv2d";
     let (dtype, dev) = (x.dtype(), device_of(x, OP));
     let cl = is_channels_last(x);
     let (x, w) = (packed(x, cl), packed(w, cl));
     let y = empty_packed(&dev, dtype, [g.n, g.o, g.oh, g.ow], cl, OP);
-    let d = Descriptors::new(OP, dtype, g, cl);
-    let call = Call::new(handle, dev, &d);
-    // SAFETY (this block): live handle and descriptors; the perf array holds ALGOS entries and
-    // all-zero bits are valid for each of its fields; the pointers address buffers laid out as
-    // the descriptors say, alive until the work is queued.
-    unsafe {
-        let mut perf: [sys::cudnnConvolutionFwdAlgoPerf_t; ALGOS] = std::mem::zeroed();
-        let mut count = 0;
-        d.check(
-            "cudnnGetConvolutionForwardAlgorithm_v7",
-            dnn::get_convolution_forward_algorithm(
-                call.h.raw,
-                d.x,
-                d.w,
-                d.conv,
-                d.y,
-                ALGOS as i32,
-                &mut count,
-                perf.as_mut_ptr(),
-            ),
-        );
-        // No supported algorithm: the caller falls back to im2col.
-        let best = perf[..count.max(0) as usize].iter().find(|p| {
-            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
-        })?;
-        d.set_math(dtype, best.mathType);
-        let mut bytes = 0;
-        d.check(
-            "cudnnGetConvolutionForwardWorkspaceSize",
-            sys::cudnnGetConvolutionForwardWorkspaceSize(
-                call.h.raw, d.x, d.w, d.conv, d.y, best.algo, &mut bytes,
-            )
-            .result(),
-        );
-        let ws = call.workspace(bytes, OP);
-        let (alpha, beta) = call.scale(dtype);
-        d.check(
-            "cudnnConvolutionForward",
-            dnn::convolution_forward(
-                call.h.raw,
-                alpha,
-                d.x,
-                first_ptr(&x) as *const c_void,
-                d.w,
-                first_ptr(&w) as *const c_void,
-                d.conv,
-                best.algo,
-                ws_ptr(&ws),
-                bytes,
-                beta,
-                d.y,
-                first_ptr(&y) as *mut c_void,
-            ),
-        );
-    }
-    Some(y)
+    let bufs = Buffers { x: first_ptr(&x), w: first_ptr(&w), y: first_ptr(&y) };
+    convolve(handle, dev, OP, Direction::Forward, dtype, g, cl, &bufs).then_some(y)
 }
 
 pub(super) fn backward_input(
@@ -352,60 +317,8 @@ pub(super) fn backward_input(
     let cl = is_channels_last(gy);
     let (gy, w) = (packed(gy, cl), packed(w, cl));
     let dx = empty_packed(&dev, dtype, [g.n, g.c, g.h, g.w], cl, OP);
-    let d = Descriptors::new(OP, dtype, g, cl);
-    let call = Call::new(handle, dev, &d);
-    // SAFETY: as in `forward`.
-    unsafe {
-        let mut perf: [sys::cudnnConvolutionBwdDataAlgoPerf_t; ALGOS] = std::mem::zeroed();
-        let mut count = 0;
-        d.check(
-            "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-            dnn::get_convolution_backward_data_algorithm(
-                call.h.raw,
-                d.w,
-                d.y,
-                d.conv,
-                d.x,
-                ALGOS as i32,
-                &mut count,
-                perf.as_mut_ptr(),
-            ),
-        );
-        // No supported algorithm: the caller falls back to im2col.
-        let best = perf[..count.max(0) as usize].iter().find(|p| {
-            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
-        })?;
-        d.set_math(dtype, best.mathType);
-        let mut bytes = 0;
-        d.check(
-            "cudnnGetConvolutionBackwardDataWorkspaceSize",
-            sys::cudnnGetConvolutionBackwardDataWorkspaceSize(
-                call.h.raw, d.w, d.y, d.conv, d.x, best.algo, &mut bytes,
-            )
-            .result(),
-        );
-        let ws = call.workspace(bytes, OP);
-        let (alpha, beta) = call.scale(dtype);
-        d.check(
-            "cudnnConvolutionBackwardData",
-            dnn::convolution_backward_data(
-                call.h.raw,
-                alpha,
-                d.w,
-                first_ptr(&w) as *const c_void,
-                d.y,
-                first_ptr(&gy) as *const c_void,
-                d.conv,
-                best.algo,
-                ws_ptr(&ws),
-                bytes,
-                beta,
-                d.x,
-                first_ptr(&dx) as *mut c_void,
-            ),
-        );
-    }
-    Some(dx)
+    let bufs = Buffers { x: first_ptr(&dx), w: first_ptr(&w), y: first_ptr(&gy) };
+    convolve(handle, dev, OP, Direction::BackwardData, dtype, g, cl, &bufs).then_some(dx)
 }
 
 pub(super) fn backward_weight(
@@ -419,60 +332,139 @@ pub(super) fn backward_weight(
     let cl = is_channels_last(x);
     let (gy, x) = (packed(gy, cl), packed(x, cl));
     let dw = empty_packed(&dev, dtype, [g.o, g.c / g.groups, g.kh, g.kw], cl, OP);
-    let d = Descriptors::new(OP, dtype, g, cl);
+    let bufs = Buffers { x: first_ptr(&x), w: first_ptr(&dw), y: first_ptr(&gy) };
+    convolve(handle, dev, OP, Direction::BackwardFilter, dtype, g, cl, &bufs).then_some(dw)
+}
+
+/// Whether 16-bit convolutions try cuDNN's graph API first (`OXTRAIN_CUDNN_GRAPH=0` keeps
+/// them on the legacy API, for comparison).
+fn use_graph_api() -> bool {
+    static USE: OnceLock<bool> = OnceLock::new();
+    *USE.get_or_init(|| !std::env::var("OXTRAIN_CUDNN_GRAPH").is_ok_and(|v| v == "0"))
+}
+
+/// Queues one convolution on the current stream; false when cuDNN has no algorithm for it
+/// (the caller falls back to im2col). The buffers stay alive until the work is queued.
+#[allow(clippy::too_many_arguments)]
+fn convolve(
+    handle: &Mutex<Handle>,
+    dev: Arc<CudaDevice>,
+    op: &'static str,
+    direction: Direction,
+    dtype: DType,
+    g: &Geometry,
+    cl: bool,
+    b: &Buffers,
+) -> bool {
+    let d = Descriptors::new(op, dtype, g, cl);
     let call = Call::new(handle, dev, &d);
-    // SAFETY: as in `forward`.
-    unsafe {
-        let mut perf: [sys::cudnnConvolutionBwdFilterAlgoPerf_t; ALGOS] = std::mem::zeroed();
-        let mut count = 0;
-        d.check(
-            "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-            dnn::get_convolution_backward_filter_algorithm(
-                call.h.raw,
-                d.x,
-                d.y,
-                d.conv,
-                d.w,
-                ALGOS as i32,
-                &mut count,
-                perf.as_mut_ptr(),
-            ),
-        );
-        // No supported algorithm: the caller falls back to im2col.
-        let best = perf[..count.max(0) as usize].iter().find(|p| {
-            p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && math_allowed(dtype, p.mathType)
-        })?;
-        d.set_math(dtype, best.mathType);
-        let mut bytes = 0;
-        d.check(
-            "cudnnGetConvolutionBackwardFilterWorkspaceSize",
-            sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                call.h.raw, d.x, d.y, d.conv, d.w, best.algo, &mut bytes,
-            )
-            .result(),
-        );
-        let ws = call.workspace(bytes, OP);
-        let (alpha, beta) = call.scale(dtype);
-        d.check(
-            "cudnnConvolutionBackwardFilter",
-            dnn::convolution_backward_filter(
-                call.h.raw,
-                alpha,
-                d.x,
-                first_ptr(&x) as *const c_void,
-                d.y,
-                first_ptr(&gy) as *const c_void,
-                d.conv,
-                best.algo,
-                ws_ptr(&ws),
-                bytes,
-                beta,
-                d.w,
-                first_ptr(&dw) as *mut c_void,
-            ),
-        );
+    let raw = call.h.raw;
+    if use_graph_api() {
+        let stream = current_stream(&call.dev, op);
+        let workspace = |bytes: usize| call.workspace(bytes, op);
+        let run = super::cudnn_graph::Run { handle: raw, stream: &stream, bufs: b, workspace: &workspace };
+        if super::cudnn_graph::convolve(&run, call.dev.ordinal(), direction, dtype, g, cl, op) {
+            return true;
+        }
     }
-    Some(dw)
+    let Some(plan) =
+        plan(raw, &d, direction, dtype, call.dev.ordinal(), b, |bytes| call.workspace(bytes, op))
+    else {
+        return false;
+    };
+    d.set_math(dtype, plan.math);
+    let (alpha, beta) = call.scale(dtype);
+    let (x, w, y) = (b.x as *mut c_void, b.w as *mut c_void, b.y as *mut c_void);
+    // SAFETY (this block): live handle and descriptors; the buffers are laid out as the
+    // descriptors say and outlive the queued work; the workspace holds `bytes`.
+    unsafe {
+        let mut bytes = 0;
+        match plan.algo {
+            Algo::Forward(a) => {
+                d.check(
+                    "cudnnGetConvolutionForwardWorkspaceSize",
+                    sys::cudnnGetConvolutionForwardWorkspaceSize(raw, d.x, d.w, d.conv, d.y, a, &mut bytes)
+                        .result(),
+                );
+                let ws = call.workspace(bytes, op);
+                d.check(
+                    "cudnnConvolutionForward",
+                    dnn::convolution_forward(
+                        raw,
+                        alpha,
+                        d.x,
+                        x,
+                        d.w,
+                        w,
+                        d.conv,
+                        a,
+                        ws_ptr(&ws),
+                        bytes,
+                        beta,
+                        d.y,
+                        y,
+                    ),
+                );
+            }
+            Algo::BackwardData(a) => {
+                d.check(
+                    "cudnnGetConvolutionBackwardDataWorkspaceSize",
+                    sys::cudnnGetConvolutionBackwardDataWorkspaceSize(
+                        raw, d.w, d.y, d.conv, d.x, a, &mut bytes,
+                    )
+                    .result(),
+                );
+                let ws = call.workspace(bytes, op);
+                d.check(
+                    "cudnnConvolutionBackwardData",
+                    dnn::convolution_backward_data(
+                        raw,
+                        alpha,
+                        d.w,
+                        w,
+                        d.y,
+                        y,
+                        d.conv,
+                        a,
+                        ws_ptr(&ws),
+                        bytes,
+                        beta,
+                        d.x,
+                        x,
+                    ),
+                );
+            }
+            Algo::BackwardFilter(a) => {
+                d.check(
+                    "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+                    sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                        raw, d.x, d.y, d.conv, d.w, a, &mut bytes,
+                    )
+                    .result(),
+                );
+                let ws = call.workspace(bytes, op);
+                d.check(
+                    "cudnnConvolutionBackwardFilter",
+                    dnn::convolution_backward_filter(
+                        raw,
+                        alpha,
+                        d.x,
+                        x,
+                        d.y,
+                        y,
+                        d.conv,
+                        a,
+                        ws_ptr(&ws),
+                        bytes,
+                        beta,
+                        d.w,
+                        w,
+                    ),
+                );
+            }
+        }
+    }
+    true
 }
 
 #[cfg(test)]

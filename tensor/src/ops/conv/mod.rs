@@ -9,6 +9,8 @@
 mod cpu;
 pub(crate) mod cuda;
 mod cudnn;
+mod cudnn_graph;
+pub(crate) mod cudnn_plan;
 #[cfg(test)]
 mod tests;
 

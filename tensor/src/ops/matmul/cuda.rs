@@ -35,6 +35,13 @@ pub fn allow_tf32() -> bool {
     ALLOW_TF32.load(Ordering::Relaxed)
 }
 
+/// Whether products go through cuBLASLt first (with per-shape tuning, see `cublaslt.rs`);
+/// `OXTRAIN_DISABLE_CUBLASLT=1` sends them all to cuBLAS.
+fn use_cublaslt() -> bool {
+    static USE: OnceLock<bool> = OnceLock::new();
+    *USE.get_or_init(|| !std::env::var("OXTRAIN_DISABLE_CUBLASLT").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
 /// Workspace per stream, as PyTorch gives cuBLAS on Hopper: enough for its split-K kernels.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -193,6 +200,23 @@ pub(crate) fn gemm(
     let i64_of = |v: usize, what: &str| {
         i64::try_from(v).unwrap_or_else(|_| panic!("{op}: {what} = {v} does not fit in 64 bits"))
     };
+    if use_cublaslt() {
+        use sys::cublasOperation_t::CUBLAS_OP_T;
+        let done = super::cublaslt::gemm(
+            dev,
+            stream,
+            (m, n, k),
+            batch,
+            (&a, op_a == CUBLAS_OP_T, ld_a),
+            (&b, op_b == CUBLAS_OP_T, ld_b),
+            &c,
+            (alpha, beta),
+            accumulate,
+        );
+        if done {
+            return;
+        }
+    }
     let h = handle(dev, op);
     let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
     bind(dev, op);

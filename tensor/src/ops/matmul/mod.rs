@@ -3,6 +3,7 @@
 //! narrowed and expanded views are multiplied without a copy.
 
 pub(crate) mod cpu;
+mod cublaslt;
 pub(crate) mod cuda;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -1,0 +1,445 @@
+//! nccl-tests-style benchmark of the collectives: every op, dtype and size from 8 B up to
+//! `--max-bytes`, on each CPU backend (threads for `local`, processes for `shm`; run it
+//! under mpirun with `--backend mpi` when built with the `mpi` feature). Prints time, algbw
+//! and busbw with nccl-tests' formulas, checks every element of every result, and writes
+//! JSON in the project's benchmark format with `--json PATH`.
+//!
+//! GPU backends plug in through `run_rank`: give it their communicator and `Device::Cuda`.
+
+use oxtrain_comm::{shard_range, Communicator, ReduceOp, ShmOptions, TcpStore};
+use oxtrain_tensor::half::{bf16, f16};
+use oxtrain_tensor::{DType, Device, Element, Tensor};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "comm-bench [--backend local|shm|mpi|all] [--ranks N] [--min-bytes B] [--max-bytes B] \
+[--ops all_reduce,reduce_scatter,all_gather,broadcast,reduce] [--dtypes f32,bf16,f16] [--iters N] [--warmup N] [--json PATH]
+sizes take K, M, G suffixes (powers of 1024); defaults: all CPU backends, 2 ranks, 8 B to 1G, 20 iterations, 5 warm-up";
+
+#[derive(Clone, Debug)]
+struct Config {
+    backends: Vec<String>,
+    ranks: usize,
+    min_bytes: usize,
+    max_bytes: usize,
+    ops: Vec<String>,
+    dtypes: Vec<DType>,
+    iters: usize,
+    warmup: usize,
+    json: Option<String>,
+}
+
+fn parse_bytes(s: &str) -> usize {
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().unwrap_or_else(|_| fail(&format!("not a size: {s}"))) * mul
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("comm-bench: {msg}\n{USAGE}");
+    std::process::exit(2)
+}
+
+fn parse_args() -> Config {
+    let mut c = Config {
+        backends: vec!["local".into(), "shm".into()],
+        ranks: 2,
+        min_bytes: 8,
+        max_bytes: 1 << 30,
+        ops: ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"].map(String::from).to_vec(),
+        dtypes: vec![DType::F32, DType::BF16, DType::F16],
+        iters: 20,
+        warmup: 5,
+        json: None,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let val = || args.get(i + 1).cloned().unwrap_or_else(|| fail(&format!("{} needs a value", args[i])));
+        match args[i].as_str() {
+            "--backend" => {
+                let v = val();
+                c.backends = if v == "all" {
+                    vec!["local".into(), "shm".into()]
+                } else {
+                    v.split(',').map(String::from).collect()
+                }
+            }
+            "--ranks" => c.ranks = val().parse().unwrap_or_else(|_| fail("--ranks takes a number")),
+            "--min-bytes" => c.min_bytes = parse_bytes(&val()),
+            "--max-bytes" => c.max_bytes = parse_bytes(&val()),
+            "--ops" => c.ops = val().split(',').map(String::from).collect(),
+            "--dtypes" => {
+                c.dtypes = val()
+                    .split(',')
+                    .map(|d| match d {
+                        "f32" => DType::F32,
+                        "bf16" => DType::BF16,
+                        "f16" => DType::F16,
+                        "f64" => DType::F64,
+                        other => fail(&format!("unknown dtype {other}")),
+                    })
+                    .collect()
+            }
+            "--iters" => c.iters = val().parse().unwrap_or_else(|_| fail("--iters takes a number")),
+            "--warmup" => c.warmup = val().parse().unwrap_or_else(|_| fail("--warmup takes a number")),
+            "--json" => c.json = Some(val()),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0)
+            }
+            other => fail(&format!("unknown argument {other}")),
+        }
+        i += 2;
+    }
+    c
+}
+
+/// One measured line of the table.
+struct Row {
+    backend: String,
+    ranks: usize,
+    op: String,
+    dtype: DType,
+    bytes: usize,
+    count: usize,
+    time_us: f64,
+    algbw: f64,
+    busbw: f64,
+    wrong: usize,
+}
+
+/// nccl-tests' bus-bandwidth factor: what each rank must move per byte of the op's size.
+fn bus_factor(op: &str, n: usize) -> f64 {
+    let n = n as f64;
+    match op {
+        "all_reduce" => 2.0 * (n - 1.0) / n,
+        "reduce_scatter" | "all_gather" => (n - 1.0) / n,
+        _ => 1.0, // broadcast, reduce
+    }
+}
+
+/// Element `i` of rank `r`'s input: small multiples of 1/4, exact in every dtype and in
+/// sums over a few ranks, so every result can be checked exactly.
+fn value(r: usize, i: usize) -> f64 {
+    ((r * 3 + i * 7) % 16) as f64 / 4.0 - 2.0
+}
+
+fn tensor(dtype: DType, v: &[f64], device: Device) -> Tensor {
+    fn make<T: Element>(v: &[f64], d: Device) -> Tensor {
+        Tensor::from_vec(v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>(), v.len(), d)
+            .expect("bench tensor")
+    }
+    match dtype {
+        DType::F32 => make::<f32>(v, device),
+        DType::BF16 => make::<bf16>(v, device),
+        DType::F16 => make::<f16>(v, device),
+        _ => make::<f64>(v, device),
+    }
+}
+
+fn count_wrong(got: &Tensor, want: impl Fn(usize) -> f64) -> usize {
+    got.to_f64_vec().iter().enumerate().filter(|(i, g)| **g != want(*i)).count()
+}
+
+/// Measures one op at one size; every rank calls it; the row is complete on rank 0.
+fn measure(
+    comm: &dyn Communicator,
+    op: &str,
+    dtype: DType,
+    bytes: usize,
+    cfg: &Config,
+    device: Device,
+) -> Row {
+    let (rank, n) = (comm.rank(), comm.world_size());
+    let esz = dtype.size_in_bytes();
+    let count = (bytes / esz).max(1);
+    let mine: Vec<f64> = (0..count).map(|i| value(rank, i)).collect();
+    let shard = shard_range(count, n, rank);
+    let root = 0;
+    let call = |t: &Tensor, out: &Tensor| match op {
+        "all_reduce" => comm.all_reduce(t, ReduceOp::Sum),
+        "reduce" => comm.reduce(t, root, ReduceOp::Sum),
+        "broadcast" => comm.broadcast(t, root),
+        "reduce_scatter" => comm.reduce_scatter(out, t, ReduceOp::Sum),
+        "all_gather" => comm.all_gather(out, &t.narrow(0, shard.start, shard.len())),
+        other => fail(&format!("unknown op {other}")),
+    };
+    let out_len = match op {
+        "reduce_scatter" => shard.len(),
+        "all_gather" => count,
+        _ => 1,
+    };
+    let input = tensor(dtype, &mine, device);
+    let output = tensor(dtype, &vec![0.0; out_len], device);
+    let iters = cfg.iters.min((1usize << 28) / bytes.max(1)).max(2);
+    for _ in 0..cfg.warmup.min(iters) {
+        call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
+    }
+    comm.barrier().and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
+    let start = Instant::now();
+    let works: Vec<_> =
+        (0..iters).map(|_| call(&input, &output).unwrap_or_else(|e| fail(&e.to_string()))).collect();
+    for w in works {
+        w.wait().unwrap_or_else(|e| fail(&e.to_string()));
+    }
+    let secs = start.elapsed().as_secs_f64() / iters as f64;
+    // One more call on fresh inputs, checked element by element.
+    let input = tensor(dtype, &mine, device);
+    call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
+    let sum = |i: usize| (0..n).map(|r| value(r, i)).sum::<f64>();
+    let wrong = match op {
+        "all_reduce" => count_wrong(&input, sum),
+        "reduce" if rank == root => count_wrong(&input, sum),
+        "reduce" => count_wrong(&input, |i| value(rank, i)),
+        "broadcast" => count_wrong(&input, |i| value(root, i)),
+        "reduce_scatter" => count_wrong(&output, |i| sum(shard.start + i)),
+        // Rank r contributed its own values at its shard.
+        _ => count_wrong(&output, |i| {
+            value((0..n).find(|&r| shard_range(count, n, r).contains(&i)).unwrap_or(0), i)
+        }),
+    };
+    let size = count * esz;
+    let algbw = size as f64 / secs / 1e9;
+    Row {
+        backend: comm.backend().to_string(),
+        ranks: n,
+        op: op.to_string(),
+        dtype,
+        bytes: size,
+        count,
+        time_us: secs * 1e6,
+        algbw,
+        busbw: algbw * bus_factor(op, n),
+        wrong,
+    }
+}
+
+/// Runs the whole sweep on one rank; returns the rows (every rank measures; rank 0 reports).
+fn run_rank(comm: &dyn Communicator, cfg: &Config, device: Device) -> Vec<Row> {
+    let mut rows = vec![];
+    for op in &cfg.ops {
+        for &dtype in &cfg.dtypes {
+            let mut bytes = cfg.min_bytes.max(dtype.size_in_bytes());
+            while bytes <= cfg.max_bytes {
+                let row = measure(comm, op, dtype, bytes, cfg, device);
+                if comm.rank() == 0 {
+                    print_row(&row);
+                }
+                rows.push(row);
+                bytes *= 2;
+            }
+        }
+    }
+    rows
+}
+
+fn print_header(backend: &str, ranks: usize) {
+    println!("# backend {backend}, {ranks} ranks");
+    println!(
+        "# {:>14} {:>5} {:>12} {:>11} {:>12} {:>9} {:>9} {:>6}",
+        "op", "dtype", "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong"
+    );
+}
+
+fn print_row(r: &Row) {
+    println!(
+        "  {:>14} {:>5} {:>12} {:>11} {:>12.2} {:>9.3} {:>9.3} {:>6}",
+        r.op,
+        short(r.dtype),
+        r.bytes,
+        r.count,
+        r.time_us,
+        r.algbw,
+        r.busbw,
+        r.wrong
+    );
+}
+
+fn short(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        _ => "f64",
+    }
+}
+
+/// Today as YYYY-MM-DD (UTC), from the days since 1970 (Howard Hinnant's civil calendar).
+fn today() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() / 86400)
+        .unwrap_or(0) as i64;
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    format!("{:04}-{m:02}-{d:02}", yoe + era * 400 + i64::from(m <= 2))
+}
+
+fn write_json(path: &str, rows: &[Row]) {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let benchmarks: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "name": format!("{}_{}_{}r_{}_{}B", r.op, r.backend, r.ranks, short(r.dtype), r.bytes),
+                "unit": "us",
+                "oxtrain": r.time_us,
+                "algbw_GBps": r.algbw,
+                "busbw_GBps": r.busbw,
+                "wrong": r.wrong,
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "date": today(),
+        "commit": commit,
+        "machine": format!("CPU, {cores} cores"),
+        "notes": "comm-bench: time per call averaged over the timed iterations; algbw = size/time, busbw with nccl-tests' factors (all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n, broadcast and reduce 1); no peer measured",
+        "benchmarks": benchmarks,
+    });
+    let text = serde_json::to_string_pretty(&doc).expect("json");
+    std::fs::write(path, text).unwrap_or_else(|e| fail(&format!("writing {path}: {e}")));
+    println!("# wrote {path}");
+}
+
+fn bench_local(cfg: &Config) -> Vec<Row> {
+    let worlds = oxtrain_comm::local_group(cfg.ranks).unwrap_or_else(|e| fail(&e.to_string()));
+    print_header("local", cfg.ranks);
+    let handles: Vec<_> = worlds
+        .into_iter()
+        .map(|w| {
+            let cfg = cfg.clone();
+            std::thread::spawn(move || run_rank(&w.comm, &cfg, Device::Cpu))
+        })
+        .collect();
+    let mut rows = vec![];
+    for (r, h) in handles.into_iter().enumerate() {
+        let got = h.join().unwrap_or_else(|_| fail("a rank thread panicked"));
+        if r == 0 {
+            rows = got;
+        }
+    }
+    rows
+}
+
+/// Re-runs this program as `ranks` processes that meet in a store hosted here.
+fn bench_shm(cfg: &Config) -> bool {
+    let store =
+        TcpStore::host("127.0.0.1", 0, Duration::from_secs(60)).unwrap_or_else(|e| fail(&e.to_string()));
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e.to_string()));
+    let children: Vec<_> = (0..cfg.ranks)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args(std::env::args().skip(1))
+                .env("OXTRAIN_BENCH_RANK", r.to_string())
+                .env("OXTRAIN_BENCH_WORLD", cfg.ranks.to_string())
+                .env("OXTRAIN_BENCH_STORE_PORT", store.port().to_string())
+                .spawn()
+                .unwrap_or_else(|e| fail(&format!("starting rank {r}: {e}")))
+        })
+        .collect();
+    let mut ok = true;
+    for (r, mut c) in children.into_iter().enumerate() {
+        let status = c.wait().unwrap_or_else(|e| fail(&e.to_string()));
+        if !status.success() {
+            eprintln!("comm-bench: shm rank {r} failed ({status})");
+            ok = false;
+        }
+    }
+    ok
+}
+
+fn shm_child(cfg: &Config, rank: usize, world: usize) -> Vec<Row> {
+    let port: u16 = std::env::var("OXTRAIN_BENCH_STORE_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| fail("no store port"));
+    let store = TcpStore::connect("127.0.0.1", port, Duration::from_secs(60))
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    let w = oxtrain_comm::shm::connect(rank, world, &store, &ShmOptions::default())
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    if rank == 0 {
+        print_header("shm", world);
+    }
+    run_rank(&w.comm, cfg, Device::Cpu)
+}
+
+fn finish(rows: Vec<Row>, cfg: &Config, json_rows: &mut Vec<Row>) -> bool {
+    let wrong: usize = rows.iter().map(|r| r.wrong).sum();
+    if wrong > 0 {
+        eprintln!("comm-bench: {wrong} wrong elements");
+    }
+    let _ = cfg;
+    json_rows.extend(rows);
+    wrong == 0
+}
+
+fn main() {
+    let cfg = parse_args();
+    let mut rows = vec![];
+    let mut ok = true;
+    if let (Ok(r), Ok(w)) = (std::env::var("OXTRAIN_BENCH_RANK"), std::env::var("OXTRAIN_BENCH_WORLD")) {
+        // A rank of the shm sweep; rank 0 reports and writes the JSON.
+        let (r, w) = (r.parse().unwrap_or(0), w.parse().unwrap_or(1));
+        ok &= finish(shm_child(&cfg, r, w), &cfg, &mut rows);
+        if r == 0 {
+            if let Some(p) = &cfg.json {
+                write_json(p, &rows);
+            }
+        }
+        std::process::exit(if ok { 0 } else { 1 });
+    }
+    let mut shm_json = false;
+    for b in &cfg.backends {
+        match b.as_str() {
+            "local" => ok &= finish(bench_local(&cfg), &cfg, &mut rows),
+            "shm" => {
+                ok &= bench_shm(&cfg);
+                shm_json = cfg.json.is_some();
+            }
+            #[cfg(feature = "mpi")]
+            "mpi" => {
+                let comm = oxtrain_comm::mpi::connect(&Default::default()).unwrap_or_else(|e| fail(&e.to_string()));
+                if comm.rank() == 0 {
+                    print_header("mpi", comm.world_size());
+                }
+                let got = run_rank(&comm, &cfg, Device::Cpu);
+                if comm.rank() == 0 {
+                    ok &= finish(got, &cfg, &mut rows);
+                } else {
+                    return;
+                }
+            }
+            other => fail(&format!(
+                "backend {other} is not available here (CPU: local, shm{}; GPU backends add themselves through run_rank)",
+                if cfg!(feature = "mpi") { ", mpi" } else { "" }
+            )),
+        }
+    }
+    if let Some(p) = &cfg.json {
+        if !rows.is_empty() && !shm_json {
+            write_json(p, &rows);
+        } else if !rows.is_empty() {
+            // The shm ranks wrote their own file; keep both sweeps.
+            write_json(&format!("{p}.local.json"), &rows);
+        }
+    }
+    std::process::exit(if ok { 0 } else { 1 })
+}

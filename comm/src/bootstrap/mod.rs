@@ -1,0 +1,83 @@
+//! Getting ranks together: the launcher's environment, the TCP store, and
+//! [`init_from_env`], which picks a backend.
+
+mod env;
+mod store;
+
+pub use env::{LaunchEnv, Launcher};
+pub use store::TcpStore;
+
+use crate::communicator::Communicator;
+use crate::error::{CommError, Result};
+use crate::shm::{ShmOptions, ShmWorld};
+
+/// A process group made from the environment: the communicator, the store it was made
+/// with (for exchanging ids), and where this process sits.
+pub struct ProcessGroup {
+    pub comm: Box<dyn Communicator>,
+    pub store: TcpStore,
+    pub env: LaunchEnv,
+    /// The symmetric heap, when the backend has one (shm).
+    pub heap: Option<crate::shm::ShmHeap>,
+}
+
+/// Connects to (rank 0: hosts) the store at `MASTER_ADDR:MASTER_PORT`.
+pub fn store_from_env(env: &LaunchEnv, timeout: std::time::Duration) -> Result<TcpStore> {
+    if env.rank == 0 {
+        // Rank 0 listens on every interface when the address is not this host's loopback,
+        // since MASTER_ADDR names it as the others see it.
+        let bind = if env.master_addr == "127.0.0.1" || env.master_addr == "localhost" {
+            env.master_addr.as_str()
+        } else {
+            "0.0.0.0"
+        };
+        TcpStore::host(bind, env.master_port, timeout)
+    } else {
+        TcpStore::connect(&env.master_addr, env.master_port, timeout)
+    }
+}
+
+/// The process group of a job started by torchrun, mpirun or srun (see [`LaunchEnv`]).
+///
+/// The backend is `OXTRAIN_COMM_BACKEND` (`shm`, `mpi`), else `shm` when every rank is on
+/// this host, else `mpi` when built with the `mpi` feature. Timeouts and checking mode come
+/// from `OXTRAIN_COMM_TIMEOUT` (seconds) and `OXTRAIN_COMM_CHECK=1`.
+pub fn init_from_env() -> Result<ProcessGroup> {
+    let env = LaunchEnv::from_env()?;
+    let opts = ShmOptions::default();
+    let backend = match std::env::var("OXTRAIN_COMM_BACKEND") {
+        Ok(b) => b,
+        Err(_) if env.single_node() => "shm".into(),
+        Err(_) if cfg!(feature = "mpi") => "mpi".into(),
+        Err(_) => {
+            return Err(CommError::Bootstrap(format!(
+                "{} ranks over several hosts need a network backend: build with `--features mpi` and launch with \
+                 mpirun or srun, or use the nccl backend for GPUs",
+                env.world_size
+            )))
+        }
+    };
+    let store = store_from_env(&env, opts.comm.timeout)?;
+    match backend.as_str() {
+        "shm" => {
+            if !env.single_node() {
+                return Err(CommError::Bootstrap(format!(
+                    "backend shm needs every rank on one host, but LOCAL_WORLD_SIZE={} < WORLD_SIZE={}",
+                    env.local_world_size, env.world_size
+                )));
+            }
+            let ShmWorld { comm, heap } = crate::shm::connect(env.rank, env.world_size, &store, &opts)?;
+            Ok(ProcessGroup { comm: Box::new(comm), store, env, heap: Some(heap) })
+        }
+        #[cfg(feature = "mpi")]
+        "mpi" => {
+            let comm = crate::mpi::connect(&opts.comm)?;
+            Ok(ProcessGroup { comm: Box::new(comm), store, env, heap: None })
+        }
+        other => Err(CommError::Bootstrap(format!(
+            "OXTRAIN_COMM_BACKEND={other:?} is not available in this build (CPU backends: shm{}; GPU backends come with \
+             the nccl and nvshmem modules)",
+            if cfg!(feature = "mpi") { ", mpi" } else { "; mpi needs --features mpi" }
+        ))),
+    }
+}

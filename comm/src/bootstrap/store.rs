@@ -1,0 +1,313 @@
+//! A small TCP key-value store hosted by rank 0, in the manner of PyTorch's `TCPStore`:
+//! `set`, `get` (waits for the key), `add` (a counter), `check`, `wait`, `delete_key`,
+//! `num_keys`, and a `barrier` that names the ranks that never arrived. Ranks use it to
+//! exchange unique ids (`store.set("nccl_id", &bytes)`) and shared-memory names.
+//!
+//! Wire format, one request per round trip: `op u8, key_len u32, key, value_len u32, value,
+//! timeout_ms u64`; answer: `status u8, len u32, payload` (all little-endian).
+
+use crate::error::{CommError, Result};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const OP_SET: u8 = 1;
+const OP_GET: u8 = 2;
+const OP_ADD: u8 = 3;
+const OP_CHECK: u8 = 4;
+const OP_DELETE: u8 = 5;
+const OP_NUM_KEYS: u8 = 6;
+const OK: u8 = 0;
+const MISSING: u8 = 1;
+
+type Table = Arc<(Mutex<HashMap<String, Vec<u8>>>, Condvar)>;
+
+/// The store's server side, running on rank 0 until dropped.
+struct Server {
+    stop: Arc<AtomicBool>,
+    addr: std::net::SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop so it sees `stop`.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+/// A client of the store (and on rank 0 also its host).
+pub struct TcpStore {
+    conn: Mutex<TcpStream>,
+    _server: Option<Server>,
+    port: u16,
+    timeout: Duration,
+    barriers: AtomicU64,
+}
+
+fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let mut buf = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+fn frame(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn serve(mut s: TcpStream, table: Table) -> std::io::Result<()> {
+    let _ = s.set_nodelay(true);
+    loop {
+        let mut op = [0u8; 1];
+        if s.read_exact(&mut op).is_err() {
+            return Ok(()); // client closed
+        }
+        let key = String::from_utf8_lossy(&read_frame(&mut s)?).into_owned();
+        let value = read_frame(&mut s)?;
+        let mut t = [0u8; 8];
+        s.read_exact(&mut t)?;
+        let timeout = Duration::from_millis(u64::from_le_bytes(t));
+        let (lock, cv) = &*table;
+        let mut map = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (status, payload) = match op[0] {
+            OP_SET => {
+                map.insert(key, value);
+                cv.notify_all();
+                (OK, vec![])
+            }
+            OP_GET => {
+                let deadline = Instant::now() + timeout;
+                loop {
+                    if let Some(v) = map.get(&key) {
+                        break (OK, v.clone());
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break (MISSING, vec![]);
+                    }
+                    map = cv.wait_timeout(map, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+                }
+            }
+            OP_ADD => {
+                let delta = i64::from_le_bytes(value[..8].try_into().unwrap_or([0; 8]));
+                let old =
+                    map.get(&key).and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok()).unwrap_or(0);
+                let new = old + delta;
+                // Decimal text, as PyTorch's store keeps counters.
+                map.insert(key, new.to_string().into_bytes());
+                cv.notify_all();
+                (OK, new.to_le_bytes().to_vec())
+            }
+            OP_CHECK => (OK, vec![u8::from(map.contains_key(&key))]),
+            OP_DELETE => (OK, vec![u8::from(map.remove(&key).is_some())]),
+            OP_NUM_KEYS => (OK, (map.len() as u64).to_le_bytes().to_vec()),
+            other => return Err(std::io::Error::other(format!("unknown store op {other}"))),
+        };
+        drop(map);
+        let mut out = vec![status];
+        frame(&mut out, &payload);
+        s.write_all(&out)?;
+    }
+}
+
+impl TcpStore {
+    /// Hosts the store on `addr:port` (port 0 picks a free one, see [`TcpStore::port`]) and
+    /// connects to it.
+    pub fn host(addr: &str, port: u16, timeout: Duration) -> Result<TcpStore> {
+        let listener = TcpListener::bind((addr, port)).map_err(|e| {
+            CommError::io(
+                format!("store: cannot listen on {addr}:{port} (is MASTER_PORT already in use?)"),
+                e,
+            )
+        })?;
+        let local = listener.local_addr().map_err(|e| CommError::io("store: local address", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let table: Table = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
+        let stop2 = stop.clone();
+        std::thread::Builder::new()
+            .name("oxtrain-store".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if let Ok(conn) = conn {
+                        let table = table.clone();
+                        let _ = std::thread::Builder::new()
+                            .name("oxtrain-store-conn".into())
+                            .spawn(move || serve(conn, table));
+                    }
+                }
+            })
+            .map_err(|e| CommError::io("store: spawning the server thread", e))?;
+        let connect_addr = if local.ip().is_unspecified() {
+            format!("127.0.0.1:{}", local.port())
+        } else {
+            local.to_string()
+        };
+        let mut store = TcpStore::connect_to(&connect_addr, timeout)?;
+        store.port = local.port();
+        store._server = Some(Server { stop, addr: connect_addr.parse().expect("socket address") });
+        Ok(store)
+    }
+
+    /// Connects to a store hosted elsewhere, retrying until `timeout` (rank 0 may start late).
+    pub fn connect(addr: &str, port: u16, timeout: Duration) -> Result<TcpStore> {
+        TcpStore::connect_to(&format!("{addr}:{port}"), timeout)
+    }
+
+    /// `TCPStore(host, port, is_master, timeout)`: hosts when `is_master`, else connects.
+    pub fn new(addr: &str, port: u16, is_master: bool, timeout: Duration) -> Result<TcpStore> {
+        if is_master {
+            TcpStore::host(addr, port, timeout)
+        } else {
+            TcpStore::connect(addr, port, timeout)
+        }
+    }
+
+    fn connect_to(target: &str, timeout: Duration) -> Result<TcpStore> {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            let addrs = target
+                .to_socket_addrs()
+                .map_err(|e| CommError::io(format!("store: resolving {target}"), e))?;
+            for a in addrs {
+                match TcpStream::connect_timeout(&a, Duration::from_millis(500)) {
+                    Ok(s) => {
+                        let _ = s.set_nodelay(true);
+                        let port = a.port();
+                        return Ok(TcpStore {
+                            conn: Mutex::new(s),
+                            _server: None,
+                            port,
+                            timeout,
+                            barriers: AtomicU64::new(0),
+                        });
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(CommError::Bootstrap(format!(
+            "could not reach the store of rank 0 at {target} within {timeout:?} ({}): is rank 0 running, and are \
+             MASTER_ADDR/MASTER_PORT the same on every rank?",
+            last.map(|e| e.to_string()).unwrap_or_default()
+        )))
+    }
+
+    /// The port the store listens on (useful after hosting on port 0).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn request(&self, op: u8, key: &str, value: &[u8], timeout: Duration) -> Result<(u8, Vec<u8>)> {
+        let mut msg = vec![op];
+        frame(&mut msg, key.as_bytes());
+        frame(&mut msg, value);
+        msg.extend_from_slice(&(timeout.as_millis() as u64).to_le_bytes());
+        let mut s = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let io = |e| {
+            CommError::io(
+                format!("store: request on key '{key}' (rank 0, which hosts the store, may have exited)"),
+                e,
+            )
+        };
+        s.set_read_timeout(Some(timeout + Duration::from_secs(10))).map_err(io)?;
+        s.write_all(&msg).map_err(io)?;
+        let mut status = [0u8; 1];
+        s.read_exact(&mut status).map_err(io)?;
+        let payload = read_frame(&mut s).map_err(io)?;
+        Ok((status[0], payload))
+    }
+
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.request(OP_SET, key, value, Duration::ZERO).map(|_| ())
+    }
+
+    /// The value of `key`, waiting for it up to the store's timeout.
+    pub fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.get_timeout(key, self.timeout)
+    }
+
+    pub fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        match self.request(OP_GET, key, &[], timeout)? {
+            (OK, v) => Ok(v),
+            _ => Err(CommError::Bootstrap(format!("store: key '{key}' was not set within {timeout:?}"))),
+        }
+    }
+
+    /// Adds `delta` to the counter `key` (0 if unset) and returns the new value.
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let (_, v) = self.request(OP_ADD, key, &delta.to_le_bytes(), Duration::ZERO)?;
+        Ok(i64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8])))
+    }
+
+    /// Whether every key is set, without waiting.
+    pub fn check(&self, keys: &[&str]) -> Result<bool> {
+        for k in keys {
+            if self.request(OP_CHECK, k, &[], Duration::ZERO)?.1 != [1] {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Waits until every key is set, up to `timeout` in all.
+    pub fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        for k in keys {
+            self.get_timeout(k, deadline.saturating_duration_since(Instant::now()))?;
+        }
+        Ok(())
+    }
+
+    pub fn delete_key(&self, key: &str) -> Result<bool> {
+        Ok(self.request(OP_DELETE, key, &[], Duration::ZERO)?.1 == [1])
+    }
+
+    pub fn num_keys(&self) -> Result<u64> {
+        let (_, v) = self.request(OP_NUM_KEYS, "", &[], Duration::ZERO)?;
+        Ok(u64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8])))
+    }
+
+    /// Waits until all `world` ranks have called `barrier` the same number of times; on
+    /// timeout the error names the ranks that never arrived.
+    pub fn barrier(&self, rank: usize, world: usize) -> Result<()> {
+        let n = self.barriers.fetch_add(1, Ordering::SeqCst);
+        let base = format!("oxtrain/barrier/{n}");
+        self.set(&format!("{base}/rank/{rank}"), b"1")?;
+        if self.add(&format!("{base}/count"), 1)? == world as i64 {
+            self.set(&format!("{base}/done"), b"1")?;
+        }
+        match self.get(&format!("{base}/done")) {
+            Ok(_) => Ok(()),
+            Err(_) => {
+                let mut missing = vec![];
+                for r in 0..world {
+                    if !self.check(&[&format!("{base}/rank/{r}")])? {
+                        missing.push(r);
+                    }
+                }
+                Err(CommError::Timeout {
+                    op: format!("store barrier #{n}"),
+                    me: rank,
+                    ranks: missing,
+                    timeout: self.timeout,
+                    hint: "those ranks never reached the barrier (not started, crashed, or stuck)".into(),
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Errors of everything that reads files: configs, checkpoints, tokenizers.
+
+use oxtrain_nn::LoadError;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+
+    /// A `config.json` or `model.safetensors.index.json` that is not what it should be.
+    #[error("{path}: {reason}")]
+    BadFile { path: PathBuf, reason: String },
+
+    /// The weights do not fit the model (names and shapes listed).
+    #[error(transparent)]
+    Load(#[from] LoadError),
+
+    #[error(transparent)]
+    Tensor(#[from] oxtrain_tensor::Error),
+
+    #[error("tokenizer {path}: {reason}")]
+    Tokenizer { path: PathBuf, reason: String },
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+pub(crate) fn read_to_string(path: &std::path::Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })
+}
+
+/// Parses a JSON file into `T`, naming the file and serde's reason on failure.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    let text = read_to_string(path)?;
+    serde_json::from_str(&text).map_err(|e| ModelError::BadFile {
+        path: path.to_path_buf(),
+        reason: format!("not the expected JSON ({e})"),
+    })
+}

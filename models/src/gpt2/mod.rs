@@ -1,0 +1,186 @@
+//! GPT-2 as Hugging Face's `GPT2Model` and `GPT2LMHeadModel`, with their state-dict names
+//! (`transformer.wte.weight`, `transformer.h.0.attn.c_attn.weight` in `Conv1D`'s `[in, out]`
+//! layout, `lm_head.weight` tied to `wte`), so `model.safetensors` files load as they are.
+
+mod config;
+mod layers;
+
+pub use config::Gpt2Config;
+pub use layers::{Activation, Conv1D, Gpt2Attention, Gpt2Block, Gpt2Mlp};
+
+use crate::list::List;
+use crate::loading::{load_pretrained, read_checkpoint, NameRules};
+use crate::Result;
+use layers::layer_norm;
+use oxtrain_autograd::Var;
+use oxtrain_nn::functional::dropout;
+use oxtrain_nn::{init, Embedding, Forward, LayerNorm, LoadReport, Module, Parameter, TrainingFlag, Visitor};
+use oxtrain_tensor::{DType, Device, Tensor};
+use std::path::Path;
+
+/// Names in GPT-2 checkpoints that are not weights: the causal-mask buffers older
+/// `transformers` versions saved (`h.0.attn.bias`, `h.0.attn.masked_bias`).
+const IGNORED: &[&str] = &[".attn.bias", ".attn.masked_bias"];
+
+/// The transformer without a head (`GPT2Model`): token and position embeddings, `n_layer`
+/// blocks, final layer norm. Its output is the last hidden state `[B, T, n_embd]`.
+#[derive(Debug)]
+pub struct Gpt2Model {
+    pub wte: Embedding,
+    pub wpe: Embedding,
+    pub h: List<Gpt2Block>,
+    pub ln_f: LayerNorm,
+    pub config: Gpt2Config,
+    training: TrainingFlag,
+}
+
+impl Gpt2Model {
+    /// A freshly initialised model (N(0, 0.02) weights as Hugging Face's `_init_weights`,
+    /// from the global generator).
+    pub fn new(config: &Gpt2Config, device: Device) -> Result<Gpt2Model> {
+        let act = Activation::parse(&config.activation_function)?;
+        let c = config;
+        let wte = Embedding::new(c.vocab_size, c.n_embd, device)?;
+        let wpe = Embedding::new(c.n_positions, c.n_embd, device)?;
+        for e in [&wte, &wpe] {
+            init::normal_(&e.weight.tensor(), 0.0, c.initializer_range, None);
+        }
+        let h =
+            (0..c.n_layer).map(|_| Gpt2Block::new(c, act, device)).collect::<oxtrain_tensor::Result<_>>()?;
+        Ok(Gpt2Model {
+            wte,
+            wpe,
+            h: List(h),
+            ln_f: layer_norm(c.n_embd, c.layer_norm_epsilon, device)?,
+            config: c.clone(),
+            training: TrainingFlag::default(),
+        })
+    }
+
+    /// Token ids `[B, T]` (integers) and an optional `attention_mask [B, T]` (1 = token,
+    /// 0 = padding) to hidden states `[B, T, n_embd]`. Positions are `0..T` in every row, as
+    /// Hugging Face uses when no `position_ids` are given.
+    pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Var {
+        assert!(
+            input_ids.rank() == 2,
+            "GPT-2: expected input_ids [batch, seq], got shape {:?}",
+            input_ids.dims()
+        );
+        let t = input_ids.dims()[1];
+        assert!(
+            t <= self.config.n_positions,
+            "GPT-2: a sequence of {t} tokens is longer than n_positions = {}",
+            self.config.n_positions
+        );
+        let positions = Tensor::arange(0.0, t as f64, 1.0, DType::I64, input_ids.device())
+            .expect("position ids on the input's device");
+        let x = self.wte.forward_ids(input_ids).add(&self.wpe.forward_ids(&positions));
+        let mut x = dropout(&x, self.config.embd_pdrop, self.training.get());
+        for block in &self.h.0 {
+            x = block.forward_masked(&x, attention_mask);
+        }
+        self.ln_f.forward(&x)
+    }
+}
+
+impl Module for Gpt2Model {
+    fn visit(&self, v: &mut dyn Visitor) {
+        v.child("wte", &self.wte);
+        v.child("wpe", &self.wpe);
+        v.child("h", &self.h);
+        v.child("ln_f", &self.ln_f);
+    }
+
+    fn training_flag(&self) -> Option<&TrainingFlag> {
+        Some(&self.training)
+    }
+}
+
+/// The output projection to the vocabulary (`lm_head`, a bias-free linear layer).
+#[derive(Debug)]
+pub struct LmHead {
+    pub weight: Parameter,
+}
+
+impl Module for LmHead {
+    fn visit(&self, v: &mut dyn Visitor) {
+        v.param("weight", &self.weight);
+    }
+}
+
+/// `GPT2LMHeadModel`: the transformer under `transformer.` and `lm_head`, whose weight is the
+/// token embedding itself when `tie_word_embeddings` (the default).
+#[derive(Debug)]
+pub struct Gpt2LMHeadModel {
+    pub transformer: Gpt2Model,
+    pub lm_head: LmHead,
+}
+
+impl Gpt2LMHeadModel {
+    pub fn new(config: &Gpt2Config, device: Device) -> Result<Gpt2LMHeadModel> {
+        let transformer = Gpt2Model::new(config, device)?;
+        let weight = if config.tie_word_embeddings {
+            Parameter::from_var(transformer.wte.weight.var())
+        } else {
+            let w = Tensor::zeros([config.vocab_size, config.n_embd], DType::F32, device)?;
+            init::normal_(&w, 0.0, config.initializer_range, None);
+            Parameter::new(w)
+        };
+        Ok(Gpt2LMHeadModel { transformer, lm_head: LmHead { weight } })
+    }
+
+    /// Builds the model from `dir/config.json` and loads `dir/model.safetensors` (or the
+    /// shards of `dir/model.safetensors.index.json`), as `GPT2LMHeadModel.from_pretrained(dir)`.
+    pub fn from_pretrained(dir: impl AsRef<Path>, device: Device) -> Result<Gpt2LMHeadModel> {
+        let dir = dir.as_ref();
+        let model = Gpt2LMHeadModel::new(&Gpt2Config::from_file(dir.join("config.json"))?, device)?;
+        model.load_weights(dir)?;
+        Ok(model)
+    }
+
+    /// Loads a checkpoint (folder, file or index; see [`read_checkpoint`]) saved from
+    /// `GPT2LMHeadModel` or `GPT2Model`, with or without `lm_head.weight`. With tied
+    /// embeddings `lm_head.weight` is ignored: the head is `wte`, as after Hugging Face's
+    /// `tie_weights()`.
+    pub fn load_weights(&self, path: impl AsRef<Path>) -> Result<LoadReport> {
+        let mut state = read_checkpoint(path)?;
+        let tied = self.transformer.config.tie_word_embeddings;
+        if tied {
+            state.remove("lm_head.weight");
+        }
+        let rules = NameRules {
+            base_prefix: "transformer",
+            ignore_suffixes: IGNORED,
+            may_be_missing: if tied { &["lm_head.weight"] } else { &[] },
+        };
+        let mut report = load_pretrained(self, state, &rules)?;
+        report.missing.retain(|n| n != "lm_head.weight"); // tied: it is `wte`, loaded
+        Ok(report)
+    }
+
+    /// Logits `[B, T, vocab_size]` for `input_ids [B, T]` and an optional `attention_mask`.
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Var {
+        self.transformer.forward_hidden(input_ids, attention_mask).matmul(&self.lm_head.weight.var().t())
+    }
+
+    /// Hugging Face's causal-LM loss: position `t` predicts `labels[t + 1]`; labels equal to
+    /// -100 are left out. `logits [B, T, V]`, `labels [B, T]`.
+    pub fn loss(logits: &Var, labels: &Tensor) -> Var {
+        let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
+        assert_eq!(
+            labels.dims(),
+            [b, t],
+            "GPT-2 loss: labels must be [batch, seq] like the logits' first dims"
+        );
+        let shifted = logits.narrow(1, 0, t - 1).reshape([b * (t - 1), v]);
+        let targets = labels.narrow(1, 1, t - 1).contiguous().reshape([b * (t - 1)]);
+        crate::loss::cross_entropy(&shifted, &targets)
+    }
+}
+
+impl Module for Gpt2LMHeadModel {
+    fn visit(&self, v: &mut dyn Visitor) {
+        v.child("transformer", &self.transformer);
+        v.child("lm_head", &self.lm_head);
+    }
+}

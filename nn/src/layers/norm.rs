@@ -1,0 +1,219 @@
+//! Normalisation layers: `BatchNorm2d` (running statistics as buffers, updated in place) and
+//! `LayerNorm`.
+
+use crate::{Buffer, Forward, Module, Parameter, TrainingFlag, Visitor};
+use oxtrain_autograd::Var;
+use oxtrain_tensor::{DType, Device, Result, Tensor};
+
+/// Options of [`BatchNorm2d`]; `Default` is PyTorch's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchNormConfig {
+    pub eps: f64,
+    /// Weight of the newest batch in the running statistics; `None` averages all batches so
+    /// far equally (a cumulative moving average).
+    pub momentum: Option<f64>,
+    /// Learnable per-channel `weight` (ones) and `bias` (zeros).
+    pub affine: bool,
+    /// Keep `running_mean`, `running_var` and `num_batches_tracked` and use them in eval mode;
+    /// without, batch statistics are used in both modes.
+    pub track_running_stats: bool,
+    pub dtype: DType,
+}
+
+impl Default for BatchNormConfig {
+    fn default() -> Self {
+        BatchNormConfig {
+            eps: 1e-5,
+            momentum: Some(0.1),
+            affine: true,
+            track_running_stats: true,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// The running statistics of a batch norm.
+#[derive(Debug)]
+pub struct RunningStats {
+    pub mean: Buffer,
+    pub var: Buffer,
+    /// int64, as PyTorch keeps it.
+    pub num_batches_tracked: Buffer,
+}
+
+/// Batch normalisation over the channels (dim 1) of `[N, C, H, W]` (`nn.BatchNorm2d`). In
+/// training it normalises with the batch's mean and biased variance and updates the running
+/// mean and the unbiased running variance in place; in eval it uses the running statistics.
+#[derive(Debug)]
+pub struct BatchNorm2d {
+    pub weight: Option<Parameter>,
+    pub bias: Option<Parameter>,
+    pub running: Option<RunningStats>,
+    pub config: BatchNormConfig,
+    training: TrainingFlag,
+}
+
+impl BatchNorm2d {
+    pub fn new(num_features: usize, device: Device) -> Result<BatchNorm2d> {
+        BatchNorm2d::with_config(num_features, BatchNormConfig::default(), device)
+    }
+
+    pub fn with_config(num_features: usize, config: BatchNormConfig, device: Device) -> Result<BatchNorm2d> {
+        let (c, dtype) = (num_features, config.dtype);
+        let (weight, bias) = if config.affine {
+            (
+                Some(Parameter::new(Tensor::ones(c, dtype, device)?)),
+                Some(Parameter::new(Tensor::zeros(c, dtype, device)?)),
+            )
+        } else {
+            (None, None)
+        };
+        let running = if config.track_running_stats {
+            Some(RunningStats {
+                mean: Buffer::new(Tensor::zeros(c, dtype, device)?),
+                var: Buffer::new(Tensor::ones(c, dtype, device)?),
+                num_batches_tracked: Buffer::new(Tensor::zeros((), DType::I64, device)?),
+            })
+        } else {
+            None
+        };
+        Ok(BatchNorm2d { weight, bias, running, config, training: TrainingFlag::default() })
+    }
+
+    /// `running = (1 - f) * running + f * batch`, with the unbiased batch variance.
+    fn update_running_stats(&self, stats: &RunningStats, mean: &Tensor, var: &Tensor, per_channel: usize) {
+        let count = stats.num_batches_tracked.tensor();
+        count.add_scalar_(1.0);
+        let factor = match self.config.momentum {
+            Some(m) => m,
+            None => 1.0 / count.item(),
+        };
+        let unbiased = var.mul_scalar(per_channel as f64 / (per_channel - 1) as f64);
+        for (buffer, batch) in [(&stats.mean, mean), (&stats.var, &unbiased)] {
+            let running = buffer.tensor();
+            let batch = batch.to_dtype(running.dtype());
+            running.copy_(&running.mul_scalar(1.0 - factor).add(&batch.mul_scalar(factor)));
+        }
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn visit(&self, v: &mut dyn Visitor) {
+        if let Some(w) = &self.weight {
+            v.param("weight", w);
+        }
+        if let Some(b) = &self.bias {
+            v.param("bias", b);
+        }
+        if let Some(r) = &self.running {
+            v.buffer("running_mean", &r.mean);
+            v.buffer("running_var", &r.var);
+            v.buffer("num_batches_tracked", &r.num_batches_tracked);
+        }
+    }
+
+    fn training_flag(&self) -> Option<&TrainingFlag> {
+        Some(&self.training)
+    }
+}
+
+impl Forward for BatchNorm2d {
+    fn forward(&self, x: &Var) -> Var {
+        assert_eq!(x.rank(), 4, "BatchNorm2d: expected a 4-D input [N, C, H, W], got shape {:?}", x.dims());
+        let (weight, bias) =
+            (self.weight.as_ref().map(Parameter::var), self.bias.as_ref().map(Parameter::var));
+        let eps = self.config.eps;
+        match (&self.running, self.training.get()) {
+            (Some(stats), false) => x.batch_norm_eval(
+                &stats.mean.tensor(),
+                &stats.var.tensor(),
+                weight.as_ref(),
+                bias.as_ref(),
+                eps,
+            ),
+            (running, training) => {
+                let per_channel = x.elem_count() / x.dims()[1];
+                assert!(
+                    per_channel > 1 || !training,
+                    "BatchNorm2d: expected more than 1 value per channel when training, got input of shape {:?}",
+                    x.dims()
+                );
+                let (out, mean, var) = x.batch_norm_training(weight.as_ref(), bias.as_ref(), eps);
+                if let (Some(stats), true) = (running, training) {
+                    self.update_running_stats(stats, &mean, &var, per_channel);
+                }
+                out
+            }
+        }
+    }
+}
+
+/// Options of [`LayerNorm`]; `Default` is PyTorch's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNormConfig {
+    pub eps: f64,
+    /// Learnable `weight` (ones) and, with `bias`, `bias` (zeros), of the normalised shape.
+    pub elementwise_affine: bool,
+    pub bias: bool,
+    pub dtype: DType,
+}
+
+impl Default for LayerNormConfig {
+    fn default() -> Self {
+        LayerNormConfig { eps: 1e-5, elementwise_affine: true, bias: true, dtype: DType::F32 }
+    }
+}
+
+/// Layer normalisation over the trailing `normalized_shape` dims (`nn.LayerNorm`).
+#[derive(Debug)]
+pub struct LayerNorm {
+    pub weight: Option<Parameter>,
+    pub bias: Option<Parameter>,
+    pub normalized_shape: Vec<usize>,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(normalized_shape: impl Into<Vec<usize>>, device: Device) -> Result<LayerNorm> {
+        LayerNorm::with_config(normalized_shape, LayerNormConfig::default(), device)
+    }
+
+    pub fn with_config(
+        normalized_shape: impl Into<Vec<usize>>,
+        config: LayerNormConfig,
+        device: Device,
+    ) -> Result<LayerNorm> {
+        let shape = normalized_shape.into();
+        let affine = config.elementwise_affine;
+        let weight = if affine {
+            Some(Parameter::new(Tensor::ones(shape.as_slice(), config.dtype, device)?))
+        } else {
+            None
+        };
+        let bias = if affine && config.bias {
+            Some(Parameter::new(Tensor::zeros(shape.as_slice(), config.dtype, device)?))
+        } else {
+            None
+        };
+        Ok(LayerNorm { weight, bias, normalized_shape: shape, eps: config.eps })
+    }
+}
+
+impl Module for LayerNorm {
+    fn visit(&self, v: &mut dyn Visitor) {
+        if let Some(w) = &self.weight {
+            v.param("weight", w);
+        }
+        if let Some(b) = &self.bias {
+            v.param("bias", b);
+        }
+    }
+}
+
+impl Forward for LayerNorm {
+    fn forward(&self, x: &Var) -> Var {
+        let (weight, bias) =
+            (self.weight.as_ref().map(Parameter::var), self.bias.as_ref().map(Parameter::var));
+        x.layer_norm(self.normalized_shape.as_slice(), weight.as_ref(), bias.as_ref(), self.eps)
+    }
+}

@@ -1,0 +1,96 @@
+//! `Parameter` and `Buffer`: the named state a module owns.
+//!
+//! Both hold their value behind a lock so that whole-model operations that must swap the
+//! value for a new one (`to_device`, `to_dtype`) work through `&self`, like everything else on
+//! a module (modules are shared between threads by DDP). Everyday updates (optimizer steps,
+//! running statistics, `load_state_dict`) do not swap anything: they write into the existing
+//! storage with `Tensor::copy_`, so every clone of the `Var` sees them.
+
+use oxtrain_autograd::Var;
+use oxtrain_tensor::{DType, Device, Tensor};
+use std::sync::{PoisonError, RwLock};
+
+/// A learnable tensor of a module (`nn.Parameter`): a `Var` leaf that collects a gradient.
+pub struct Parameter(RwLock<Var>);
+
+impl Parameter {
+    /// A new leaf that requires grad; `tensor` must be floating-point.
+    pub fn new(tensor: Tensor) -> Parameter {
+        Parameter(RwLock::new(Var::parameter(tensor)))
+    }
+
+    /// Wraps an existing parameter `Var`, e.g. to tie one weight into two modules (GPT-2's
+    /// embedding and output head). Both modules then report the same storage.
+    pub fn from_var(var: Var) -> Parameter {
+        assert!(
+            var.requires_grad() && var.is_leaf(),
+            "Parameter::from_var: expected a leaf that requires grad (made with Var::parameter), got {var:?}"
+        );
+        Parameter(RwLock::new(var))
+    }
+
+    /// The parameter as a `Var` for use in a forward pass (a cheap clone sharing the leaf and
+    /// its gradient).
+    pub fn var(&self) -> Var {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The current value (shares storage with the parameter).
+    pub fn tensor(&self) -> Tensor {
+        self.var().tensor().clone()
+    }
+
+    pub fn dims(&self) -> Vec<usize> {
+        self.var().dims().to_vec()
+    }
+
+    /// Swaps in a new leaf (dropping the old gradient). Used by `Module::to_device` /
+    /// `to_dtype`; an optimizer built before holds the old `Var`.
+    pub(crate) fn replace(&self, var: Var) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = var;
+    }
+}
+
+impl std::fmt::Debug for Parameter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Parameter({:?})", self.var())
+    }
+}
+
+/// A tensor of a module's state that is not learned (`register_buffer`): BatchNorm's running
+/// statistics and batch counter. Saved in the state dict after the module's parameters.
+pub struct Buffer(RwLock<Tensor>);
+
+impl Buffer {
+    pub fn new(tensor: Tensor) -> Buffer {
+        Buffer(RwLock::new(tensor))
+    }
+
+    /// The current value; update it in place with `copy_` so the module sees the change.
+    pub fn tensor(&self) -> Tensor {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn replace(&self, tensor: Tensor) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = tensor;
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({:?})", self.tensor())
+    }
+}
+
+/// The value moved to `device` and, for floating-point values, converted to `dtype`.
+pub(crate) fn moved(t: &Tensor, device: Device, dtype: Option<DType>) -> oxtrain_tensor::Result<Tensor> {
+    let t = match dtype {
+        Some(d) if t.dtype().is_float() && t.dtype() != d => t.to_dtype(d),
+        _ => t.clone(),
+    };
+    if t.device() == device {
+        Ok(t)
+    } else {
+        t.to_device(device)
+    }
+}

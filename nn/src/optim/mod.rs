@@ -1,0 +1,109 @@
+//! Optimizers (`torch.optim`): [`Sgd`], [`AdamW`], [`Lars`], the [`Optimizer`] trait they share,
+//! parameter groups, gradient clipping and state save/restore.
+//!
+//! Each optimizer holds parameter groups (a list of parameters with their own hyper-parameters,
+//! as `optimizer.param_groups` in PyTorch) and per-parameter state (momentum buffers, moments)
+//! numbered by the parameter's position over all groups, as PyTorch's `state_dict` does.
+//! SGD and AdamW update each parameter with one fused kernel (`Tensor::sgd_step_`,
+//! `Tensor::adamw_step_`); their state is f32 (master) whatever the parameter's dtype.
+
+mod adamw;
+pub mod clip;
+mod groups;
+mod lars;
+mod sgd;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use clip::{clip_grad_norm_, clip_grad_value_};
+pub use groups::{decay_groups, IntoParamGroups, ParamGroup, ParamGroupSpec};
+pub use lars::{Lars, LarsConfig};
+pub use sgd::{Sgd, SgdConfig};
+pub use state::{OptimizerState, ParamGroupState};
+
+use oxtrain_autograd::Var;
+
+/// What every optimizer offers a training loop and an LR scheduler (`torch.optim.Optimizer`).
+pub trait Optimizer {
+    /// Updates every parameter that has a gradient; parameters without one are skipped.
+    fn step(&mut self);
+
+    /// The parameters of all groups, in order (the numbering of the state).
+    fn params(&self) -> Vec<Var>;
+
+    /// Drops every gradient (`zero_grad(set_to_none=True)`, PyTorch's default): the next
+    /// backward writes fresh gradients instead of adding to zeros.
+    fn zero_grad(&mut self) {
+        for p in self.params() {
+            p.zero_grad();
+        }
+    }
+
+    fn num_groups(&self) -> usize;
+
+    /// The learning rate of group `group`.
+    fn lr(&self, group: usize) -> f64;
+
+    fn set_group_lr(&mut self, group: usize, lr: f64);
+
+    /// Sets every group's learning rate.
+    fn set_lr(&mut self, lr: f64) {
+        for g in 0..self.num_groups() {
+            self.set_group_lr(g, lr);
+        }
+    }
+
+    /// The learning rate a scheduler started from (`group["initial_lr"]`), once one has.
+    fn initial_lr(&self, group: usize) -> Option<f64>;
+
+    fn set_initial_lr(&mut self, group: usize, lr: f64);
+
+    /// Hyper-parameters and state as named tensors, for checkpoints.
+    fn state_dict(&self) -> OptimizerState;
+
+    /// Restores what [`Optimizer::state_dict`] saved, onto this optimizer's parameters (their
+    /// devices). Fails, changing nothing, when the groups or shapes do not match.
+    fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()>;
+}
+
+/// Implements the bookkeeping part of [`Optimizer`] for a type with `groups: Vec<ParamGroup<C>>`
+/// and `state: state::StateTable`; the type provides `fn update(&mut self)`.
+macro_rules! impl_optimizer {
+    ($ty:ty) => {
+        impl $crate::optim::Optimizer for $ty {
+            fn step(&mut self) {
+                oxtrain_autograd::no_grad(|| self.update())
+            }
+            fn params(&self) -> Vec<oxtrain_autograd::Var> {
+                self.groups.iter().flat_map(|g| g.params.iter().cloned()).collect()
+            }
+            fn num_groups(&self) -> usize {
+                self.groups.len()
+            }
+            fn lr(&self, group: usize) -> f64 {
+                self.groups[group].config.lr
+            }
+            fn set_group_lr(&mut self, group: usize, lr: f64) {
+                self.groups[group].config.lr = lr;
+            }
+            fn initial_lr(&self, group: usize) -> Option<f64> {
+                self.groups[group].initial_lr
+            }
+            fn set_initial_lr(&mut self, group: usize, lr: f64) {
+                self.groups[group].initial_lr = Some(lr);
+            }
+            fn state_dict(&self) -> $crate::optim::OptimizerState {
+                self.state.to_state(&self.groups)
+            }
+            fn load_state_dict(
+                &mut self,
+                state: &$crate::optim::OptimizerState,
+            ) -> oxtrain_tensor::Result<()> {
+                self.state.load(&mut self.groups, state)
+            }
+        }
+    };
+}
+pub(crate) use impl_optimizer;

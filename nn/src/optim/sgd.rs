@@ -1,0 +1,138 @@
+//! `Sgd`: stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
+
+use super::groups::{build, GroupConfig, IntoParamGroups, ParamGroup, ParamGroupSpec};
+use super::state::StateTable;
+use oxtrain_autograd::Var;
+use oxtrain_tensor::{DType, SgdStep, Tensor};
+use std::collections::BTreeMap;
+
+/// Hyper-parameters of [`Sgd`], PyTorch's names and defaults (`lr` 1e-3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdConfig {
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub nesterov: bool,
+    /// L2 penalty added to the gradient (coupled, as `torch.optim.SGD`).
+    pub weight_decay: f64,
+    pub maximize: bool,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig {
+            lr: 1e-3,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            maximize: false,
+        }
+    }
+}
+
+impl GroupConfig for SgdConfig {
+    fn with_spec(&self, spec: &ParamGroupSpec) -> Self {
+        SgdConfig {
+            lr: spec.lr.unwrap_or(self.lr),
+            weight_decay: spec.weight_decay.unwrap_or(self.weight_decay),
+            ..*self
+        }
+    }
+    fn to_map(&self) -> BTreeMap<String, f64> {
+        BTreeMap::from([
+            ("lr".into(), self.lr),
+            ("momentum".into(), self.momentum),
+            ("dampening".into(), self.dampening),
+            ("nesterov".into(), self.nesterov as u8 as f64),
+            ("weight_decay".into(), self.weight_decay),
+            ("maximize".into(), self.maximize as u8 as f64),
+        ])
+    }
+    fn set_from_map(&mut self, m: &BTreeMap<String, f64>) {
+        let get = |k: &str, v: f64| m.get(k).copied().unwrap_or(v);
+        self.lr = get("lr", self.lr);
+        self.momentum = get("momentum", self.momentum);
+        self.dampening = get("dampening", self.dampening);
+        self.nesterov = get("nesterov", self.nesterov as u8 as f64) != 0.0;
+        self.weight_decay = get("weight_decay", self.weight_decay);
+        self.maximize = get("maximize", self.maximize as u8 as f64) != 0.0;
+    }
+}
+
+/// `torch.optim.SGD`: `d = g + wd * p`; with momentum `buf = momentum * buf + (1 - dampening) * d`
+/// (`buf = d` on the first step), `d = d + momentum * buf` (Nesterov) or `d = buf`; `p -= lr * d`.
+pub struct Sgd {
+    pub(crate) groups: Vec<ParamGroup<SgdConfig>>,
+    pub(crate) state: StateTable,
+}
+
+impl Sgd {
+    /// `params`: a `Vec<Var>` (one group) or `Vec<ParamGroupSpec>` with per-group overrides.
+    pub fn new(params: impl IntoParamGroups, config: SgdConfig) -> Sgd {
+        assert!(
+            !config.nesterov || (config.momentum > 0.0 && config.dampening == 0.0),
+            "Sgd: Nesterov momentum requires a momentum and zero dampening"
+        );
+        Sgd { groups: build(params.into_param_groups(), &config, "Sgd"), state: StateTable::default() }
+    }
+
+    pub fn param_groups(&self) -> &[ParamGroup<SgdConfig>] {
+        &self.groups
+    }
+
+    /// The groups, to change hyper-parameters between steps (`opt.param_groups[i]["momentum"] = ..`).
+    pub fn param_groups_mut(&mut self) -> &mut [ParamGroup<SgdConfig>] {
+        &mut self.groups
+    }
+
+    fn update(&mut self) {
+        let mut index = 0;
+        for g in &self.groups {
+            let c = g.config;
+            let step = SgdStep {
+                lr: c.lr,
+                momentum: c.momentum,
+                dampening: c.dampening,
+                nesterov: c.nesterov,
+                weight_decay: c.weight_decay,
+                maximize: c.maximize,
+            };
+            for p in &g.params {
+                let i = index;
+                index += 1;
+                let Some(grad) = p.grad() else { continue };
+                let st = self.state.get_mut(i);
+                let first = !st.buffers.contains_key("momentum_buffer");
+                let buf = if c.momentum != 0.0 {
+                    Some(
+                        st.buffers
+                            .entry("momentum_buffer".into())
+                            .or_insert_with(|| {
+                                Tensor::zeros(p.dims(), DType::F32, p.device()).expect("state buffer")
+                            })
+                            .clone(),
+                    )
+                } else {
+                    None
+                };
+                with_master(p, |master| master.sgd_step_(&grad, buf.as_ref(), first, &step));
+            }
+        }
+    }
+}
+
+super::impl_optimizer!(Sgd);
+
+/// Runs a fused step on the parameter itself when it is contiguous f32, else on an f32 copy
+/// that is written back (bf16 parameters, non-contiguous views).
+pub(crate) fn with_master(p: &Var, f: impl FnOnce(&Tensor)) {
+    let t = p.tensor();
+    if t.dtype() == DType::F32 && t.is_contiguous() {
+        f(t);
+    } else {
+        let master = t.to_dtype(DType::F32).copy();
+        f(&master);
+        t.copy_(&master);
+    }
+}

@@ -1,0 +1,36 @@
+//! What the loader needs from a dataset: a length, the shape of one sample, and a way to write
+//! sample `i` into a slot of the batch.
+
+use crate::error::Result;
+use crate::rng::SampleRng;
+use oxtrain_tensor::DType;
+
+/// The fixed shape and element type of every sample of a dataset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl Sample {
+    pub fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size_in_bytes()
+    }
+}
+
+/// A map-style dataset (`torch.utils.data.Dataset`) of fixed-size samples with an i64 label.
+pub trait Dataset: Send + Sync + 'static {
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn sample(&self) -> Sample;
+
+    /// Writes sample `index` into `out` (exactly `sample().bytes()` bytes, aligned for the
+    /// dtype, native-endian) drawing any randomness from `rng`, and returns its label.
+    /// A file that is not a usable image returns [`crate::Error::BadImage`], which the
+    /// loader skips or reports as its [`crate::BadFilePolicy`] says.
+    fn load_into(&self, index: usize, rng: &mut SampleRng, out: &mut [u8]) -> Result<i64>;
+}

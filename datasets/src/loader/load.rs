@@ -1,0 +1,101 @@
+//! Loading one batch on a worker: every sample written straight into the batch's memory.
+
+use super::batch::{Batch, Images};
+use super::{BadFilePolicy, Shared};
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::rng::SampleRng;
+use oxtrain_tensor::{DType, Device, Tensor};
+use std::sync::atomic::Ordering;
+
+/// `load_batch`, with a panic in the dataset turned into an error instead of a dead worker.
+pub(crate) fn load_batch_guarded<D: Dataset>(
+    shared: &Shared<D>,
+    epoch: u64,
+    indices: &[usize],
+) -> Result<Batch> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load_batch(shared, epoch, indices)))
+        .unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            Err(Error::Worker(format!("loading samples {indices:?}: {msg}")))
+        })
+}
+
+/// Fills `bytes` (room for `indices.len()` samples) and returns the labels and indices of the
+/// samples kept; bad files leave no gap.
+fn fill<D: Dataset>(
+    shared: &Shared<D>,
+    epoch: u64,
+    indices: &[usize],
+    bytes: &mut [u8],
+) -> Result<(Vec<i64>, Vec<usize>)> {
+    let sb = shared.dataset.sample().bytes();
+    let (mut labels, mut kept) = (Vec::with_capacity(indices.len()), Vec::with_capacity(indices.len()));
+    for &index in indices {
+        let slot = &mut bytes[kept.len() * sb..(kept.len() + 1) * sb];
+        let mut rng = SampleRng::new(shared.config.seed, epoch, index as u64);
+        match shared.dataset.load_into(index, &mut rng, slot) {
+            Ok(label) => {
+                labels.push(label);
+                kept.push(index);
+            }
+            Err(e @ Error::BadImage { .. }) if shared.config.bad_files == BadFilePolicy::Skip => {
+                let n = shared.bad_files.fetch_add(1, Ordering::Relaxed) + 1;
+                eprintln!("oxtrain-datasets: skipping sample {index}: {e} ({n} bad files so far)");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((labels, kept))
+}
+
+macro_rules! typed_batch {
+    ($t:ty, $shared:expr, $epoch:expr, $indices:expr, $per:expr) => {{
+        let mut data = vec![<$t>::default(); $indices.len() * $per];
+        let (labels, kept) = fill($shared, $epoch, $indices, bytemuck::cast_slice_mut(&mut data))?;
+        data.truncate(kept.len() * $per);
+        (Tensor::from_vec(data, batch_shape($shared, kept.len()), Device::Cpu)?, labels, kept)
+    }};
+}
+
+fn batch_shape<D: Dataset>(shared: &Shared<D>, n: usize) -> Vec<usize> {
+    let mut shape = vec![n];
+    shape.extend(shared.dataset.sample().shape);
+    shape
+}
+
+pub(crate) fn load_batch<D: Dataset>(shared: &Shared<D>, epoch: u64, indices: &[usize]) -> Result<Batch> {
+    let sample = shared.dataset.sample();
+    if let Some(pool) = &shared.pinned {
+        let mut buf = pool.take(indices.len() * sample.bytes())?;
+        let (labels, kept) = fill(shared, epoch, indices, buf.as_mut_slice::<u8>())?;
+        let images = Images::Pinned { buf: Some(buf), pool: pool.clone() };
+        return Ok(Batch {
+            images,
+            shape: batch_shape(shared, kept.len()),
+            dtype: sample.dtype,
+            labels,
+            indices: kept,
+        });
+    }
+    let per = sample.shape.iter().product::<usize>();
+    let (tensor, labels, kept) = match sample.dtype {
+        DType::F32 => typed_batch!(f32, shared, epoch, indices, per),
+        DType::U8 => typed_batch!(u8, shared, epoch, indices, per),
+        DType::I64 => typed_batch!(i64, shared, epoch, indices, per),
+        DType::U32 => typed_batch!(u32, shared, epoch, indices, per),
+        DType::F64 => typed_batch!(f64, shared, epoch, indices, per),
+        other => panic!("DataLoader: samples of dtype {other} are not supported (f32, f64, u8, u32, i64)"),
+    };
+    Ok(Batch {
+        shape: tensor.dims().to_vec(),
+        dtype: sample.dtype,
+        images: Images::Cpu(tensor),
+        labels,
+        indices: kept,
+    })
+}

@@ -23,6 +23,9 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 /// Candidates asked of the heuristic, and timed when the shape is large enough.
 const CANDIDATES: usize = 8;
 
+/// Timed runs per candidate and round when tuning.
+const TIMED_RUNS: usize = 5;
+
 /// Products of at least this many multiply-adds are tuned by timing; smaller ones take the
 /// heuristic's first answer (timing would cost more than it could save).
 const TUNE_MIN_MACS: usize = 1 << 30;
@@ -342,13 +345,11 @@ fn choose(
     if !tune || found.len() == 1 {
         return Some(first);
     }
+    // Each candidate's time over a few runs, taken in two interleaved rounds so clock and
+    // temperature drift during tuning does not favour whichever candidate ran first.
     let time = |c: &Choice| -> Option<f32> {
-        // One untimed run (warm-up, and proof that it runs), then three timed.
-        if !run(c) {
-            return None;
-        }
         let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).ok()?;
-        for _ in 0..3 {
+        for _ in 0..TIMED_RUNS {
             if !run(c) {
                 return None;
             }
@@ -357,13 +358,14 @@ fn choose(
         end.synchronize().ok()?;
         start.elapsed_ms(&end).ok()
     };
-    let mut best = (first, f32::INFINITY);
-    for c in &found {
-        if let Some(ms) = time(c) {
-            if ms < best.1 {
-                best = (*c, ms);
-            }
+    // A warm-up run each, which also proves the candidate runs at all.
+    let runnable: Vec<Choice> = found.iter().copied().filter(|c| run(c)).collect();
+    let mut total = vec![0f32; runnable.len()];
+    for _round in 0..2 {
+        for (t, c) in total.iter_mut().zip(&runnable) {
+            *t += time(c).unwrap_or(f32::INFINITY);
         }
     }
-    Some(best.0)
+    let best = runnable.iter().zip(&total).min_by(|a, b| a.1.total_cmp(b.1)).map(|(c, _)| *c);
+    Some(best.unwrap_or(first))
 }

@@ -5,7 +5,7 @@
 use oxtrain::builtin::{model, shapes};
 use oxtrain_autograd::Var;
 use oxtrain_nn::loss::cross_entropy;
-use oxtrain_nn::{Forward, Module};
+use oxtrain_nn::Module;
 use oxtrain_tensor::{device_test, Device};
 
 device_test! {

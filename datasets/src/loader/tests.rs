@@ -226,3 +226,29 @@ fn early_drop_stops_the_workers() {
     drop(it); // joins the workers; a hang here would time the test out
     assert_eq!(loader.epoch(1).take(3).count(), 3);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pinned_batches_reach_the_gpu_unchanged() {
+    let d = tmp("pinned");
+    crate::synthetic::write_shapes_image_folder(&d, 3, 6, 40, 9).unwrap();
+    let make = |pin| {
+        let ds = ImageFolder::new(&d, ImageTransform::imagenet_train(24)).unwrap();
+        let sampler = DistributedSampler::single(ds.len()).seed(2);
+        DataLoader::new(ds, sampler, LoaderConfig { pin_memory: pin, ..config(4, 2) }).unwrap()
+    };
+    let (plain, pinned) = (make(PinMemory::Off), make(PinMemory::Device(0)));
+    let want = collect(&plain, 3);
+    let mut got = Vec::new();
+    // More batches than the pool's buffers, so reused pinned buffers are checked too.
+    for b in pinned.epoch(3) {
+        let b = b.unwrap();
+        assert!(b.is_pinned());
+        let indices = b.indices.clone();
+        let (images, labels) = b.to(oxtrain_tensor::Device::Cuda(0)).unwrap();
+        assert_eq!(images.device(), oxtrain_tensor::Device::Cuda(0));
+        got.push((images.to_vec::<f32>(), labels.to_vec::<i64>(), indices));
+    }
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&d).unwrap();
+}

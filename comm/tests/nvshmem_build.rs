@@ -18,7 +18,7 @@ fn nvshmem_kernels_compile_and_link_with_the_device_library() {
         }
         Err(e) => panic!("OXTRAIN_REQUIRE_NVSHMEM_BUILD=1 but {e}"),
     };
-    let cubin = match tc.build_cubin(90) {
+    let (cubin, log) = match tc.build_cubin_verbose(90, true) {
         Ok(c) => c,
         Err(e) if !required && e.to_string().contains("cannot be loaded") => {
             eprintln!("skipped: {e}");
@@ -26,6 +26,18 @@ fn nvshmem_kernels_compile_and_link_with_the_device_library() {
         }
         Err(e) => panic!("{e}"),
     };
+    println!("{log}");
+    // Every kernel fits its 512 threads per block (at most 128 registers each) with no spills.
+    for line in log.lines() {
+        if line.contains("spill stores") {
+            assert!(line.contains(" 0 bytes spill stores"), "a kernel spills registers:\n{log}");
+        }
+        if let Some(n) =
+            line.split("used ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<u32>().ok())
+        {
+            assert!(n <= 128, "a kernel uses {n} registers, too many for 512 threads per block:\n{log}");
+        }
+    }
     // An ELF cubin that holds every kernel the backend launches.
     assert_eq!(&cubin[..4], b"\x7fELF", "nvJitLink did not return an ELF cubin");
     for suffix in ["f32", "bf16", "f16"] {

@@ -331,6 +331,9 @@ __device__ void ox_collective(const CollArgs& a) {
     }
 }
 
-extern "C" __global__ void oxtrain_nvshmem_coll_f32(CollArgs a) { ox_collective<F32>(a); }
-extern "C" __global__ void oxtrain_nvshmem_coll_bf16(CollArgs a) { ox_collective<BF16>(a); }
-extern "C" __global__ void oxtrain_nvshmem_coll_f16(CollArgs a) { ox_collective<F16>(a); }
+// Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register
+// count low enough for that block size.
+#define OX_THREADS 512
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f32(CollArgs a) { ox_collective<F32>(a); }
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_bf16(CollArgs a) { ox_collective<BF16>(a); }
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f16(CollArgs a) { ox_collective<F16>(a); }

@@ -185,11 +185,20 @@ impl Toolchain {
 
     /// NVRTC then nvJitLink: the loadable cubin for `sm_{arch}`, no cache.
     pub fn build_cubin(&self, arch: u32) -> Result<Vec<u8>> {
+        self.build_cubin_verbose(arch, false).map(|(c, _)| c)
+    }
+
+    /// `build_cubin`, with nvJitLink's info log (`verbose`: registers and spills per kernel).
+    pub fn build_cubin_verbose(&self, arch: u32, verbose: bool) -> Result<(Vec<u8>, String)> {
         let ltoir = self.compile_ltoir(arch)?;
-        let mut linker = Linker::new(&[format!("-arch=sm_{arch}"), "-lto".into()])?;
+        let mut options = vec![format!("-arch=sm_{arch}"), "-lto".into()];
+        if verbose {
+            options.push("-verbose".into());
+        }
+        let mut linker = Linker::new(&options)?;
         linker.add_data(InputType::LtoIr, &ltoir, "collectives.ltoir")?;
         linker.add_file(InputType::Library, &self.nvshmem_device_lib)?;
-        linker.finish()
+        linker.finish_with_log()
     }
 
     /// `build_cubin` through the tensor crate's kernel cache folder, keyed by the source,

@@ -145,8 +145,17 @@ pub(crate) fn init_attr() -> InitAttr {
     put32(&mut a, 0, (2 << 16) + 144); // nvshmemx_init_attr_t version
     put32(&mut a, 16, (2 << 16) + 128); // nvshmemx_init_args_t version
     put32(&mut a, 24, (1 << 16) + 24); // nvshmemx_uniqueid_args_t version
+    put32(&mut a, 40, -1); // myrank, unset
+    put32(&mut a, 44, -1); // nranks, unset
     put32(&mut a, 48, -1); // cuda_device_id: the current context's device
     a
+}
+
+/// An empty unique id with its version word, as `NVSHMEMX_UNIQUEID_INITIALIZER`.
+pub(crate) fn unique_id() -> UniqueId {
+    let mut u = UniqueId { bytes: [0; 128] };
+    u.bytes[..4].copy_from_slice(&((1i32 << 16) + 128).to_le_bytes());
+    u
 }
 
 /// Reads back (rank, nranks, uid pointer) from the attributes, to check the layout after
@@ -167,6 +176,7 @@ mod tests {
         assert_eq!(i32::from_le_bytes(a.bytes[0..4].try_into().unwrap()), 0x20090);
         assert_eq!(i32::from_le_bytes(a.bytes[16..20].try_into().unwrap()), 0x20080);
         assert_eq!(i32::from_le_bytes(a.bytes[24..28].try_into().unwrap()), 0x10018);
-        assert_eq!(attr_uid_args(&a), (0, 0, 0));
+        assert_eq!(attr_uid_args(&a), (-1, -1, 0));
+        assert_eq!(&unique_id().bytes[..4], &0x10080i32.to_le_bytes());
     }
 }

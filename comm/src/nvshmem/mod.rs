@@ -159,7 +159,7 @@ impl NvshmemCommunicator {
 
         // The unique id, from rank 0 through the store.
         let key = "oxtrain/nvshmem/unique_id";
-        let mut uid = host::UniqueId { bytes: [0; 128] };
+        let mut uid = host::unique_id();
         if rank == 0 {
             // SAFETY: out-parameter of the documented size.
             let st = unsafe { (api.get_uniqueid)(&mut uid) };

@@ -35,6 +35,8 @@ struct Api {
     cubin: unsafe extern "C" fn(Handle, *mut c_void) -> Status,
     error_log_size: unsafe extern "C" fn(Handle, *mut usize) -> Status,
     error_log: unsafe extern "C" fn(Handle, *mut c_char) -> Status,
+    info_log_size: unsafe extern "C" fn(Handle, *mut usize) -> Status,
+    info_log: unsafe extern "C" fn(Handle, *mut c_char) -> Status,
     _lib: libloading::Library,
 }
 
@@ -85,6 +87,8 @@ fn load() -> std::result::Result<Api, String> {
         cubin: sym!("GetLinkedCubin"),
         error_log_size: sym!("GetErrorLogSize"),
         error_log: sym!("GetErrorLog"),
+        info_log_size: sym!("GetInfoLogSize"),
+        info_log: sym!("GetInfoLog"),
         _lib: lib,
     })
 }
@@ -121,14 +125,27 @@ impl Linker {
     }
 
     fn error_log(&self) -> String {
+        self.log(self.api.error_log_size, self.api.error_log)
+    }
+
+    /// The linker's informational output (with `-verbose`: registers and spills per kernel).
+    pub fn info_log(&self) -> String {
+        self.log(self.api.info_log_size, self.api.info_log)
+    }
+
+    fn log(
+        &self,
+        size: unsafe extern "C" fn(Handle, *mut usize) -> Status,
+        get: unsafe extern "C" fn(Handle, *mut c_char) -> Status,
+    ) -> String {
         let mut n = 0usize;
         // SAFETY: a live handle and plain out-parameters.
         unsafe {
-            if (self.api.error_log_size)(self.handle, &mut n) != 0 || n == 0 {
+            if size(self.handle, &mut n) != 0 || n == 0 {
                 return String::new();
             }
             let mut buf = vec![0u8; n];
-            if (self.api.error_log)(self.handle, buf.as_mut_ptr() as *mut c_char) != 0 {
+            if get(self.handle, buf.as_mut_ptr() as *mut c_char) != 0 {
                 return String::new();
             }
             String::from_utf8_lossy(&buf).trim_end_matches('\0').to_string()
@@ -159,6 +176,11 @@ impl Linker {
 
     /// Links everything added and returns the cubin.
     pub fn finish(self) -> Result<Vec<u8>> {
+        self.finish_with_log().map(|(c, _)| c)
+    }
+
+    /// `finish`, also returning the info log.
+    pub fn finish_with_log(self) -> Result<(Vec<u8>, String)> {
         // SAFETY: a live handle; buffers sized by the library's own answer.
         unsafe {
             self.check((self.api.complete)(self.handle), "nvJitLinkComplete")?;
@@ -169,7 +191,7 @@ impl Linker {
                 (self.api.cubin)(self.handle, out.as_mut_ptr() as *mut c_void),
                 "nvJitLinkGetLinkedCubin",
             )?;
-            Ok(out)
+            Ok((out, self.info_log()))
         }
     }
 }

@@ -143,9 +143,11 @@ pub fn child(cfg: &Config) -> i32 {
             NcclCommunicator::connect(rank, world, ordinal, &store).unwrap_or_else(|e| fail(&e.to_string()));
         let mut c = cfg.clone();
         if !cfg.backends.iter().any(|b| b == "nccl") {
-            // Only the comparison: all_reduce in the compared dtype.
+            // Only the comparison: all_reduce, in the swept dtypes and the compared one.
             c.ops = vec!["all_reduce".into()];
-            c.dtypes = vec![cfg.compare_dtype];
+            if !c.dtypes.contains(&cfg.compare_dtype) {
+                c.dtypes.push(cfg.compare_dtype);
+            }
         }
         rows.extend(sweep(&comm, comm.comm_stream(), &c, device, "nccl"));
     }

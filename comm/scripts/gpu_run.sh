@@ -19,10 +19,10 @@ mkdir -p "$OUT"
 # Library folders of pip's nvidia packages, for oxtrain's library search and the loader.
 nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
 dirs=""
-for d in "$nv"/*/lib; do [ -d "$d" ] && dirs="$dirs:$d"; done
+if [ -n "$nv" ]; then for d in "$nv"/*/lib; do [ -d "$d" ] && dirs="$dirs:$d"; done; fi
 export OXTRAIN_CUDA_LIB_DIRS="${dirs#:}"
 export LD_LIBRARY_PATH="${OXTRAIN_CUDA_LIB_DIRS}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-[ -d "$nv/nvshmem" ] && export OXTRAIN_NVSHMEM_HOME="$nv/nvshmem"
+[ -n "$nv" ] && [ -d "$nv/nvshmem" ] && export OXTRAIN_NVSHMEM_HOME="$nv/nvshmem"
 export OXTRAIN_KERNEL_CACHE="$OUT/kernel-cache"
 # No NVLink multicast objects on the lent machines; no InfiniBand probing for NVSHMEM.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -69,7 +69,7 @@ for b in d["benchmarks"]:
 rows = [b for b in d["benchmarks"] if "busbw_GBps" in b and "_f32_" in b["name"]]
 sizes = sorted({int(b["name"].rsplit("_", 1)[1][:-1]) for b in rows})
 labels = sorted({b["name"].split("_")[2] for b in rows})
-print(f"\n  all_reduce f32 time (us): {'size':>11} " + " ".join(f"{l:>16}" for l in labels))
+print(f"\n  all_reduce f32, time(us) busbw(GB/s): {'size':>11} " + " ".join(f"{l:>16}" for l in labels))
 for s in sizes:
     cells = []
     for l in labels:

@@ -32,15 +32,11 @@ const _: () = assert!(std::mem::size_of::<UniqueId>() == 128 && std::mem::size_o
 
 /// `NVSHMEMX_INIT_WITH_UNIQUEID`.
 pub(crate) const INIT_WITH_UNIQUEID: u32 = 1 << 3;
-/// `NVSHMEM_SIGNAL_SET` / `_ADD`, for the host-side one-sided calls (SymmetricMemory TODO).
-#[allow(dead_code)]
+/// `NVSHMEM_SIGNAL_SET` / `_ADD`.
 pub(crate) const SIGNAL_SET: i32 = 9;
-#[allow(dead_code)]
 pub(crate) const SIGNAL_ADD: i32 = 10;
 
-/// The host functions oxtrain uses; the stream-ordered one-sided calls are loaded (so a
-/// missing one fails at start-up) for the coming `SymmetricMemory` implementation.
-#[allow(dead_code)]
+/// The host functions the collectives need.
 pub(crate) struct Api {
     pub get_uniqueid: unsafe extern "C" fn(*mut UniqueId) -> i32,
     pub set_attr_uniqueid_args: unsafe extern "C" fn(i32, i32, *const UniqueId, *mut InitAttr) -> i32,
@@ -54,16 +50,25 @@ pub(crate) struct Api {
     pub cumodule_init: unsafe extern "C" fn(*mut c_void) -> i32,
     pub cumodule_finalize: unsafe extern "C" fn(*mut c_void) -> i32,
     pub barrier_all: unsafe extern "C" fn(),
-    pub barrier_all_on_stream: unsafe extern "C" fn(CuStream),
+    /// The one-sided calls of `SymmetricMemory`; None when this NVSHMEM lacks one of them
+    /// (the collectives do not need them).
+    pub one_sided: std::result::Result<OneSided, String>,
+    pub path: PathBuf,
+    _lib: libloading::Library,
+}
+
+/// Host-initiated one-sided operations (stream-ordered puts and gets, signals, atomics).
+pub(crate) struct OneSided {
     pub quiet_on_stream: unsafe extern "C" fn(CuStream),
     pub putmem_on_stream: unsafe extern "C" fn(*mut c_void, *const c_void, usize, i32, CuStream),
     pub getmem_on_stream: unsafe extern "C" fn(*mut c_void, *const c_void, usize, i32, CuStream),
     pub putmem_signal_on_stream:
         unsafe extern "C" fn(*mut c_void, *const c_void, usize, *mut u64, u64, i32, i32, CuStream),
     pub signal_op_on_stream: unsafe extern "C" fn(*mut u64, u64, i32, i32, CuStream),
-    pub signal_wait_until_on_stream: unsafe extern "C" fn(*mut u64, i32, u64, CuStream),
-    pub path: PathBuf,
-    _lib: libloading::Library,
+    pub u32_fetch_add: unsafe extern "C" fn(*mut u32, u32, i32) -> u32,
+    pub u64_fetch_add: unsafe extern "C" fn(*mut u64, u64, i32) -> u64,
+    pub u32_compare_swap: unsafe extern "C" fn(*mut u32, u32, u32, i32) -> u32,
+    pub u64_compare_swap: unsafe extern "C" fn(*mut u64, u64, u64, i32) -> u64,
 }
 
 fn candidates() -> Vec<PathBuf> {
@@ -110,6 +115,19 @@ fn load() -> std::result::Result<Api, String> {
                 .map_err(|e| format!("{} has no {}: {e}", path.display(), $name))?
         };
     }
+    let one_sided = (|| -> std::result::Result<OneSided, String> {
+        Ok(OneSided {
+            quiet_on_stream: sym!("nvshmemx_quiet_on_stream"),
+            putmem_on_stream: sym!("nvshmemx_putmem_on_stream"),
+            getmem_on_stream: sym!("nvshmemx_getmem_on_stream"),
+            putmem_signal_on_stream: sym!("nvshmemx_putmem_signal_on_stream"),
+            signal_op_on_stream: sym!("nvshmemx_signal_op_on_stream"),
+            u32_fetch_add: sym!("nvshmem_uint32_atomic_fetch_add"),
+            u64_fetch_add: sym!("nvshmem_uint64_atomic_fetch_add"),
+            u32_compare_swap: sym!("nvshmem_uint32_atomic_compare_swap"),
+            u64_compare_swap: sym!("nvshmem_uint64_atomic_compare_swap"),
+        })
+    })();
     Ok(Api {
         get_uniqueid: sym!("nvshmemx_get_uniqueid"),
         set_attr_uniqueid_args: sym!("nvshmemx_set_attr_uniqueid_args"),
@@ -123,13 +141,7 @@ fn load() -> std::result::Result<Api, String> {
         cumodule_init: sym!("nvshmemx_cumodule_init"),
         cumodule_finalize: sym!("nvshmemx_cumodule_finalize"),
         barrier_all: sym!("nvshmem_barrier_all"),
-        barrier_all_on_stream: sym!("nvshmemx_barrier_all_on_stream"),
-        quiet_on_stream: sym!("nvshmemx_quiet_on_stream"),
-        putmem_on_stream: sym!("nvshmemx_putmem_on_stream"),
-        getmem_on_stream: sym!("nvshmemx_getmem_on_stream"),
-        putmem_signal_on_stream: sym!("nvshmemx_putmem_signal_on_stream"),
-        signal_op_on_stream: sym!("nvshmemx_signal_op_on_stream"),
-        signal_wait_until_on_stream: sym!("nvshmemx_signal_wait_until_on_stream"),
+        one_sided,
         path,
         _lib: lib,
     })

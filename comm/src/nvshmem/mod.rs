@@ -24,10 +24,11 @@
 //! own (`NVSHMEM_SYMMETRIC_SIZE`, `NVSHMEM_REMOTE_TRANSPORT=none` without InfiniBand,
 //! `NVSHMEM_DISABLE_NVLS=1`).
 //!
-//! `SymmetricMemory` for NVSHMEM is not implemented yet (TODO: put/get/put_with_signal through
-//! the host `nvshmemx_*_on_stream` calls, which `host.rs` already loads).
+//! [`NvshmemCommunicator::symmetric_heap`] gives a [`crate::SymmetricMemory`] on NVSHMEM's
+//! heap (host-initiated, stream-ordered puts, gets, signals and atomics; see `heap.rs`).
 
 pub mod device_code;
+mod heap;
 mod host;
 mod kernels;
 pub mod nvjitlink;
@@ -39,6 +40,7 @@ use crate::gpu::{check_root, check_shards, cuda_err, cuda_view, CommStream, Cuda
 use crate::op::{shard_range, ReduceOp};
 use crate::work::Work;
 use cudarc::driver::{result as drv, sys as cu};
+pub use heap::NvshmemHeap;
 use kernels::{CollArgs, Function, MAX_BLOCKS, MAX_PES};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Tensor};
@@ -305,6 +307,13 @@ impl NvshmemCommunicator {
 
     fn view(&self, op: &str, t: &Tensor) -> Result<CudaView> {
         cuda_view(op, t, self.stream.ordinal, &self.stream.stream)
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    fn bind(&self) -> Result<()> {
+        let device =
+            oxtrain_tensor::cuda::device(self.stream.ordinal).map_err(|e| cuda_err("the device", e))?;
+        device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))
     }
 
     fn function(&self, op: &str, dtype: DType, reduce: bool) -> Result<Function> {

@@ -6,7 +6,7 @@ use super::{fail, print_header, run_rank, short, write_json_with, Config, Row};
 use oxtrain_comm::bootstrap::store_from_env;
 use oxtrain_comm::nccl::NcclCommunicator;
 use oxtrain_comm::nvshmem::{Algorithm, NvshmemCommunicator, NvshmemOptions};
-use oxtrain_comm::{Communicator, LaunchEnv};
+use oxtrain_comm::{Cmp, Communicator, LaunchEnv, SignalOp, SymmetricMemory};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Device};
 use std::time::Duration;
@@ -133,6 +133,7 @@ pub fn child(cfg: &Config) -> i32 {
     let (rank, world, ordinal) = (env.rank, env.world_size, env.local_rank);
     let device = Device::Cuda(ordinal);
     let mut rows: Vec<Row> = vec![];
+    let mut symmetric_wrong = 0;
     let compare_nccl = cfg.compare.as_deref() == Some("nccl");
     if let Some(other) = cfg.compare.as_deref().filter(|c| *c != "nccl") {
         fail(&format!("--compare {other}: only nccl is known"));
@@ -170,9 +171,14 @@ pub fn child(cfg: &Config) -> i32 {
             }
             rows.extend(sweep(&comm, comm.comm_stream(), &c, device, label));
         }
+        let bad = symmetric_self_check(&comm).unwrap_or_else(|e| fail(&format!("symmetric memory: {e}")));
+        if rank == 0 {
+            println!("# nvshmem symmetric memory self-check: {}", if bad == 0 { "ok" } else { "FAILED" });
+        }
+        symmetric_wrong = bad;
     }
 
-    let wrong: usize = rows.iter().map(|r| r.wrong).sum();
+    let wrong: usize = rows.iter().map(|r| r.wrong).sum::<usize>() + symmetric_wrong;
     if rank == 0 {
         if wrong > 0 {
             eprintln!("comm-bench: {wrong} wrong elements");
@@ -192,6 +198,46 @@ pub fn child(cfg: &Config) -> i32 {
         }
     }
     i32::from(wrong > 0)
+}
+
+/// put_with_signal / wait_until / get / atomics on an NVSHMEM heap, in a ring; returns the
+/// number of wrong values seen by this PE.
+fn symmetric_self_check(comm: &NvshmemCommunicator) -> oxtrain_comm::Result<usize> {
+    let heap = comm.symmetric_heap(1 << 20)?;
+    let (me, n) = (heap.rank(), heap.world_size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    const N: usize = 1000;
+    let src = heap.alloc::<f32>(N)?;
+    let inbox = heap.alloc::<f32>(N)?;
+    let got = heap.alloc::<f32>(N)?;
+    let sig = heap.alloc_signals(1)?;
+    let counter = heap.alloc::<u64>(1)?;
+    let mine: Vec<f32> = (0..N).map(|i| (me * N + i) as f32).collect();
+    heap.write_local(src, &mine)?;
+    heap.barrier_all()?;
+    let mut bad = 0;
+    // Push to the next PE with a signal; the previous PE's data lands here.
+    heap.put_with_signal(inbox, src, sig.at(0), SignalOp::Set, 7, next)?;
+    heap.wait_until(sig.at(0), Cmp::Eq, 7)?;
+    let mut v = vec![0f32; N];
+    heap.read_local(inbox, &mut v)?;
+    bad += v.iter().enumerate().filter(|(i, x)| **x != (prev * N + i) as f32).count();
+    // Pull the next PE's source.
+    heap.get(got, src, next)?;
+    heap.read_local(got, &mut v)?;
+    bad += v.iter().enumerate().filter(|(i, x)| **x != (next * N + i) as f32).count();
+    // Every PE adds 1 on PE 0; then PE 0 swaps n for 100.
+    heap.atomic_fetch_add(counter, 1u64, 0)?;
+    heap.barrier_all()?;
+    if me == 0 {
+        let old = heap.atomic_compare_swap(counter, n as u64, 100, 0)?;
+        bad += usize::from(old != n as u64);
+        let mut c = [0u64];
+        heap.read_local(counter, &mut c)?;
+        bad += usize::from(c[0] != 100);
+    }
+    heap.barrier_all()?;
+    Ok(bad)
 }
 
 /// The headline entries: NVSHMEM (auto) against NCCL, all_reduce in `dtype`.

@@ -182,6 +182,30 @@ pub(crate) fn attr_uid_args(a: &InitAttr) -> (i32, i32, u64) {
 mod tests {
     use super::*;
 
+    /// Every symbol the backend uses resolves in the installed host library (skipped when
+    /// NVSHMEM is not installed; no GPU needed).
+    #[test]
+    fn host_library_has_every_symbol() {
+        if candidates().is_empty() {
+            eprintln!("skipped: libnvshmem_host.so.3 not found");
+            return;
+        }
+        let api = api().unwrap_or_else(|e| panic!("{e}"));
+        if let Err(e) = &api.one_sided {
+            panic!("one-sided calls missing: {e}");
+        }
+        // The hand-written attribute layout, as nvshmemx_set_attr_uniqueid_args fills it.
+        let mut uid = unique_id();
+        // SAFETY: out-parameters of the documented sizes; no GPU is needed for these calls.
+        let st = unsafe { (api.get_uniqueid)(&mut uid) };
+        eprintln!("nvshmemx_get_uniqueid: {st}");
+        let mut attr = init_attr();
+        let st = unsafe { (api.set_attr_uniqueid_args)(1, 2, &uid, &mut attr) };
+        assert_eq!(st, 0);
+        assert_eq!(attr_uid_args(&attr), (1, 2, &uid as *const UniqueId as u64));
+        assert_eq!(i32::from_le_bytes(attr.bytes[0..4].try_into().unwrap()), 0x20090, "attr version changed");
+    }
+
     #[test]
     fn init_attr_version_words_match_the_headers() {
         let a = init_attr();

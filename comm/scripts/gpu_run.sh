@@ -8,7 +8,7 @@
 #   bash comm/scripts/gpu_run.sh            # results in $OUT (default ./gpu-out)
 # Steps: (1) correctness of every collective on both backends at small and odd sizes,
 # (2) the NVSHMEM-vs-NCCL comparison with both all-reduce algorithms, writing
-# $OUT/comm-2xh200.json, (3) a short table. About 4-6 minutes.
+# $OUT/comm-2xh200.json, (2b) a block-count sweep at 64M/256M, (3) a short table. About 4-6 minutes.
 set -uo pipefail
 here=$(pwd)
 bin="${BENCH:-$here/.gpu/bin/comm-bench}"
@@ -55,8 +55,14 @@ run check-nvshmem-windows 120 --backend nvshmem --algo all --chunk 1M --ranks 2 
 
 # 2. The comparison: all_reduce, 8 B .. 1 GiB, f32 (nccl-tests' default) and bf16, NCCL beside
 #    NVSHMEM with the auto, one-shot and two-shot algorithms.
-run compare 360 --backend nvshmem --compare nccl --algo all --ranks 2 --ops all_reduce --dtypes f32,bf16 \
+run compare 420 --backend nvshmem --compare nccl --algo all --ranks 2 --ops all_reduce --dtypes f32,bf16 \
   --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200.json"
+
+# 2b. How the bandwidth moves with the block count (default 32): 8, 64 and 128 blocks at 64M and 256M.
+for b in 8 64 128; do
+  run blocks-$b 90 --backend nvshmem --algo all --blocks $b --ranks 2 --ops all_reduce --dtypes f32 \
+    --sizes 64M,256M --json "$OUT/blocks-$b.json"
+done
 
 # 3. Table.
 python3 - "$OUT/comm-2xh200.json" <<'PY' || true

@@ -17,8 +17,11 @@ mod check;
 mod communicator;
 mod engine;
 mod error;
+mod gpu;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod nccl;
+pub mod nvshmem;
 mod op;
 pub mod shm;
 pub mod symmetric;

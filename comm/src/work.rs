@@ -14,6 +14,10 @@ pub trait WorkWaiter: Send {
     /// stream is ordered after it, as NCCL's `work.wait()` does).
     fn wait(self: Box<Self>) -> Result<()>;
     fn is_completed(&mut self) -> bool;
+    /// Blocks the host until the operation has finished on the device (`wait` by default).
+    fn synchronize(self: Box<Self>) -> Result<()> {
+        self.wait()
+    }
 }
 
 enum State {
@@ -56,6 +60,16 @@ impl Work {
                 ))),
             },
             State::Custom(w) => w.wait(),
+        }
+    }
+
+    /// Blocks the host until the operation has finished everywhere it runs. Same as `wait()`
+    /// for CPU backends; for GPU backends `wait()` only orders the caller's current stream
+    /// after the collective (as `torch.distributed`'s `work.wait()`), this waits for the device.
+    pub fn synchronize(self) -> Result<()> {
+        match self.state {
+            State::Custom(w) => w.synchronize(),
+            _ => self.wait(),
         }
     }
 

@@ -37,9 +37,23 @@ pub fn store_from_env(env: &LaunchEnv, timeout: std::time::Duration) -> Result<T
     }
 }
 
+/// The GPU of this process: its local rank (one process per GPU, as torchrun starts them).
+fn gpu_ordinal(env: &LaunchEnv) -> Result<usize> {
+    let count = oxtrain_tensor::cuda::device_count();
+    if env.local_rank >= count {
+        return Err(CommError::Bootstrap(format!(
+            "local rank {} needs cuda:{}, but this process sees {count} CUDA device(s) (one process per GPU; check \
+             CUDA_VISIBLE_DEVICES and LOCAL_RANK)",
+            env.local_rank, env.local_rank
+        )));
+    }
+    Ok(env.local_rank)
+}
+
 /// The process group of a job started by torchrun, mpirun or srun (see [`LaunchEnv`]).
 ///
-/// The backend is `OXTRAIN_COMM_BACKEND` (`shm`, `mpi`), else `shm` when every rank is on
+/// The backend is `OXTRAIN_COMM_BACKEND` (`shm`, `mpi`, `nccl`, `nvshmem`; the GPU backends
+/// use GPU `LOCAL_RANK` and CUDA tensors), else `shm` when every rank is on
 /// this host, else `mpi` when built with the `mpi` feature. Timeouts and checking mode come
 /// from `OXTRAIN_COMM_TIMEOUT` (seconds) and `OXTRAIN_COMM_CHECK=1`.
 pub fn init_from_env() -> Result<ProcessGroup> {
@@ -69,14 +83,29 @@ pub fn init_from_env() -> Result<ProcessGroup> {
             let ShmWorld { comm, heap } = crate::shm::connect(env.rank, env.world_size, &store, &opts)?;
             Ok(ProcessGroup { comm: Box::new(comm), store, env, heap: Some(heap) })
         }
+        "nccl" | "nvshmem" => {
+            let ordinal = gpu_ordinal(&env)?;
+            let comm: Box<dyn Communicator> = if backend == "nccl" {
+                Box::new(crate::nccl::NcclCommunicator::connect(env.rank, env.world_size, ordinal, &store)?)
+            } else {
+                Box::new(crate::nvshmem::NvshmemCommunicator::connect(
+                    env.rank,
+                    env.world_size,
+                    ordinal,
+                    &store,
+                    Default::default(),
+                )?)
+            };
+            Ok(ProcessGroup { comm, store, env, heap: None })
+        }
         #[cfg(feature = "mpi")]
         "mpi" => {
             let comm = crate::mpi::connect(&opts.comm)?;
             Ok(ProcessGroup { comm: Box::new(comm), store, env, heap: None })
         }
         other => Err(CommError::Bootstrap(format!(
-            "OXTRAIN_COMM_BACKEND={other:?} is not available in this build (CPU backends: shm{}; GPU backends come with \
-             the nccl and nvshmem modules)",
+            "OXTRAIN_COMM_BACKEND={other:?} is not available in this build (CPU backends: shm{}; GPU backends: nccl, \
+             nvshmem)",
             if cfg!(feature = "mpi") { ", mpi" } else { "; mpi needs --features mpi" }
         ))),
     }

@@ -4,16 +4,24 @@
 //! and busbw with nccl-tests' formulas, checks every element of every result, and writes
 //! JSON in the project's benchmark format with `--json PATH`.
 //!
-//! GPU backends plug in through `run_rank`: give it their communicator and `Device::Cuda`.
+//! GPU backends (`--backend nccl,nvshmem`, see `gpu.rs`) start one process per GPU (this
+//! program again, with torchrun's variables), time with CUDA events on the communication
+//! stream, and with `--compare nccl` emit the NVSHMEM-vs-NCCL entries of the results file.
+
+mod gpu;
 
 use oxtrain_comm::{shard_range, Communicator, ReduceOp, ShmOptions, TcpStore};
 use oxtrain_tensor::half::{bf16, f16};
 use oxtrain_tensor::{DType, Device, Element, Tensor};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "comm-bench [--backend local|shm|mpi|all] [--ranks N] [--min-bytes B] [--max-bytes B] \
+const USAGE: &str = "comm-bench [--backend local|shm|mpi|nccl|nvshmem|all] [--ranks N] [--min-bytes B] [--max-bytes B] \
 [--ops all_reduce,reduce_scatter,all_gather,broadcast,reduce] [--dtypes f32,bf16,f16] [--iters N] [--warmup N] [--json PATH]
-sizes take K, M, G suffixes (powers of 1024); defaults: all CPU backends, 2 ranks, 8 B to 1G, 20 iterations, 5 warm-up";
+[--sizes B1,B2,..] (instead of the doubling sweep)
+GPU backends (one process per GPU): [--algo auto|oneshot|twoshot|all] [--blocks N] [--oneshot-max B] [--chunk B]
+  [--compare nccl] [--compare-dtype f32|bf16]
+sizes take K, M, G suffixes (powers of 1024); defaults: all CPU backends, 2 ranks, 8 B to 1G, 20 iterations (GPU: 100,
+fewer above 64M), 5 warm-up; every element of every result is checked";
 
 #[derive(Clone, Debug)]
 struct Config {
@@ -24,8 +32,21 @@ struct Config {
     ops: Vec<String>,
     dtypes: Vec<DType>,
     iters: usize,
+    /// Whether --iters was given (GPU runs default to more iterations).
+    iters_set: bool,
     warmup: usize,
     json: Option<String>,
+    /// nvshmem: auto, oneshot, twoshot, or all (one sweep each).
+    algo: String,
+    blocks: Option<u32>,
+    oneshot_max: Option<usize>,
+    chunk: Option<usize>,
+    /// `--compare nccl`: also sweep NCCL's all_reduce and emit the comparison entries.
+    compare: Option<String>,
+    compare_dtype: DType,
+    /// `--sizes`: exact byte sizes instead of the doubling sweep (odd ones give lengths the
+    /// world size does not divide).
+    sizes: Option<Vec<usize>>,
 }
 
 fn parse_bytes(s: &str) -> usize {
@@ -52,8 +73,16 @@ fn parse_args() -> Config {
         ops: ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"].map(String::from).to_vec(),
         dtypes: vec![DType::F32, DType::BF16, DType::F16],
         iters: 20,
+        iters_set: false,
         warmup: 5,
         json: None,
+        algo: "auto".into(),
+        blocks: None,
+        oneshot_max: None,
+        chunk: None,
+        compare: None,
+        compare_dtype: DType::F32,
+        sizes: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -84,7 +113,24 @@ fn parse_args() -> Config {
                     })
                     .collect()
             }
-            "--iters" => c.iters = val().parse().unwrap_or_else(|_| fail("--iters takes a number")),
+            "--iters" => {
+                c.iters = val().parse().unwrap_or_else(|_| fail("--iters takes a number"));
+                c.iters_set = true;
+            }
+            "--algo" => c.algo = val(),
+            "--blocks" => c.blocks = Some(val().parse().unwrap_or_else(|_| fail("--blocks takes a number"))),
+            "--oneshot-max" => c.oneshot_max = Some(parse_bytes(&val())),
+            "--chunk" => c.chunk = Some(parse_bytes(&val())),
+            "--compare" => c.compare = Some(val()),
+            "--sizes" => c.sizes = Some(val().split(',').map(parse_bytes).collect()),
+            "--compare-dtype" => {
+                c.compare_dtype = match val().as_str() {
+                    "f32" => DType::F32,
+                    "bf16" => DType::BF16,
+                    "f16" => DType::F16,
+                    other => fail(&format!("unknown dtype {other}")),
+                }
+            }
             "--warmup" => c.warmup = val().parse().unwrap_or_else(|_| fail("--warmup takes a number")),
             "--json" => c.json = Some(val()),
             "-h" | "--help" => {
@@ -153,6 +199,7 @@ fn measure(
     bytes: usize,
     cfg: &Config,
     device: Device,
+    gpu: Option<&oxtrain_tensor::cuda::Stream>,
 ) -> Row {
     let (rank, n) = (comm.rank(), comm.world_size());
     let esz = dtype.size_in_bytes();
@@ -175,18 +222,32 @@ fn measure(
     };
     let input = tensor(dtype, &mine, device);
     let output = tensor(dtype, &vec![0.0; out_len], device);
-    let iters = cfg.iters.min((1usize << 28) / bytes.max(1)).max(2);
+    let iters = match gpu {
+        None => cfg.iters.min((1usize << 28) / bytes.max(1)).max(2),
+        Some(_) if cfg.iters_set => cfg.iters.max(1),
+        // Enough calls to average well, at most ~6 GiB moved per size.
+        Some(_) => 100usize.min((6usize << 30) / bytes.max(1)).max(10),
+    };
     for _ in 0..cfg.warmup.min(iters) {
         call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
     }
     comm.barrier().and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
-    let start = Instant::now();
-    let works: Vec<_> =
-        (0..iters).map(|_| call(&input, &output).unwrap_or_else(|e| fail(&e.to_string()))).collect();
-    for w in works {
-        w.wait().unwrap_or_else(|e| fail(&e.to_string()));
-    }
-    let secs = start.elapsed().as_secs_f64() / iters as f64;
+    let secs = match gpu {
+        None => {
+            let start = Instant::now();
+            let works: Vec<_> =
+                (0..iters).map(|_| call(&input, &output).unwrap_or_else(|e| fail(&e.to_string()))).collect();
+            for w in works {
+                w.wait().unwrap_or_else(|e| fail(&e.to_string()));
+            }
+            start.elapsed().as_secs_f64() / iters as f64
+        }
+        // CUDA events around the calls on the communication stream (which is current, so the
+        // calls add no cross-stream events), as nccl-tests times.
+        Some(s) => gpu::time_on_stream(s, iters, || {
+            call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()))
+        }),
+    };
     // One more call on fresh inputs, checked element by element.
     let input = tensor(dtype, &mine, device);
     call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
@@ -219,18 +280,26 @@ fn measure(
 }
 
 /// Runs the whole sweep on one rank; returns the rows (every rank measures; rank 0 reports).
-fn run_rank(comm: &dyn Communicator, cfg: &Config, device: Device) -> Vec<Row> {
+fn run_rank(
+    comm: &dyn Communicator,
+    cfg: &Config,
+    device: Device,
+    gpu: Option<&oxtrain_tensor::cuda::Stream>,
+) -> Vec<Row> {
     let mut rows = vec![];
     for op in &cfg.ops {
         for &dtype in &cfg.dtypes {
-            let mut bytes = cfg.min_bytes.max(dtype.size_in_bytes());
-            while bytes <= cfg.max_bytes {
-                let row = measure(comm, op, dtype, bytes, cfg, device);
+            let sizes = cfg.sizes.clone().unwrap_or_else(|| {
+                std::iter::successors(Some(cfg.min_bytes.max(dtype.size_in_bytes())), |b| Some(b * 2))
+                    .take_while(|&b| b <= cfg.max_bytes)
+                    .collect()
+            });
+            for bytes in sizes {
+                let row = measure(comm, op, dtype, bytes, cfg, device, gpu);
                 if comm.rank() == 0 {
                     print_row(&row);
                 }
                 rows.push(row);
-                bytes *= 2;
             }
         }
     }
@@ -286,6 +355,17 @@ fn today() -> String {
 }
 
 fn write_json(path: &str, rows: &[Row]) {
+    write_json_with(path, rows, vec![], None, None)
+}
+
+/// The results file: `extra` entries (comparisons) first, then one per measured row.
+fn write_json_with(
+    path: &str,
+    rows: &[Row],
+    extra: Vec<serde_json::Value>,
+    machine: Option<String>,
+    notes: Option<String>,
+) {
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()
@@ -294,24 +374,22 @@ fn write_json(path: &str, rows: &[Row]) {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let benchmarks: Vec<_> = rows
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "name": format!("{}_{}_{}r_{}_{}B", r.op, r.backend, r.ranks, short(r.dtype), r.bytes),
-                "unit": "us",
-                "oxtrain": r.time_us,
-                "algbw_GBps": r.algbw,
-                "busbw_GBps": r.busbw,
-                "wrong": r.wrong,
-            })
+    let mut benchmarks = extra;
+    benchmarks.extend(rows.iter().map(|r| {
+        serde_json::json!({
+            "name": format!("{}_{}_{}r_{}_{}B", r.op, r.backend, r.ranks, short(r.dtype), r.bytes),
+            "unit": "us",
+            "oxtrain": r.time_us,
+            "algbw_GBps": r.algbw,
+            "busbw_GBps": r.busbw,
+            "wrong": r.wrong,
         })
-        .collect();
+    }));
     let doc = serde_json::json!({
         "date": today(),
         "commit": commit,
-        "machine": format!("CPU, {cores} cores"),
-        "notes": "comm-bench: time per call averaged over the timed iterations; algbw = size/time, busbw with nccl-tests' factors (all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n, broadcast and reduce 1); no peer measured",
+        "machine": machine.unwrap_or_else(|| format!("CPU, {cores} cores")),
+        "notes": notes.unwrap_or_else(|| "comm-bench: time per call averaged over the timed iterations; algbw = size/time, busbw with nccl-tests' factors (all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n, broadcast and reduce 1); no peer measured".into()),
         "benchmarks": benchmarks,
     });
     let text = serde_json::to_string_pretty(&doc).expect("json");
@@ -326,7 +404,7 @@ fn bench_local(cfg: &Config) -> Vec<Row> {
         .into_iter()
         .map(|w| {
             let cfg = cfg.clone();
-            std::thread::spawn(move || run_rank(&w.comm, &cfg, Device::Cpu))
+            std::thread::spawn(move || run_rank(&w.comm, &cfg, Device::Cpu, None))
         })
         .collect();
     let mut rows = vec![];
@@ -378,7 +456,7 @@ fn shm_child(cfg: &Config, rank: usize, world: usize) -> Vec<Row> {
     if rank == 0 {
         print_header("shm", world);
     }
-    run_rank(&w.comm, cfg, Device::Cpu)
+    run_rank(&w.comm, cfg, Device::Cpu, None)
 }
 
 fn finish(rows: Vec<Row>, cfg: &Config, json_rows: &mut Vec<Row>) -> bool {
@@ -393,6 +471,12 @@ fn finish(rows: Vec<Row>, cfg: &Config, json_rows: &mut Vec<Row>) -> bool {
 
 fn main() {
     let cfg = parse_args();
+    if gpu::is_child() {
+        std::process::exit(gpu::child(&cfg));
+    }
+    if cfg.backends.iter().any(|b| b == "nccl" || b == "nvshmem") {
+        std::process::exit(gpu::spawn(&cfg));
+    }
     let mut rows = vec![];
     let mut ok = true;
     if let (Ok(r), Ok(w)) = (std::env::var("OXTRAIN_BENCH_RANK"), std::env::var("OXTRAIN_BENCH_WORLD")) {
@@ -420,7 +504,7 @@ fn main() {
                 if comm.rank() == 0 {
                     print_header("mpi", comm.world_size());
                 }
-                let got = run_rank(&comm, &cfg, Device::Cpu);
+                let got = run_rank(&comm, &cfg, Device::Cpu, None);
                 if comm.rank() == 0 {
                     ok &= finish(got, &cfg, &mut rows);
                 } else {

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The GPU half of oxtrain-comm on one node with 2 GPUs joined by NVLink (made for 2x H200).
+# Run from the repository root with comm-bench prebuilt in .gpu/bin/ (e.g. by
+# `../shared/tools/gpu-pack -p oxtrain-comm`, or `cargo build --release -p oxtrain-comm --bin
+# comm-bench` and a copy of target/release/comm-bench). Needs pip's nvidia-nccl-cu13,
+# nvidia-nvshmem-cu13, nvrtc and nvjitlink (a PyTorch install has them) and CUDA 13 headers
+# (/usr/local/cuda/include, or pip's nvidia-cuda-runtime + nvidia-cuda-cccl).
+#   bash comm/scripts/gpu_run.sh            # results in $OUT (default ./gpu-out)
+# Steps: (1) correctness of every collective on both backends at small and odd sizes,
+# (2) the NVSHMEM-vs-NCCL comparison with both all-reduce algorithms, writing
+# $OUT/comm-2xh200.json, (2b) a block-count sweep at 64M/256M, (3) a short table. About 4-6 minutes.
+set -uo pipefail
+here=$(pwd)
+bin="${BENCH:-$here/.gpu/bin/comm-bench}"
+OUT="${OUT:-$here/gpu-out}"
+mkdir -p "$OUT"
+[ -x "$bin" ] || { echo "gpu_run.sh: $bin not found (build comm-bench and copy it to .gpu/bin/)"; exit 2; }
+
+# Library folders of pip's nvidia packages, for oxtrain's library search and the loader.
+nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
+dirs=""
+if [ -n "$nv" ]; then for d in "$nv"/*/lib; do [ -d "$d" ] && dirs="$dirs:$d"; done; fi
+export OXTRAIN_CUDA_LIB_DIRS="${dirs#:}"
+export LD_LIBRARY_PATH="${OXTRAIN_CUDA_LIB_DIRS}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+[ -n "$nv" ] && [ -d "$nv/nvshmem" ] && export OXTRAIN_NVSHMEM_HOME="$nv/nvshmem"
+export OXTRAIN_KERNEL_CACHE="$OUT/kernel-cache"
+# No NVLink multicast objects on the lent machines; no InfiniBand probing for NVSHMEM.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export OXTRAIN_COMM_TIMEOUT=60
+echo "nvidia packages: $nv"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+nvidia-smi topo -m 2>/dev/null | head -4
+
+status=0
+run() { # name, timeout seconds, args...
+  local name=$1 t=$2; shift 2
+  echo "=== $name: comm-bench $*"
+  timeout -k 10 "$t" "$bin" "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+# 1. Correctness: every op, f32/bf16/f16, every element checked, both backends, both all-reduce
+#    algorithms. Sizes 4k+2 bytes with k odd give odd lengths in every dtype (the world size does
+#    not divide them, shards start unaligned), then powers of two.
+odd=6,14,102,1030,65542,1048582,4194310
+run check-nccl 150 --backend nccl --ranks 2 --sizes $odd,8,4096,1M --iters 3 --warmup 1 \
+  --dtypes f32,bf16,f16 --json "$OUT/check-nccl.json"
+run check-nvshmem 180 --backend nvshmem --algo all --ranks 2 --sizes $odd,8,4096,1M --iters 3 --warmup 1 \
+  --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem.json"
+# Windows: a 1 MiB staging slot makes several launches per call (and odd windows at the end).
+run check-nvshmem-windows 120 --backend nvshmem --algo all --chunk 1M --ranks 2 --sizes 4194310,8M \
+  --iters 3 --warmup 1 --dtypes f32,bf16
+
+# 2. The comparison: all_reduce, 8 B .. 1 GiB, f32 (nccl-tests' default) and bf16, NCCL beside
+#    NVSHMEM with the auto, one-shot and two-shot algorithms.
+run compare 420 --backend nvshmem --compare nccl --algo all --ranks 2 --ops all_reduce --dtypes f32,bf16 \
+  --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200.json"
+
+# 2b. How the bandwidth moves with the block count (default 32): 8, 64 and 128 blocks at 64M and 256M.
+for b in 8 64 128; do
+  run blocks-$b 90 --backend nvshmem --algo all --blocks $b --ranks 2 --ops all_reduce --dtypes f32 \
+    --sizes 64M,256M --json "$OUT/blocks-$b.json"
+done
+
+# 3. Table.
+python3 - "$OUT/comm-2xh200.json" <<'PY' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"\n{d['machine']}  {d['date']}  commit {d['commit']}")
+for b in d["benchmarks"]:
+    if "ratio" in b:
+        print(f"  {b['name']:<24} oxtrain {b['oxtrain']:>10} {b['unit']:<4} {b['peer_name']} {b['peer']:>10}  ratio {b['ratio']} (goal {b['goal']})")
+rows = [b for b in d["benchmarks"] if "busbw_GBps" in b and "_f32_" in b["name"]]
+sizes = sorted({int(b["name"].rsplit("_", 1)[1][:-1]) for b in rows})
+labels = sorted({b["name"].split("_")[2] for b in rows})
+print(f"\n  all_reduce f32, time(us) busbw(GB/s): {'size':>11} " + " ".join(f"{l:>16}" for l in labels))
+for s in sizes:
+    cells = []
+    for l in labels:
+        m = [b for b in rows if b["name"].split("_")[2] == l and b["name"].endswith(f"_{s}B")]
+        cells.append(f"{m[0]['oxtrain']:>9.2f} {m[0]['busbw_GBps']:>6.1f}" if m else " " * 16)
+    print(f"  {'':>25} {s:>11} " + " ".join(cells))
+PY
+echo "gpu_run.sh: results in $OUT (exit $status)"
+exit $status

@@ -1,0 +1,284 @@
+//! The GPU arms of comm-bench: one process per GPU (this program again, started with
+//! torchrun's variables), NCCL and NVSHMEM sweeps timed with CUDA events, every element
+//! checked, and with `--compare nccl` the NVSHMEM-vs-NCCL entries of the results file.
+
+use super::{fail, print_header, run_rank, short, write_json_with, Config, Row};
+use oxtrain_comm::bootstrap::store_from_env;
+use oxtrain_comm::nccl::NcclCommunicator;
+use oxtrain_comm::nvshmem::{Algorithm, NvshmemCommunicator, NvshmemOptions};
+use oxtrain_comm::{Cmp, Communicator, LaunchEnv, SignalOp, SymmetricMemory};
+use oxtrain_tensor::cuda::Stream;
+use oxtrain_tensor::{DType, Device};
+use std::time::Duration;
+
+const CHILD: &str = "OXTRAIN_BENCH_GPU_CHILD";
+
+pub fn is_child() -> bool {
+    std::env::var(CHILD).is_ok()
+}
+
+/// Seconds per call: CUDA events around `iters` calls on `s`.
+pub fn time_on_stream(s: &Stream, iters: usize, mut call: impl FnMut()) -> f64 {
+    fn err<T>(e: oxtrain_tensor::Error) -> T {
+        fail(&format!("CUDA events: {e}"))
+    }
+    let start = s.record_event().unwrap_or_else(err);
+    for _ in 0..iters {
+        call();
+    }
+    let end = s.record_event().unwrap_or_else(err);
+    end.synchronize().unwrap_or_else(err);
+    start.elapsed_ms(&end).unwrap_or_else(err) as f64 / 1e3 / iters as f64
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| fail(&format!("finding a free port: {e}")))
+}
+
+/// Starts `cfg.ranks` processes, one per GPU, and waits for them; a rank that fails takes
+/// the others down (they would wait for it until their timeout).
+pub fn spawn(cfg: &Config) -> i32 {
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e.to_string()));
+    let port = std::env::var("MASTER_PORT").ok().unwrap_or_else(|| free_port().to_string());
+    let mut children: Vec<_> = (0..cfg.ranks)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args(std::env::args().skip(1))
+                .env(CHILD, "1")
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", cfg.ranks.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", cfg.ranks.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .spawn()
+                .unwrap_or_else(|e| fail(&format!("starting rank {r}: {e}")))
+        })
+        .collect();
+    let mut status: Vec<Option<bool>> = vec![None; children.len()];
+    while status.iter().any(Option::is_none) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    status[r] = Some(s.success());
+                    if !s.success() {
+                        eprintln!("comm-bench: GPU rank {r} failed ({s}); stopping the others");
+                    }
+                }
+            }
+        }
+        if status.contains(&Some(false)) {
+            for (r, c) in children.iter_mut().enumerate() {
+                if status[r].is_none() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    status[r] = Some(false);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    i32::from(!status.iter().all(|s| *s == Some(true)))
+}
+
+fn nvshmem_options(cfg: &Config) -> NvshmemOptions {
+    let mut o = NvshmemOptions::default();
+    if let Some(b) = cfg.blocks {
+        o.max_blocks = b;
+    }
+    if let Some(b) = cfg.oneshot_max {
+        o.oneshot_max_bytes = b;
+    }
+    if let Some(b) = cfg.chunk {
+        o.chunk_bytes = b;
+    }
+    o
+}
+
+fn algorithms(cfg: &Config) -> Vec<(Algorithm, &'static str)> {
+    match cfg.algo.as_str() {
+        "auto" => vec![(Algorithm::Auto, "nvshmem")],
+        "oneshot" => vec![(Algorithm::OneShot, "nvshmem-oneshot")],
+        "twoshot" => vec![(Algorithm::TwoShot, "nvshmem-twoshot")],
+        "all" => vec![
+            (Algorithm::Auto, "nvshmem"),
+            (Algorithm::OneShot, "nvshmem-oneshot"),
+            (Algorithm::TwoShot, "nvshmem-twoshot"),
+        ],
+        other => fail(&format!("--algo {other}: expected auto, oneshot, twoshot or all")),
+    }
+}
+
+/// One sweep with `comm`'s stream current (so calls queue behind each other with no
+/// cross-stream events), rows relabelled `label`.
+fn sweep(comm: &dyn Communicator, stream: &Stream, cfg: &Config, device: Device, label: &str) -> Vec<Row> {
+    if comm.rank() == 0 {
+        print_header(label, comm.world_size());
+    }
+    let _current = stream.make_current();
+    let mut rows = run_rank(comm, cfg, device, Some(stream));
+    for r in &mut rows {
+        r.backend = label.to_string();
+    }
+    rows
+}
+
+/// A rank of the GPU sweep; rank 0 prints and writes the JSON. Returns the exit code.
+pub fn child(cfg: &Config) -> i32 {
+    let env = LaunchEnv::from_env().unwrap_or_else(|e| fail(&e.to_string()));
+    let store = store_from_env(&env, Duration::from_secs(180)).unwrap_or_else(|e| fail(&e.to_string()));
+    let (rank, world, ordinal) = (env.rank, env.world_size, env.local_rank);
+    let device = Device::Cuda(ordinal);
+    let mut rows: Vec<Row> = vec![];
+    let mut symmetric_wrong = 0;
+    let compare_nccl = cfg.compare.as_deref() == Some("nccl");
+    if let Some(other) = cfg.compare.as_deref().filter(|c| *c != "nccl") {
+        fail(&format!("--compare {other}: only nccl is known"));
+    }
+
+    if cfg.backends.iter().any(|b| b == "nccl") || compare_nccl {
+        let comm =
+            NcclCommunicator::connect(rank, world, ordinal, &store).unwrap_or_else(|e| fail(&e.to_string()));
+        let mut c = cfg.clone();
+        if !cfg.backends.iter().any(|b| b == "nccl") {
+            // Only the comparison: all_reduce, in the swept dtypes and the compared one.
+            c.ops = vec!["all_reduce".into()];
+            if !c.dtypes.contains(&cfg.compare_dtype) {
+                c.dtypes.push(cfg.compare_dtype);
+            }
+        }
+        rows.extend(sweep(&comm, comm.comm_stream(), &c, device, "nccl"));
+    }
+    if cfg.backends.iter().any(|b| b == "nvshmem") {
+        let comm = NvshmemCommunicator::connect(rank, world, ordinal, &store, nvshmem_options(cfg))
+            .unwrap_or_else(|e| fail(&e.to_string()));
+        if rank == 0 {
+            let o = comm.options();
+            println!(
+                "# nvshmem: at most {} blocks, one-shot up to {} B under auto",
+                o.max_blocks, o.oneshot_max_bytes
+            );
+        }
+        for (i, (algo, label)) in algorithms(cfg).into_iter().enumerate() {
+            comm.set_algorithm(algo);
+            let mut c = cfg.clone();
+            if i > 0 {
+                // The algorithm only changes all_reduce.
+                c.ops = vec!["all_reduce".into()];
+            }
+            rows.extend(sweep(&comm, comm.comm_stream(), &c, device, label));
+        }
+        let bad = symmetric_self_check(&comm).unwrap_or_else(|e| fail(&format!("symmetric memory: {e}")));
+        if rank == 0 {
+            println!("# nvshmem symmetric memory self-check: {}", if bad == 0 { "ok" } else { "FAILED" });
+        }
+        symmetric_wrong = bad;
+    }
+
+    let wrong: usize = rows.iter().map(|r| r.wrong).sum::<usize>() + symmetric_wrong;
+    if rank == 0 {
+        if wrong > 0 {
+            eprintln!("comm-bench: {wrong} wrong elements");
+        } else {
+            println!("# every element of every result checked: all correct");
+        }
+        let extra = if compare_nccl { comparison(&rows, cfg.compare_dtype) } else { vec![] };
+        if let Some(p) = &cfg.json {
+            let name =
+                oxtrain_tensor::cuda::device(ordinal).map(|d| d.name().to_string()).unwrap_or_default();
+            let notes = format!(
+                "comm-bench GPU: {world} processes, one GPU each; CUDA events around back-to-back calls on the \
+                 communication stream, averaged; algbw = size/time, busbw with nccl-tests' factors; every element \
+                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels (auto algorithm unless labelled)."
+            );
+            write_json_with(p, &rows, extra, Some(format!("{world}x {name}")), Some(notes));
+        }
+    }
+    i32::from(wrong > 0)
+}
+
+/// put_with_signal / wait_until / get / atomics on an NVSHMEM heap, in a ring; returns the
+/// number of wrong values seen by this PE.
+fn symmetric_self_check(comm: &NvshmemCommunicator) -> oxtrain_comm::Result<usize> {
+    let heap = comm.symmetric_heap(1 << 20)?;
+    let (me, n) = (heap.rank(), heap.world_size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    const N: usize = 1000;
+    let src = heap.alloc::<f32>(N)?;
+    let inbox = heap.alloc::<f32>(N)?;
+    let got = heap.alloc::<f32>(N)?;
+    let sig = heap.alloc_signals(1)?;
+    let counter = heap.alloc::<u64>(1)?;
+    let mine: Vec<f32> = (0..N).map(|i| (me * N + i) as f32).collect();
+    heap.write_local(src, &mine)?;
+    heap.barrier_all()?;
+    let mut bad = 0;
+    // Push to the next PE with a signal; the previous PE's data lands here.
+    heap.put_with_signal(inbox, src, sig.at(0), SignalOp::Set, 7, next)?;
+    heap.wait_until(sig.at(0), Cmp::Eq, 7)?;
+    let mut v = vec![0f32; N];
+    heap.read_local(inbox, &mut v)?;
+    bad += v.iter().enumerate().filter(|(i, x)| **x != (prev * N + i) as f32).count();
+    // Pull the next PE's source.
+    heap.get(got, src, next)?;
+    heap.read_local(got, &mut v)?;
+    bad += v.iter().enumerate().filter(|(i, x)| **x != (next * N + i) as f32).count();
+    // Every PE adds 1 on PE 0; then PE 0 swaps n for 100.
+    heap.atomic_fetch_add(counter, 1u64, 0)?;
+    heap.barrier_all()?;
+    if me == 0 {
+        let old = heap.atomic_compare_swap(counter, n as u64, 100, 0)?;
+        bad += usize::from(old != n as u64);
+        let mut c = [0u64];
+        heap.read_local(counter, &mut c)?;
+        bad += usize::from(c[0] != 100);
+    }
+    heap.barrier_all()?;
+    Ok(bad)
+}
+
+/// The headline entries: NVSHMEM (auto) against NCCL, all_reduce in `dtype`.
+fn comparison(rows: &[Row], dtype: DType) -> Vec<serde_json::Value> {
+    let peer_name = match oxtrain_comm::nccl::version() {
+        Ok((a, b, c)) => format!("NCCL {a}.{b}.{c}"),
+        Err(_) => "NCCL".into(),
+    };
+    let find = |backend: &str, bytes: usize| {
+        rows.iter()
+            .find(|r| r.backend == backend && r.op == "all_reduce" && r.dtype == dtype && r.bytes == bytes)
+    };
+    let mut out = vec![];
+    println!("# nvshmem vs {peer_name}, all_reduce {}:", short(dtype));
+    for (name, bytes, latency) in [
+        ("allreduce_latency_8KB", 8usize << 10, true),
+        ("allreduce_latency_64KB", 64 << 10, true),
+        ("allreduce_busbw_64MB", 64 << 20, false),
+        ("allreduce_busbw_256MB", 256 << 20, false),
+    ] {
+        let (Some(ours), Some(peer)) = (find("nvshmem", bytes), find("nccl", bytes)) else {
+            eprintln!(
+                "comm-bench: {name}: no rows at {bytes} B for both backends (widen --min-bytes/--max-bytes)"
+            );
+            continue;
+        };
+        let (o, p, unit, ratio, goal) = if latency {
+            (ours.time_us, peer.time_us, "us", peer.time_us / ours.time_us, 2.0)
+        } else {
+            (ours.busbw, peer.busbw, "GB/s", ours.busbw / peer.busbw, 1.15)
+        };
+        println!("  {name:<24} nvshmem {o:>10.2} {unit:<4}  nccl {p:>10.2} {unit:<4}  ratio {ratio:.3} (goal {goal})");
+        out.push(serde_json::json!({
+            "name": name,
+            "unit": unit,
+            "oxtrain": (o * 1000.0).round() / 1000.0,
+            "peer": (p * 1000.0).round() / 1000.0,
+            "peer_name": peer_name,
+            "ratio": (ratio * 1000.0).round() / 1000.0,
+            "goal": goal,
+        }));
+    }
+    out
+}

@@ -1,0 +1,339 @@
+// oxtrain's NVSHMEM collectives: one kernel per dtype that serves all_reduce (one-shot and
+// two-shot), reduce, reduce_scatter, all_gather, broadcast and barrier, on NVLink.
+//
+// Every PE owns staging buffers on the symmetric heap: two sets (used by epoch parity), each
+// with one slot per source PE. PEs write into each other's slots directly through the
+// addresses nvshmem_ptr gives (stores over NVLink are posted: one crossing, no round trip).
+// Per launch ("epoch", a number that only grows and is the same on every PE):
+//   1. each block pushes its part of this PE's input into slot `me` of the peers that need it,
+//   2. fences, raises its `ready` signal on every peer (value = epoch), waits for theirs,
+//   3. one-shot: computes its part of this PE's output from its own input and the slots;
+//      two-shot (all_reduce): step 1 pushed only each peer's sub-shard; this PE reduces its own
+//      sub-shard, pushes the result to every peer, raises `done`, waits for theirs, and copies
+//      the peers' reduced sub-shards from its slots into the output.
+// Block b on every PE handles the same elements, so signals are per (block, source PE): a
+// block only waits for the same block on the peers, blocks never wait for each other.
+// Why two sets of slots are enough: a PE writes set (e & 1) again at epoch e + 2 only after
+// its epoch-(e + 1) kernel finished, which saw every peer's epoch-(e + 1) ready signal, which
+// the peers raise only after their epoch-e kernel (the last reader of that set) finished.
+//
+// Elements travel as bit patterns (bf16/f16 as 16-bit words) and reduce in f32 in PE order
+// 0..n-1, rounding once: the arithmetic of the CPU backends, so results match exactly.
+
+// NVRTC workarounds for the NVSHMEM 3.x headers (see comm/src/nvshmem/build.rs):
+// reduce.cuh uses std:: traits without including them, and the IBGDA headers want InfiniBand.
+#include <cuda/std/type_traits>
+namespace std { using namespace cuda::std; }
+#include <non_abi/nvshmem_build_options.h>
+#undef NVSHMEM_IBGDA_SUPPORT
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#define OX_MAX_PES 8
+#define OX_MAX_BLOCKS 128
+
+// Algorithm.
+#define OX_ONESHOT 0
+#define OX_TWOSHOT 1
+// Where output element i comes from.
+#define OX_SRC_REDUCE 0 // the reduction over every PE's input (all_reduce, reduce, reduce_scatter)
+#define OX_SRC_ROOT 1   // PE `root`'s input (broadcast)
+#define OX_SRC_OWNER 2  // the input of the PE whose shard holds i (all_gather)
+// Which PEs write output, and where.
+#define OX_OUT_ALL 0      // every PE, every element
+#define OX_OUT_ROOT 1     // PE `root` only (reduce)
+#define OX_OUT_NOT_ROOT 2 // every PE but `root` (broadcast: the root already has the data)
+#define OX_OUT_SHARD 3    // PE p its shard_range(count, npes, p) (reduce_scatter)
+// ReduceOp, in oxtrain_comm::ReduceOp's order.
+#define OX_SUM 0
+#define OX_AVG 1
+#define OX_MAX 2
+#define OX_MIN 3
+
+// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (184 bytes, checked on both sides).
+// Indices are global (0..count of the whole tensor); one launch handles the window
+// [win_lo, win_hi), whose element i sits at index i - win_lo of a slot.
+struct CollArgs {
+    unsigned long long in_base;  // input element i at in_base + i * size
+    unsigned long long out_base; // output element i at out_base + i * size
+    unsigned long long bufs[OX_MAX_PES]; // this epoch's staging set of every PE, as seen here
+    unsigned long long ready;    // this PE's ready signals: [OX_MAX_BLOCKS][OX_MAX_PES] u64
+    unsigned long long done;     // this PE's done signals, same shape
+    unsigned long long epoch;
+    unsigned long long slot_bytes; // a staging set holds npes slots of this many bytes
+    long long count;             // elements in the whole tensor
+    long long win_lo, win_hi;    // this launch's window
+    long long in_lo, in_hi;      // global indices of this PE's input (all_gather: its shard)
+    int npes, me, mode, src, op, root, aligned, out;
+};
+static_assert(sizeof(CollArgs) == 184, "CollArgs must match the Rust side");
+
+struct F32 {
+    typedef float raw;
+    static __device__ __forceinline__ float to_f(float x) { return x; }
+    static __device__ __forceinline__ float from_f(float x) { return x; }
+};
+struct BF16 {
+    typedef unsigned short raw;
+    static __device__ __forceinline__ float to_f(unsigned short x) {
+        return __uint_as_float(((unsigned int)x) << 16);
+    }
+    // Round to nearest even, NaN stays a (quiet) NaN: as half::bf16::from_f32.
+    static __device__ __forceinline__ unsigned short from_f(float f) {
+        unsigned int u = __float_as_uint(f);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        return (unsigned short)(u >> 16);
+    }
+};
+struct F16 {
+    typedef unsigned short raw;
+    static __device__ __forceinline__ float to_f(unsigned short x) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+        return f;
+    }
+    static __device__ __forceinline__ unsigned short from_f(float f) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+        return h;
+    }
+};
+
+// a op= v, with the CPU backends' rules: NaN wins max and min.
+__device__ __forceinline__ float ox_combine(int op, float a, float v) {
+    if (op == OX_MAX) return (v > a || v != v) ? v : a;
+    if (op == OX_MIN) return (v < a || v != v) ? v : a;
+    return a + v;
+}
+
+// The first element of `rank`'s shard_range(len, n, rank), as oxtrain_comm::shard_range.
+__device__ __forceinline__ long long ox_shard_start(long long len, int n, int rank) {
+    long long base = len / n, extra = len % n;
+    return rank * base + (rank < extra ? rank : extra);
+}
+
+// The PE whose shard_range(count, n, .) holds element i.
+__device__ __forceinline__ int ox_owner(long long count, int n, long long i) {
+    long long base = count / n, extra = count % n;
+    long long split = extra * (base + 1);
+    if (i < split) return (int)(i / (base + 1));
+    return (int)(extra + (i - split) / base);
+}
+
+// Raises this block's `sig` signal on every peer and waits for every peer's. Every thread
+// fences first so its writes (local and remote) are visible before the signal.
+__device__ void ox_exchange(const CollArgs& a, unsigned long long sig_base) {
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint64_t* row = (uint64_t*)sig_base + (size_t)blockIdx.x * OX_MAX_PES;
+        for (int p = 0; p < a.npes; ++p)
+            if (p != a.me) nvshmemx_signal_op(row + a.me, (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, p);
+        for (int p = 0; p < a.npes; ++p)
+            if (p != a.me) nvshmem_signal_wait_until(row + p, NVSHMEM_CMP_GE, (uint64_t)a.epoch);
+        __threadfence_system();
+    }
+    __syncthreads();
+}
+
+// The PEs' output ranges, in global indices.
+__device__ __forceinline__ void ox_out_range(const CollArgs& a, int p, long long* lo, long long* hi) {
+    *lo = 0;
+    *hi = a.count;
+    if ((a.out == OX_OUT_ROOT && p != a.root) || (a.out == OX_OUT_NOT_ROOT && p == a.root)) *hi = 0;
+    if (a.out == OX_OUT_SHARD) {
+        *lo = ox_shard_start(a.count, a.npes, p);
+        *hi = ox_shard_start(a.count, a.npes, p + 1);
+    }
+}
+
+// This PE's slot `src` (the data PE `src` pushed here), as a typed pointer indexed by window offset.
+template <typename R>
+__device__ __forceinline__ volatile R* ox_local_slot(const CollArgs& a, int src) {
+    return (volatile R*)(a.bufs[a.me] + (unsigned long long)src * a.slot_bytes);
+}
+// PE p's slot `me` (where this PE pushes), as seen from here.
+template <typename R>
+__device__ __forceinline__ R* ox_remote_slot(const CollArgs& a, int p) {
+    return (R*)(a.bufs[p] + (unsigned long long)a.me * a.slot_bytes);
+}
+
+// PE p's contribution to element i: this PE's input, or what p pushed into our slot p.
+template <typename E>
+__device__ __forceinline__ float ox_value(const CollArgs& a, int p, long long i) {
+    typedef typename E::raw R;
+    if (p == a.me) return E::to_f(((const R*)a.in_base)[i]);
+    return E::to_f(ox_local_slot<R>(a, p)[i - a.win_lo]);
+}
+template <typename E>
+__device__ __forceinline__ typename E::raw ox_raw(const CollArgs& a, int p, long long i) {
+    typedef typename E::raw R;
+    if (p == a.me) return ((const R*)a.in_base)[i];
+    return ox_local_slot<R>(a, p)[i - a.win_lo];
+}
+
+// Output element i (scalar path).
+template <typename E>
+__device__ __forceinline__ typename E::raw ox_source(const CollArgs& a, long long i) {
+    if (a.src == OX_SRC_ROOT) return ox_raw<E>(a, a.root, i);
+    if (a.src == OX_SRC_OWNER) return ox_raw<E>(a, ox_owner(a.count, a.npes, i), i);
+    float acc = ox_value<E>(a, 0, i);
+    for (int p = 1; p < a.npes; ++p) acc = ox_combine(a.op, acc, ox_value<E>(a, p, i));
+    if (a.op == OX_AVG) acc = acc / (float)a.npes;
+    return E::from_f(acc);
+}
+
+// PE p's contribution to window pack k, 16 bytes.
+template <typename R>
+__device__ __forceinline__ uint4 ox_pack_of(const CollArgs& a, int p, long long k) {
+    if (p == a.me) return ((const uint4*)(a.in_base + a.win_lo * sizeof(R)))[k];
+    return __ldcv((const uint4*)(a.bufs[a.me] + (unsigned long long)p * a.slot_bytes) + k);
+}
+
+// Window pack k reduced over all PEs.
+template <typename E>
+__device__ __forceinline__ uint4 ox_reduce_pack(const CollArgs& a, long long k) {
+    typedef typename E::raw R;
+    const int EPP = 16 / sizeof(R);
+    uint4 v = ox_pack_of<R>(a, 0, k);
+    float acc[16 / sizeof(R)];
+    const R* r = (const R*)&v;
+#pragma unroll
+    for (int j = 0; j < EPP; ++j) acc[j] = E::to_f(r[j]);
+    for (int p = 1; p < a.npes; ++p) {
+        uint4 w = ox_pack_of<R>(a, p, k);
+        const R* s = (const R*)&w;
+#pragma unroll
+        for (int j = 0; j < EPP; ++j) acc[j] = ox_combine(a.op, acc[j], E::to_f(s[j]));
+    }
+    uint4 out;
+    R* o = (R*)&out;
+#pragma unroll
+    for (int j = 0; j < EPP; ++j) o[j] = E::from_f(a.op == OX_AVG ? acc[j] / (float)a.npes : acc[j]);
+    return out;
+}
+
+// The global element range [*i0, *i1) of window pack k; true when it is a whole pack.
+template <typename R>
+__device__ __forceinline__ bool ox_pack_range(const CollArgs& a, long long k, long long* i0, long long* i1) {
+    const long long EPP = 16 / sizeof(R);
+    *i0 = a.win_lo + k * EPP;
+    *i1 = min(*i0 + EPP, a.win_hi);
+    return *i1 - *i0 == EPP;
+}
+
+// Pushes window pack k of this PE's input (the part in [in_lo, in_hi) and in PE p's output
+// range) into PE p's slot `me`.
+template <typename E>
+__device__ __forceinline__ void ox_push(const CollArgs& a, int p, long long k) {
+    typedef typename E::raw R;
+    long long i0, i1, olo, ohi;
+    bool whole = ox_pack_range<R>(a, k, &i0, &i1);
+    ox_out_range(a, p, &olo, &ohi);
+    long long lo = max(max(i0, a.in_lo), olo), hi = min(min(i1, a.in_hi), ohi);
+    if (lo >= hi) return;
+    R* dst = ox_remote_slot<R>(a, p);
+    if (a.aligned && whole && lo == i0 && hi == i1) {
+        ((uint4*)dst)[k] = ((const uint4*)(a.in_base + a.win_lo * sizeof(R)))[k];
+        return;
+    }
+    for (long long i = lo; i < hi; ++i) dst[i - a.win_lo] = ((const R*)a.in_base)[i];
+}
+
+// One-shot output, window pack k (this PE's output range only).
+template <typename E>
+__device__ __forceinline__ void ox_output(const CollArgs& a, long long k) {
+    typedef typename E::raw R;
+    long long i0, i1, olo, ohi;
+    bool whole = ox_pack_range<R>(a, k, &i0, &i1);
+    ox_out_range(a, a.me, &olo, &ohi);
+    long long lo = max(i0, olo), hi = min(i1, ohi);
+    if (lo >= hi) return;
+    if (a.aligned && whole && lo == i0 && hi == i1) {
+        uint4* out = (uint4*)(a.out_base + a.win_lo * sizeof(R));
+        if (a.src == OX_SRC_REDUCE) {
+            out[k] = ox_reduce_pack<E>(a, k);
+            return;
+        }
+        int from = a.src == OX_SRC_ROOT ? a.root : ox_owner(a.count, a.npes, i0);
+        if (a.src == OX_SRC_ROOT || from == ox_owner(a.count, a.npes, i1 - 1)) {
+            out[k] = ox_pack_of<R>(a, from, k);
+            return;
+        }
+    }
+    for (long long i = lo; i < hi; ++i) ((R*)a.out_base)[i] = ox_source<E>(a, i);
+}
+
+template <typename E>
+__device__ void ox_collective(const CollArgs& a) {
+    typedef typename E::raw R;
+    const long long EPP = 16 / sizeof(R);
+    const long long npacks = (a.win_hi - a.win_lo + EPP - 1) / EPP;
+    // This block's packs: shard_range(npacks, gridDim.x, blockIdx.x), the same on every PE.
+    const long long p0 = ox_shard_start(npacks, gridDim.x, blockIdx.x);
+    const long long p1 = ox_shard_start(npacks, gridDim.x, blockIdx.x + 1);
+
+    if (a.mode == OX_ONESHOT) {
+        for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x)
+            for (int p = 0; p < a.npes; ++p)
+                if (p != a.me) ox_push<E>(a, p, k);
+        ox_exchange(a, a.ready);
+        for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x) ox_output<E>(a, k);
+        return;
+    }
+
+    // Two-shot all_reduce (input and output are the whole window). PE q owns the sub-shard
+    // [sub(q), sub(q + 1)) of the block's packs.
+    const long long len = p1 - p0;
+    for (int p = 0; p < a.npes; ++p) {
+        if (p == a.me) continue;
+        const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
+        for (long long k = q0 + threadIdx.x; k < q1; k += blockDim.x) ox_push<E>(a, p, k);
+    }
+    ox_exchange(a, a.ready);
+    // Reduce this PE's sub-shard; push the result into the same slot `me` of every peer
+    // (its sub-shard part of that slot is unused in this epoch).
+    const long long s0 = p0 + ox_shard_start(len, a.npes, a.me), s1 = p0 + ox_shard_start(len, a.npes, a.me + 1);
+    R* out = (R*)a.out_base;
+    for (long long k = s0 + threadIdx.x; k < s1; k += blockDim.x) {
+        long long i0, i1;
+        bool whole = ox_pack_range<R>(a, k, &i0, &i1);
+        if (a.aligned && whole) {
+            uint4 v = ox_reduce_pack<E>(a, k);
+            for (int p = 0; p < a.npes; ++p)
+                if (p != a.me) ((uint4*)ox_remote_slot<R>(a, p))[k] = v;
+            // In place: our input pack is read above before this write.
+            ((uint4*)(a.out_base + a.win_lo * sizeof(R)))[k] = v;
+        } else {
+            for (long long i = i0; i < i1; ++i) {
+                R v = ox_source<E>(a, i);
+                for (int p = 0; p < a.npes; ++p)
+                    if (p != a.me) ox_remote_slot<R>(a, p)[i - a.win_lo] = v;
+                out[i] = v;
+            }
+        }
+    }
+    ox_exchange(a, a.done);
+    // The peers' reduced sub-shards are in our slots.
+    for (int p = 0; p < a.npes; ++p) {
+        if (p == a.me) continue;
+        const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
+        for (long long k = q0 + threadIdx.x; k < q1; k += blockDim.x) {
+            long long i0, i1;
+            bool whole = ox_pack_range<R>(a, k, &i0, &i1);
+            if (a.aligned && whole) {
+                ((uint4*)(a.out_base + a.win_lo * sizeof(R)))[k] = ox_pack_of<R>(a, p, k);
+            } else {
+                for (long long i = i0; i < i1; ++i) out[i] = ox_local_slot<R>(a, p)[i - a.win_lo];
+            }
+        }
+    }
+}
+
+// Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register
+// count low enough for that block size.
+#define OX_THREADS 512
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f32(CollArgs a) { ox_collective<F32>(a); }
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_bf16(CollArgs a) { ox_collective<BF16>(a); }
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f16(CollArgs a) { ox_collective<F16>(a); }

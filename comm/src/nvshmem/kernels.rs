@@ -1,0 +1,89 @@
+//! The collective kernel's argument block and its launch.
+
+use crate::error::Result;
+use crate::gpu::cuda_err;
+use cudarc::driver::{result as drv, sys};
+use std::ffi::c_void;
+
+pub(crate) const MAX_PES: usize = 8;
+pub(crate) const MAX_BLOCKS: u32 = 128;
+pub(crate) const THREADS: u32 = 512;
+
+pub(crate) const ONESHOT: i32 = 0;
+pub(crate) const TWOSHOT: i32 = 1;
+pub(crate) const SRC_REDUCE: i32 = 0;
+pub(crate) const SRC_ROOT: i32 = 1;
+pub(crate) const SRC_OWNER: i32 = 2;
+pub(crate) const OUT_ALL: i32 = 0;
+pub(crate) const OUT_ROOT: i32 = 1;
+pub(crate) const OUT_NOT_ROOT: i32 = 2;
+pub(crate) const OUT_SHARD: i32 = 3;
+
+/// `struct CollArgs` of `collectives.cu`, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CollArgs {
+    pub in_base: u64,
+    pub out_base: u64,
+    pub bufs: [u64; MAX_PES],
+    pub ready: u64,
+    pub done: u64,
+    pub epoch: u64,
+    pub slot_bytes: u64,
+    pub count: i64,
+    pub win_lo: i64,
+    pub win_hi: i64,
+    pub in_lo: i64,
+    pub in_hi: i64,
+    pub npes: i32,
+    pub me: i32,
+    pub mode: i32,
+    pub src: i32,
+    pub op: i32,
+    pub root: i32,
+    pub aligned: i32,
+    pub out: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 184);
+
+/// Blocks for a window of `elems` elements of `esz` bytes: enough for one 16-byte pack per
+/// thread, at most `max_blocks`. Depends only on sizes and options, so it is the same on
+/// every PE (blocks pair up across PEs through their signals).
+pub(crate) fn blocks_for(elems: usize, esz: usize, max_blocks: u32) -> u32 {
+    let packs = (elems * esz).div_ceil(16);
+    (packs.div_ceil(THREADS as usize) as u32).clamp(1, max_blocks.clamp(1, MAX_BLOCKS))
+}
+
+/// A loaded kernel function (a plain driver handle).
+#[derive(Clone, Copy)]
+pub(crate) struct Function(pub sys::CUfunction);
+// SAFETY: function handles are process-wide and immutable once loaded.
+unsafe impl Send for Function {}
+unsafe impl Sync for Function {}
+
+/// Launches `f` with `args` on `stream`.
+///
+/// # Safety
+/// Every address in `args` must be valid for the accesses the kernel makes (see
+/// `collectives.cu`), and the context of the stream's device must be current.
+pub(crate) unsafe fn launch(f: Function, blocks: u32, args: &CollArgs, stream: sys::CUstream) -> Result<()> {
+    let mut a = *args;
+    let mut params = [&mut a as *mut CollArgs as *mut c_void];
+    drv::launch_kernel(f.0, (blocks, 1, 1), (THREADS, 1, 1), 0, stream, &mut params)
+        .map_err(|e| cuda_err("launching the nvshmem collective kernel", format!("{e:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_counts_grow_with_size_up_to_the_cap() {
+        assert_eq!(blocks_for(0, 4, 32), 1);
+        assert_eq!(blocks_for(2048, 4, 32), 1); // 512 packs
+        assert_eq!(blocks_for(2049, 4, 32), 2);
+        assert_eq!(blocks_for(1 << 26, 2, 32), 32);
+        assert_eq!(blocks_for(1 << 26, 2, 1000), MAX_BLOCKS);
+    }
+}

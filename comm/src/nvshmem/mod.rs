@@ -1,0 +1,505 @@
+//! The `nvshmem` backend: collectives of our own for GPUs joined by NVLink, on NVSHMEM's
+//! symmetric heap, one process per GPU.
+//!
+//! - Start-up: rank 0 makes NVSHMEM's unique id and publishes it in the bootstrap
+//!   [`TcpStore`]; every rank initialises the host library with it
+//!   (`nvshmemx_hostlib_init_attr`), builds the kernels (NVRTC + nvJitLink with
+//!   `libnvshmem_device.a`, see [`device_code`]), loads them and registers the module with
+//!   NVSHMEM (`nvshmemx_cumodule_init`), then allocates its staging buffers and signals on the
+//!   symmetric heap and looks up the peers' addresses (`nvshmem_ptr`).
+//! - Collectives (see `collectives.cu`): one-shot (push every input to every peer, reduce
+//!   locally: the fewest steps, for small messages) and two-shot (reduce-scatter then
+//!   all-gather by pushes: the least traffic per GPU when there are more than two). The switch
+//!   is `oneshot_max_bytes`; `algorithm` forces either. Kernels use `max_blocks` blocks at most
+//!   (default 32) so that compute keeps most SMs. Messages larger than a staging slot run in
+//!   windows of `chunk_bytes`.
+//! - Streams as the nccl backend: calls run on the communicator's stream after the caller's
+//!   current stream; `Work::wait` orders the caller back (see `crate::gpu`).
+//! - dtypes: reductions in f32, bf16, f16 (accumulating in f32, as the CPU backends);
+//!   broadcast and all_gather move f32, bf16, f16, u32.
+//!
+//! Environment: `OXTRAIN_NVSHMEM_LIB` (the host library file), `OXTRAIN_NVSHMEM_HOME`
+//! (folder with include/ and lib/), `OXTRAIN_NVSHMEM_BLOCKS`, `OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES`,
+//! `OXTRAIN_NVSHMEM_ALGO` (auto, oneshot, twoshot), `OXTRAIN_NVSHMEM_CHUNK_BYTES`; NVSHMEM's
+//! own (`NVSHMEM_SYMMETRIC_SIZE`, `NVSHMEM_REMOTE_TRANSPORT=none` without InfiniBand,
+//! `NVSHMEM_DISABLE_NVLS=1`).
+//!
+//! [`NvshmemCommunicator::symmetric_heap`] gives a [`crate::SymmetricMemory`] on NVSHMEM's
+//! heap (host-initiated, stream-ordered puts, gets, signals and atomics; see `heap.rs`).
+
+pub mod device_code;
+mod heap;
+mod host;
+mod kernels;
+pub mod nvjitlink;
+
+use crate::bootstrap::TcpStore;
+use crate::communicator::Communicator;
+use crate::error::{CommError, Result};
+use crate::gpu::{check_root, check_shards, cuda_err, cuda_view, CommStream, CudaView};
+use crate::op::{shard_range, ReduceOp};
+use crate::work::Work;
+use cudarc::driver::{result as drv, sys as cu};
+pub use heap::NvshmemHeap;
+use kernels::{CollArgs, Function, MAX_BLOCKS, MAX_PES};
+use oxtrain_tensor::cuda::Stream;
+use oxtrain_tensor::{DType, Tensor};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// Which all-reduce algorithm runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// One-shot up to `oneshot_max_bytes`, two-shot above.
+    Auto,
+    OneShot,
+    TwoShot,
+}
+
+/// Tuning of the nvshmem backend; `Default` reads the `OXTRAIN_NVSHMEM_*` variables.
+#[derive(Debug, Clone)]
+pub struct NvshmemOptions {
+    /// Most blocks a collective kernel uses (1..=128); fewer SMs taken from compute.
+    pub max_blocks: u32,
+    /// All-reduces of at most this many bytes run one-shot under `Algorithm::Auto`.
+    pub oneshot_max_bytes: usize,
+    pub algorithm: Algorithm,
+    /// Bytes of one staging slot: larger messages run in windows of this size. The heap
+    /// holds 2 x world x this (0: 64 MiB, at most 256 MiB / world).
+    pub chunk_bytes: usize,
+}
+
+fn env_num(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+impl Default for NvshmemOptions {
+    fn default() -> Self {
+        let algorithm = match std::env::var("OXTRAIN_NVSHMEM_ALGO").as_deref() {
+            Ok("oneshot") => Algorithm::OneShot,
+            Ok("twoshot") => Algorithm::TwoShot,
+            _ => Algorithm::Auto,
+        };
+        NvshmemOptions {
+            max_blocks: env_num("OXTRAIN_NVSHMEM_BLOCKS").unwrap_or(32) as u32,
+            oneshot_max_bytes: env_num("OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES").unwrap_or(1 << 20),
+            algorithm,
+            chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
+        }
+    }
+}
+
+/// Driver handles of the loaded module.
+struct Module {
+    module: cu::CUmodule,
+    f32: Function,
+    bf16: Function,
+    f16: Function,
+}
+// SAFETY: module and function handles are process-wide; only used under the state mutex or
+// read-only.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+struct State {
+    /// The last epoch used; every launch takes the next one on every PE.
+    epoch: u64,
+    algorithm: Algorithm,
+}
+
+/// A process group whose collectives are oxtrain's NVSHMEM kernels.
+pub struct NvshmemCommunicator {
+    rank: usize,
+    world: usize,
+    stream: CommStream,
+    opts: NvshmemOptions,
+    module: Module,
+    /// Base of the two staging sets (parity 0 and 1) on this PE, as symmetric addresses.
+    staging: [u64; 2],
+    /// `staging[parity]` of every PE as seen from here (`nvshmem_ptr`).
+    peers: [[u64; MAX_PES]; 2],
+    slot_bytes: usize,
+    signals: u64,
+    state: Mutex<State>,
+}
+
+/// NVSHMEM can be initialised once per process.
+static INITIALISED: AtomicBool = AtomicBool::new(false);
+
+fn nv_err(what: impl Into<String>) -> CommError {
+    CommError::Unsupported(format!("nvshmem: {}", what.into()))
+}
+
+impl NvshmemCommunicator {
+    /// Initialises NVSHMEM for PE `rank` of `world` on GPU `ordinal` (one process per GPU,
+    /// all on one node joined by NVLink), through `store`. Call once per process.
+    pub fn connect(
+        rank: usize,
+        world: usize,
+        ordinal: usize,
+        store: &TcpStore,
+        opts: NvshmemOptions,
+    ) -> Result<NvshmemCommunicator> {
+        if world > MAX_PES {
+            return Err(nv_err(format!("the backend's kernels handle at most {MAX_PES} GPUs, got {world}")));
+        }
+        let api = host::api()?;
+        let device = oxtrain_tensor::cuda::device(ordinal)
+            .map_err(|e| cuda_err(format!("opening cuda:{ordinal}"), e))?;
+        device
+            .context()
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))?;
+        // Build the kernels before joining: a missing header fails here on every rank alike.
+        let cubin = device_code::Toolchain::find()?.build_cubin_cached(device.arch())?;
+        if INITIALISED.swap(true, Ordering::SeqCst) {
+            return Err(nv_err(
+                "NVSHMEM is already initialised in this process (one communicator per process)",
+            ));
+        }
+
+        // The unique id, from rank 0 through the store.
+        let key = "oxtrain/nvshmem/unique_id";
+        let mut uid = host::unique_id();
+        if rank == 0 {
+            // SAFETY: out-parameter of the documented size.
+            let st = unsafe { (api.get_uniqueid)(&mut uid) };
+            if st != 0 {
+                return Err(nv_err(format!("nvshmemx_get_uniqueid failed ({st})")));
+            }
+            store.set(key, &uid.bytes)?;
+        } else {
+            let bytes = store.get(key)?;
+            if bytes.len() != 128 {
+                return Err(CommError::Bootstrap(format!(
+                    "nvshmem: the unique id in the store has {} bytes",
+                    bytes.len()
+                )));
+            }
+            uid.bytes.copy_from_slice(&bytes);
+        }
+        let mut attr = host::init_attr();
+        // SAFETY: `uid` and `attr` live through init (the attributes point at `uid`).
+        unsafe {
+            let st = (api.set_attr_uniqueid_args)(rank as i32, world as i32, &uid, &mut attr);
+            if st != 0 {
+                return Err(nv_err(format!("nvshmemx_set_attr_uniqueid_args failed ({st})")));
+            }
+            // Self-check of the hand-written layout before NVSHMEM reads it.
+            let (r, n, p) = host::attr_uid_args(&attr);
+            if (r, n, p) != (rank as i32, world as i32, &uid as *const _ as u64) {
+                return Err(nv_err(format!(
+                    "nvshmemx_init_attr_t layout mismatch (read back rank {r}, nranks {n}): this NVSHMEM ({}) is not \
+                     the 3.x layout oxtrain knows",
+                    api.path.display()
+                )));
+            }
+            let st = (api.hostlib_init_attr)(host::INIT_WITH_UNIQUEID, &mut attr);
+            if st != 0 {
+                return Err(nv_err(format!(
+                    "nvshmemx_hostlib_init_attr failed ({st}) on rank {rank} of {world}; without InfiniBand set \
+                     NVSHMEM_REMOTE_TRANSPORT=none"
+                )));
+            }
+            let (me, n) = ((api.my_pe)(), (api.n_pes)());
+            if (me, n) != (rank as i32, world as i32) {
+                return Err(nv_err(format!("NVSHMEM says PE {me} of {n}, expected {rank} of {world}")));
+            }
+        }
+
+        // The kernels: load, register with NVSHMEM.
+        let module = unsafe {
+            let m = drv::module::load_data(cubin.as_ptr() as *const c_void)
+                .map_err(|e| cuda_err("cuModuleLoadData (nvshmem kernels)", format!("{e:?}")))?;
+            let st = (api.cumodule_init)(m as *mut c_void);
+            if st != 0 {
+                return Err(nv_err(format!(
+                    "nvshmemx_cumodule_init failed ({st}): the device library's NVSHMEM version must match the host \
+                     library's ({})",
+                    api.path.display()
+                )));
+            }
+            let get = |s: &str| {
+                drv::module::get_function(
+                    m,
+                    std::ffi::CString::new(device_code::kernel_name(s)).expect("name"),
+                )
+                .map(Function)
+                .map_err(|e| cuda_err(format!("kernel {}", device_code::kernel_name(s)), format!("{e:?}")))
+            };
+            Module { module: m, f32: get("f32")?, bf16: get("bf16")?, f16: get("f16")? }
+        };
+
+        // Symmetric allocations: the same sizes in the same order on every PE.
+        let slot_bytes = match opts.chunk_bytes {
+            0 => (64usize << 20).min((256usize << 20) / world),
+            b => b,
+        } / 16
+            * 16;
+        let slot_bytes = slot_bytes.max(16);
+        let staging_bytes = slot_bytes * world;
+        let signal_bytes = 2 * MAX_BLOCKS as usize * MAX_PES * 8;
+        let stream = CommStream::new(ordinal)?;
+        let (base, signals) = unsafe {
+            let base = (api.malloc)(2 * staging_bytes) as u64;
+            let signals = (api.malloc)(signal_bytes) as u64;
+            if base == 0 || signals == 0 {
+                return Err(nv_err(format!(
+                    "nvshmem_malloc of {} MiB failed: raise NVSHMEM_SYMMETRIC_SIZE or lower OXTRAIN_NVSHMEM_CHUNK_BYTES",
+                    (2 * staging_bytes + signal_bytes) >> 20
+                )));
+            }
+            // Signals start at zero on every PE before anyone can raise one.
+            drv::memset_d8_sync(signals, 0, signal_bytes)
+                .map_err(|e| cuda_err("zeroing the signals", format!("{e:?}")))?;
+            (api.barrier_all)();
+            (base, signals)
+        };
+        let staging = [base, base + staging_bytes as u64];
+        let mut peers = [[0u64; MAX_PES]; 2];
+        for (parity, row) in peers.iter_mut().enumerate() {
+            for (p, slot) in row.iter_mut().enumerate().take(world) {
+                // SAFETY: a symmetric address and a PE in range.
+                let a = unsafe { (api.ptr)(staging[parity] as *const c_void, p as i32) } as u64;
+                if a == 0 {
+                    return Err(nv_err(format!(
+                        "PE {p}'s memory is not reachable by load/store from PE {rank} (nvshmem_ptr is null): the \
+                         nvshmem backend needs GPUs of one node with peer access (NVLink)"
+                    )));
+                }
+                *slot = a;
+            }
+        }
+        let algorithm = opts.algorithm;
+        Ok(NvshmemCommunicator {
+            rank,
+            world,
+            stream,
+            opts,
+            module,
+            staging,
+            peers,
+            slot_bytes,
+            signals,
+            state: Mutex::new(State { epoch: 0, algorithm }),
+        })
+    }
+
+    /// The stream collectives run on (see the nccl backend's `comm_stream`).
+    pub fn comm_stream(&self) -> &Stream {
+        &self.stream.stream
+    }
+
+    pub fn options(&self) -> &NvshmemOptions {
+        &self.opts
+    }
+
+    /// Switches the all-reduce algorithm for later calls (every rank must switch alike,
+    /// between the same two calls).
+    pub fn set_algorithm(&self, algorithm: Algorithm) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).algorithm = algorithm;
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).algorithm
+    }
+
+    fn view(&self, op: &str, t: &Tensor) -> Result<CudaView> {
+        cuda_view(op, t, self.stream.ordinal, &self.stream.stream)
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    fn bind(&self) -> Result<()> {
+        let device =
+            oxtrain_tensor::cuda::device(self.stream.ordinal).map_err(|e| cuda_err("the device", e))?;
+        device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))
+    }
+
+    fn function(&self, op: &str, dtype: DType, reduce: bool) -> Result<Function> {
+        Ok(match dtype {
+            DType::F32 => self.module.f32,
+            DType::BF16 => self.module.bf16,
+            DType::F16 => self.module.f16,
+            // Bits move unchanged through the f32 kernel's copies.
+            DType::U32 if !reduce => self.module.f32,
+            other => {
+                return Err(CommError::Unsupported(format!(
+                "{op}: the nvshmem backend {} f32, bf16 and f16, not {other}; use the nccl backend for it",
+                if reduce { "reduces" } else { "moves" }
+            )))
+            }
+        })
+    }
+
+    /// Runs one collective as kernel launches over windows of the staging slots. `base`
+    /// carries everything but the window, buffers and epoch.
+    fn launch(&self, f: Function, esz: usize, base: CollArgs, blocking: bool) -> Result<Work> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let device =
+            oxtrain_tensor::cuda::device(self.stream.ordinal).map_err(|e| cuda_err("the device", e))?;
+        device
+            .context()
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))?;
+        self.stream.begin()?;
+        let raw = self.stream.stream.raw().cu_stream();
+        let count = base.count as usize;
+        let window = self.slot_bytes / esz;
+        let mut lo = 0usize;
+        loop {
+            let hi = (lo + window).min(count);
+            state.epoch += 1;
+            let parity = (state.epoch & 1) as usize;
+            let mut a = base;
+            a.win_lo = lo as i64;
+            a.win_hi = hi as i64;
+            a.epoch = state.epoch;
+            a.bufs = self.peers[parity];
+            a.slot_bytes = self.slot_bytes as u64;
+            a.ready = self.signals;
+            a.done = self.signals + (MAX_BLOCKS as u64) * (MAX_PES as u64) * 8;
+            a.npes = self.world as i32;
+            a.me = self.rank as i32;
+            let in_w = base.in_base.wrapping_add((lo * esz) as u64);
+            let out_w = base.out_base.wrapping_add((lo * esz) as u64);
+            a.aligned = i32::from(in_w.is_multiple_of(16) && out_w.is_multiple_of(16));
+            let blocks = kernels::blocks_for(hi - lo, esz, self.opts.max_blocks);
+            // SAFETY: the window lies inside the caller's tensors (checked by the callers'
+            // sizes) and inside every PE's staging slots (window <= slot); the context is bound.
+            unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream)? };
+            lo = hi;
+            if lo >= count {
+                break;
+            }
+        }
+        drop(state);
+        self.stream.finish(blocking)
+    }
+
+    fn base_args(v: &CudaView, op: ReduceOp) -> CollArgs {
+        CollArgs {
+            in_base: v.ptr,
+            out_base: v.ptr,
+            count: v.len as i64,
+            in_lo: 0,
+            in_hi: v.len as i64,
+            op: op as i32,
+            ..CollArgs::default()
+        }
+    }
+
+    /// The staging sets' symmetric addresses (for diagnostics).
+    pub fn staging_addresses(&self) -> [u64; 2] {
+        self.staging
+    }
+}
+
+impl Drop for NvshmemCommunicator {
+    fn drop(&mut self) {
+        let Ok(api) = host::api() else { return };
+        let _ = self.stream.stream.synchronize();
+        // SAFETY: every PE drops its communicator in the same order (collective frees); the
+        // module was registered in `connect`.
+        unsafe {
+            (api.barrier_all)();
+            (api.free)(self.signals as *mut c_void);
+            (api.free)(self.staging[0] as *mut c_void);
+            let _ = (api.cumodule_finalize)(self.module.module as *mut c_void);
+            let _ = drv::module::unload(self.module.module);
+            (api.hostlib_finalize)();
+        }
+    }
+}
+
+impl Communicator for NvshmemCommunicator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn backend(&self) -> &str {
+        "nvshmem"
+    }
+
+    fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work> {
+        let v = self.view("all_reduce", tensor)?;
+        let f = self.function("all_reduce", v.dtype, true)?;
+        let mut a = Self::base_args(&v, op);
+        let oneshot = match self.algorithm() {
+            Algorithm::OneShot => true,
+            Algorithm::TwoShot => false,
+            Algorithm::Auto => v.bytes() <= self.opts.oneshot_max_bytes,
+        };
+        a.mode = if oneshot { kernels::ONESHOT } else { kernels::TWOSHOT };
+        a.src = kernels::SRC_REDUCE;
+        a.out = kernels::OUT_ALL;
+        self.launch(f, v.dtype.size_in_bytes(), a, false)
+    }
+
+    fn reduce(&self, tensor: &Tensor, dst: usize, op: ReduceOp) -> Result<Work> {
+        check_root("reduce", dst, self.world);
+        let v = self.view("reduce", tensor)?;
+        let f = self.function("reduce", v.dtype, true)?;
+        let mut a = Self::base_args(&v, op);
+        a.mode = kernels::ONESHOT;
+        a.src = kernels::SRC_REDUCE;
+        a.out = kernels::OUT_ROOT;
+        a.root = dst as i32;
+        self.launch(f, v.dtype.size_in_bytes(), a, false)
+    }
+
+    fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
+        check_shards("reduce_scatter", input, output, self.world, self.rank);
+        let i = self.view("reduce_scatter", input)?;
+        let o = self.view("reduce_scatter", output)?;
+        let f = self.function("reduce_scatter", i.dtype, true)?;
+        let esz = i.dtype.size_in_bytes();
+        let shard = shard_range(i.len, self.world, self.rank);
+        let mut a = Self::base_args(&i, op);
+        // Output element i (a global index of the input) at out.ptr + (i - shard.start) * esz.
+        a.out_base = o.ptr.wrapping_sub((shard.start * esz) as u64);
+        a.mode = kernels::ONESHOT;
+        a.src = kernels::SRC_REDUCE;
+        a.out = kernels::OUT_SHARD;
+        self.launch(f, esz, a, false)
+    }
+
+    fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        check_shards("all_gather", output, input, self.world, self.rank);
+        let i = self.view("all_gather", input)?;
+        let o = self.view("all_gather", output)?;
+        let f = self.function("all_gather", i.dtype, false)?;
+        let esz = i.dtype.size_in_bytes();
+        let shard = shard_range(o.len, self.world, self.rank);
+        let mut a = Self::base_args(&o, ReduceOp::Sum);
+        a.in_base = i.ptr.wrapping_sub((shard.start * esz) as u64);
+        a.in_lo = shard.start as i64;
+        a.in_hi = shard.end as i64;
+        a.mode = kernels::ONESHOT;
+        a.src = kernels::SRC_OWNER;
+        a.out = kernels::OUT_ALL;
+        self.launch(f, esz, a, false)
+    }
+
+    fn broadcast(&self, tensor: &Tensor, src: usize) -> Result<Work> {
+        check_root("broadcast", src, self.world);
+        let v = self.view("broadcast", tensor)?;
+        let f = self.function("broadcast", v.dtype, false)?;
+        let mut a = Self::base_args(&v, ReduceOp::Sum);
+        if self.rank != src {
+            a.in_hi = 0;
+        }
+        a.mode = kernels::ONESHOT;
+        a.src = kernels::SRC_ROOT;
+        a.out = kernels::OUT_NOT_ROOT;
+        a.root = src as i32;
+        self.launch(f, v.dtype.size_in_bytes(), a, false)
+    }
+
+    fn barrier(&self) -> Result<Work> {
+        let a = CollArgs { mode: kernels::ONESHOT, ..CollArgs::default() };
+        self.launch(self.module.f32, 4, a, true)
+    }
+}

@@ -23,7 +23,7 @@ if [ -n "$nv" ]; then for d in "$nv"/*/lib; do [ -d "$d" ] && dirs="$dirs:$d"; d
 export OXTRAIN_CUDA_LIB_DIRS="${dirs#:}"
 export LD_LIBRARY_PATH="${OXTRAIN_CUDA_LIB_DIRS}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 [ -n "$nv" ] && [ -d "$nv/nvshmem" ] && export OXTRAIN_NVSHMEM_HOME="$nv/nvshmem"
-export OXTRAIN_KERNEL_CACHE="$OUT/kernel-cache"
+export OXTRAIN_KERNEL_CACHE="${OXTRAIN_KERNEL_CACHE:-/tmp/oxtrain-kernel-cache}"
 # No NVLink multicast objects on the lent machines; no InfiniBand probing for NVSHMEM.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export OXTRAIN_COMM_TIMEOUT=60
@@ -51,18 +51,15 @@ run check-nvshmem 180 --backend nvshmem --algo all --ranks 2 --sizes $odd,8,4096
   --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem.json"
 # Windows: a 1 MiB staging slot makes several launches per call (and odd windows at the end).
 run check-nvshmem-windows 120 --backend nvshmem --algo all --chunk 1M --ranks 2 --sizes 4194310,8M \
-  --iters 3 --warmup 1 --dtypes f32,bf16
+  --iters 3 --warmup 1 --dtypes f32,bf16 > /dev/null
 
 # 2. The comparison: all_reduce, 8 B .. 1 GiB, f32 (nccl-tests' default) and bf16, NCCL beside
-#    NVSHMEM with the auto, one-shot and two-shot algorithms.
-run compare 420 --backend nvshmem --compare nccl --algo all --ranks 2 --ops all_reduce --dtypes f32,bf16 \
-  --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200.json"
-
-# 2b. How the bandwidth moves with the block count (default 32): 8, 64 and 128 blocks at 64M and 256M.
-for b in 8 64 128; do
-  run blocks-$b 90 --backend nvshmem --algo all --blocks $b --ranks 2 --ops all_reduce --dtypes f32 \
-    --sizes 64M,256M --json "$OUT/blocks-$b.json"
-done
+#    NVSHMEM with the auto, one-shot and two-shot algorithms: with the default 32 blocks (most
+#    SMs left to compute), then with 128 blocks (what the block sweep found fastest).
+run compare-32 300 --backend nvshmem --compare nccl --algo all --ranks 2 --ops all_reduce --dtypes f32,bf16 \
+  --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200-32blocks.json"
+run compare-128 300 --backend nvshmem --compare nccl --algo all --blocks 128 --ranks 2 --ops all_reduce \
+  --dtypes f32,bf16 --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200.json"
 
 # 3. Table.
 python3 - "$OUT/comm-2xh200.json" <<'PY' || true
@@ -82,6 +79,14 @@ for s in sizes:
         m = [b for b in rows if b["name"].split("_")[2] == l and b["name"].endswith(f"_{s}B")]
         cells.append(f"{m[0]['oxtrain']:>9.2f} {m[0]['busbw_GBps']:>6.1f}" if m else " " * 16)
     print(f"  {'':>25} {s:>11} " + " ".join(cells))
+PY
+python3 - "$OUT/comm-2xh200-32blocks.json" <<'PY' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("\n32 blocks:")
+for b in d["benchmarks"]:
+    if "ratio" in b:
+        print(f"  {b['name']:<24} oxtrain {b['oxtrain']:>10} {b['unit']:<4} {b['peer_name']} {b['peer']:>10}  ratio {b['ratio']} (goal {b['goal']})")
 PY
 echo "gpu_run.sh: results in $OUT (exit $status)"
 exit $status

@@ -2,7 +2,7 @@
 //! the one-sided operations done by the host library's stream-ordered calls
 //! (`nvshmemx_putmem_on_stream`, `..._signal_on_stream`, `nvshmemx_signal_op_on_stream`, ...)
 //! on a stream of the heap's own, each waited for before returning (the trait's calls are
-//! synchronous), and host atomics (`nvshmem_uint64_atomic_fetch_add`, ...).
+//! synchronous), and no atomics (NVSHMEM's host library does not implement host-initiated ones).
 //! Signals are watched by polling this PE's word, so `wait_until` times out like every wait.
 
 use super::host::{self, OneSided};
@@ -272,53 +272,24 @@ impl SymmetricMemory for NvshmemHeap<'_> {
         self.sync("quiet")
     }
 
-    fn atomic_fetch_add<T: AtomicElement>(&self, target: SymBuffer<T>, value: T, pe: usize) -> Result<T> {
+    // NVSHMEM 3.4.5's host library exports the host-initiated atomics but does not implement
+    // them: on the 2xH200 machine each call printed "nvshmem_uint64_atomic_fadd() not
+    // implemented" and returned garbage. Until device-side atomics (a one-thread kernel) land,
+    // they are refused here rather than returning a wrong value.
+    fn atomic_fetch_add<T: AtomicElement>(&self, _target: SymBuffer<T>, _value: T, pe: usize) -> Result<T> {
         self.check_pe(pe);
-        self.comm.bind()?;
-        let a = self.addr(target.slice(0..1));
-        // Two's complement: the unsigned add of the same width is the signed one.
-        // SAFETY: an aligned element of the heap; NVSHMEM's host atomics.
-        Ok(unsafe {
-            match std::mem::size_of::<T>() {
-                4 => {
-                    bytemuck::cast((self.ops.u32_fetch_add)(a as *mut u32, bytemuck::cast(value), pe as i32))
-                }
-                8 => {
-                    bytemuck::cast((self.ops.u64_fetch_add)(a as *mut u64, bytemuck::cast(value), pe as i32))
-                }
-                n => unreachable!("atomic elements are 4 or 8 bytes, not {n}"),
-            }
-        })
+        Err(host_atomics_missing("atomic_fetch_add"))
     }
 
     fn atomic_compare_swap<T: AtomicElement>(
         &self,
-        target: SymBuffer<T>,
-        expected: T,
-        desired: T,
+        _target: SymBuffer<T>,
+        _expected: T,
+        _desired: T,
         pe: usize,
     ) -> Result<T> {
         self.check_pe(pe);
-        self.comm.bind()?;
-        let a = self.addr(target.slice(0..1));
-        // SAFETY: as atomic_fetch_add.
-        Ok(unsafe {
-            match std::mem::size_of::<T>() {
-                4 => bytemuck::cast((self.ops.u32_compare_swap)(
-                    a as *mut u32,
-                    bytemuck::cast(expected),
-                    bytemuck::cast(desired),
-                    pe as i32,
-                )),
-                8 => bytemuck::cast((self.ops.u64_compare_swap)(
-                    a as *mut u64,
-                    bytemuck::cast(expected),
-                    bytemuck::cast(desired),
-                    pe as i32,
-                )),
-                n => unreachable!("atomic elements are 4 or 8 bytes, not {n}"),
-            }
-        })
+        Err(host_atomics_missing("atomic_compare_swap"))
     }
 
     fn barrier_all(&self) -> Result<()> {
@@ -329,4 +300,11 @@ impl SymmetricMemory for NvshmemHeap<'_> {
         unsafe { (api.barrier_all)() };
         Ok(())
     }
+}
+
+fn host_atomics_missing(op: &str) -> CommError {
+    CommError::Unsupported(format!(
+        "{op} on the NVSHMEM heap: NVSHMEM's host library does not implement host-initiated atomics; \
+         use the shm backend's heap for CPU atomics, or atomics inside a kernel"
+    ))
 }

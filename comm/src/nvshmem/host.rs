@@ -57,7 +57,7 @@ pub(crate) struct Api {
     _lib: libloading::Library,
 }
 
-/// Host-initiated one-sided operations (stream-ordered puts and gets, signals, atomics).
+/// Host-initiated one-sided operations (stream-ordered puts and gets, signals).
 pub(crate) struct OneSided {
     pub quiet_on_stream: unsafe extern "C" fn(CuStream),
     pub putmem_on_stream: unsafe extern "C" fn(*mut c_void, *const c_void, usize, i32, CuStream),
@@ -65,10 +65,6 @@ pub(crate) struct OneSided {
     pub putmem_signal_on_stream:
         unsafe extern "C" fn(*mut c_void, *const c_void, usize, *mut u64, u64, i32, i32, CuStream),
     pub signal_op_on_stream: unsafe extern "C" fn(*mut u64, u64, i32, i32, CuStream),
-    pub u32_fetch_add: unsafe extern "C" fn(*mut u32, u32, i32) -> u32,
-    pub u64_fetch_add: unsafe extern "C" fn(*mut u64, u64, i32) -> u64,
-    pub u32_compare_swap: unsafe extern "C" fn(*mut u32, u32, u32, i32) -> u32,
-    pub u64_compare_swap: unsafe extern "C" fn(*mut u64, u64, u64, i32) -> u64,
 }
 
 fn candidates() -> Vec<PathBuf> {
@@ -122,10 +118,6 @@ fn load() -> std::result::Result<Api, String> {
             getmem_on_stream: sym!("nvshmemx_getmem_on_stream"),
             putmem_signal_on_stream: sym!("nvshmemx_putmem_signal_on_stream"),
             signal_op_on_stream: sym!("nvshmemx_signal_op_on_stream"),
-            u32_fetch_add: sym!("nvshmem_uint32_atomic_fetch_add"),
-            u64_fetch_add: sym!("nvshmem_uint64_atomic_fetch_add"),
-            u32_compare_swap: sym!("nvshmem_uint32_atomic_compare_swap"),
-            u64_compare_swap: sym!("nvshmem_uint64_atomic_compare_swap"),
         })
     })();
     Ok(Api {

@@ -265,6 +265,51 @@ __device__ __forceinline__ void ox_output(const CollArgs& a, long long k) {
     for (long long i = lo; i < hi; ++i) ((R*)a.out_base)[i] = ox_source<E>(a, i);
 }
 
+// Packs per thread in flight in the bulk loops below: several 16-byte loads issued before
+// their stores, so a block keeps enough NVLink traffic outstanding to approach the link rate.
+#define OX_UNROLL 4
+
+// dst[k] = src[k] for packs k in [q0, q1), OX_UNROLL loads in flight per thread.
+__device__ __forceinline__ void ox_copy_packs(uint4* dst, const uint4* src, long long q0, long long q1) {
+    const long long bd = blockDim.x;
+    long long k = q0 + threadIdx.x;
+    for (; k + (OX_UNROLL - 1) * bd < q1; k += OX_UNROLL * bd) {
+        uint4 v[OX_UNROLL];
+#pragma unroll
+        for (int j = 0; j < OX_UNROLL; ++j) v[j] = __ldcv(src + k + j * bd);
+#pragma unroll
+        for (int j = 0; j < OX_UNROLL; ++j) dst[k + j * bd] = v[j];
+    }
+    for (; k < q1; k += bd) dst[k] = __ldcv(src + k);
+}
+
+// Two-shot reduce of packs [s0, s1): the reduced pack goes to every peer's slot `me` and to the
+// output, OX_UNROLL packs in flight per thread.
+template <typename E>
+__device__ __forceinline__ void ox_reduce_packs(const CollArgs& a, long long s0, long long s1) {
+    typedef typename E::raw R;
+    const long long bd = blockDim.x;
+    uint4* out = (uint4*)(a.out_base + a.win_lo * sizeof(R));
+    long long k = s0 + threadIdx.x;
+    for (; k + (OX_UNROLL - 1) * bd < s1; k += OX_UNROLL * bd) {
+        uint4 v[OX_UNROLL];
+#pragma unroll
+        for (int j = 0; j < OX_UNROLL; ++j) v[j] = ox_reduce_pack<E>(a, k + j * bd);
+#pragma unroll
+        for (int j = 0; j < OX_UNROLL; ++j) {
+            for (int p = 0; p < a.npes; ++p)
+                if (p != a.me) ((uint4*)ox_remote_slot<R>(a, p))[k + j * bd] = v[j];
+            out[k + j * bd] = v[j];
+        }
+    }
+    for (; k < s1; k += bd) {
+        uint4 v = ox_reduce_pack<E>(a, k);
+        for (int p = 0; p < a.npes; ++p)
+            if (p != a.me) ((uint4*)ox_remote_slot<R>(a, p))[k] = v;
+        out[k] = v;
+    }
+}
+
 template <typename E>
 __device__ void ox_collective(const CollArgs& a) {
     typedef typename E::raw R;
@@ -286,6 +331,26 @@ __device__ void ox_collective(const CollArgs& a) {
     // Two-shot all_reduce (input and output are the whole window). PE q owns the sub-shard
     // [sub(q), sub(q + 1)) of the block's packs.
     const long long len = p1 - p0;
+    if (a.aligned && (a.win_hi - a.win_lo) % EPP == 0) {
+        // Every pack whole and 16-byte aligned: the bulk loops, several packs in flight.
+        const uint4* in = (const uint4*)(a.in_base + a.win_lo * sizeof(R));
+        for (int p = 0; p < a.npes; ++p) {
+            if (p == a.me) continue;
+            const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
+            ox_copy_packs((uint4*)ox_remote_slot<R>(a, p), in, q0, q1);
+        }
+        ox_exchange(a, a.ready);
+        const long long s0 = p0 + ox_shard_start(len, a.npes, a.me), s1 = p0 + ox_shard_start(len, a.npes, a.me + 1);
+        ox_reduce_packs<E>(a, s0, s1);
+        ox_exchange(a, a.done);
+        for (int p = 0; p < a.npes; ++p) {
+            if (p == a.me) continue;
+            const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
+            ox_copy_packs((uint4*)(a.out_base + a.win_lo * sizeof(R)),
+                          (const uint4*)(a.bufs[a.me] + (unsigned long long)p * a.slot_bytes), q0, q1);
+        }
+        return;
+    }
     for (int p = 0; p < a.npes; ++p) {
         if (p == a.me) continue;
         const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);

@@ -83,7 +83,9 @@ impl Default for NvshmemOptions {
         };
         NvshmemOptions {
             max_blocks: env_num("OXTRAIN_NVSHMEM_BLOCKS").unwrap_or(32) as u32,
-            oneshot_max_bytes: env_num("OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES").unwrap_or(1 << 20),
+            // Measured on 2xH200 (bench/results/comm-2xh200.json, f32): one-shot is faster up to
+            // 8 MiB (40.3 vs 42.4 us), two-shot from 16 MiB (65.5 vs 69.7 us).
+            oneshot_max_bytes: env_num("OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES").unwrap_or(8 << 20),
             algorithm,
             chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
         }

@@ -126,6 +126,12 @@ impl CommStream {
     /// The handle of a collective just enqueued. `blocking`: `wait()` also blocks the host
     /// (barrier).
     pub fn finish(&self, blocking: bool) -> Result<Work> {
+        if !blocking && self.current()?.id() == self.stream.id() {
+            // The caller queues on the communication stream itself, so its later work is
+            // already ordered after this collective: no event per call (creating and recording
+            // one was a good part of a small message's time).
+            return Ok(Work::from_waiter(Box::new(SameStreamWork { stream: self.stream.clone() })));
+        }
         let event = self
             .stream
             .record_event()
@@ -167,5 +173,35 @@ impl WorkWaiter for GpuWork {
 
     fn synchronize(self: Box<Self>) -> Result<()> {
         self.event.synchronize().map_err(|e| cuda_err("waiting for a collective on the host", e))
+    }
+}
+
+/// A collective queued while its own stream was current (see [`CommStream::finish`]).
+struct SameStreamWork {
+    stream: Stream,
+}
+
+// SAFETY: a CUDA stream handle may be used from any thread of the process.
+unsafe impl Send for SameStreamWork {}
+
+impl WorkWaiter for SameStreamWork {
+    fn wait(self: Box<Self>) -> Result<()> {
+        let cur = Stream::current(self.stream.ordinal()).map_err(|e| cuda_err("the current stream", e))?;
+        if cur.id() != self.stream.id() {
+            // The caller moved to another stream since: order it after everything queued on
+            // the communication stream so far, which includes the collective.
+            cur.wait_stream(&self.stream).map_err(|e| cuda_err("waiting for a collective", e))?;
+        }
+        Ok(())
+    }
+
+    fn is_completed(&mut self) -> bool {
+        // SAFETY: a live stream of this process.
+        let status = unsafe { cudarc::driver::sys::cuStreamQuery(self.stream.raw().cu_stream()) };
+        status == cudarc::driver::sys::CUresult::CUDA_SUCCESS
+    }
+
+    fn synchronize(self: Box<Self>) -> Result<()> {
+        self.stream.synchronize().map_err(|e| cuda_err("waiting for a collective on the host", e))
     }
 }

@@ -262,18 +262,20 @@ pub(super) fn math_allowed(dtype: DType, math: sys::cudnnMathType_t) -> bool {
 struct Call<'a> {
     h: std::sync::MutexGuard<'a, Handle>,
     dev: Arc<CudaDevice>,
+    stream: Arc<cudarc::driver::CudaStream>,
     alpha: (f32, f64),
     beta: (f32, f64),
 }
 
 impl<'a> Call<'a> {
-    fn new(handle: &'a Mutex<Handle>, dev: Arc<CudaDevice>, d: &Descriptors) -> Call<'a> {
+    fn new(handle: &'a Mutex<Handle>, dev: Arc<CudaDevice>, op: &str) -> Call<'a> {
         let h = handle.lock().unwrap_or_else(|e| e.into_inner());
-        bind(&dev, d.op);
-        let stream = current_stream(&dev, d.op);
+        bind(&dev, op);
+        let stream = current_stream(&dev, op);
         // SAFETY: a live handle and a stream of this device's context.
-        d.check("cudnnSetStream", unsafe { dnn::set_stream(h.raw, stream.cu_stream() as sys::cudaStream_t) });
-        Call { h, dev, alpha: (1.0, 1.0), beta: (0.0, 0.0) }
+        unsafe { dnn::set_stream(h.raw, stream.cu_stream() as sys::cudaStream_t) }
+            .unwrap_or_else(|e| panic!("{op}: cudnnSetStream failed: {e:?}"));
+        Call { h, dev, stream, alpha: (1.0, 1.0), beta: (0.0, 0.0) }
     }
 
     /// Pointers to alpha and beta in the type cuDNN expects: double for f64, float otherwise.
@@ -356,17 +358,18 @@ fn convolve(
     cl: bool,
     b: &Buffers,
 ) -> bool {
-    let d = Descriptors::new(op, dtype, g, cl);
-    let call = Call::new(handle, dev, &d);
+    let call = Call::new(handle, dev, op);
     let raw = call.h.raw;
     if use_graph_api() {
-        let stream = current_stream(&call.dev, op);
         let workspace = |bytes: usize| call.workspace(bytes, op);
-        let run = super::cudnn_graph::Run { handle: raw, stream: &stream, bufs: b, workspace: &workspace };
+        let run =
+            super::cudnn_graph::Run { handle: raw, stream: &call.stream, bufs: b, workspace: &workspace };
         if super::cudnn_graph::convolve(&run, call.dev.ordinal(), direction, dtype, g, cl, op) {
             return true;
         }
     }
+    // The legacy API's descriptors, built only when the graph path did not take the call.
+    let d = Descriptors::new(op, dtype, g, cl);
     let Some(plan) =
         plan(raw, &d, direction, dtype, call.dev.ordinal(), b, |bytes| call.workspace(bytes, op))
     else {

@@ -2,7 +2,7 @@
 
 use super::Reduction;
 use oxtrain_autograd::Var;
-use oxtrain_tensor::{DType, Tensor};
+use oxtrain_tensor::Tensor;
 
 /// Options of [`binary_cross_entropy_with_logits_with`], PyTorch's defaults.
 #[derive(Debug, Clone, Default)]
@@ -36,18 +36,19 @@ pub fn binary_cross_entropy_with_logits_with(
         target.dims(),
         x.dims()
     );
-    let f32 = |t: &Tensor| t.to_dtype(DType::F32);
-    let (xf, y) = (f32(x), f32(target));
+    let compute = super::cross_entropy::compute_dtype(x.dtype());
+    let wide = |t: &Tensor| t.to_dtype(compute);
+    let (xf, y) = (wide(x), wide(target));
     // softplus(-x) = log(1 + e^-x) = log1p(e^-|x|) + max(-x, 0)
     let softplus_neg = xf.abs().neg().exp().log1p().add(&xf.neg().relu());
-    let log_weight = opts.pos_weight.as_ref().map(|p| f32(p).add_scalar(-1.0).mul(&y).add_scalar(1.0));
+    let log_weight = opts.pos_weight.as_ref().map(|p| wide(p).add_scalar(-1.0).mul(&y).add_scalar(1.0));
     let one_minus_y = y.affine(-1.0, 1.0);
     let mut loss = one_minus_y.mul(&xf);
     loss = match &log_weight {
         Some(lw) => loss.add(&lw.mul(&softplus_neg)),
         None => loss.add(&softplus_neg),
     };
-    let weight = opts.weight.as_ref().map(f32);
+    let weight = opts.weight.as_ref().map(wide);
     if let Some(w) = &weight {
         loss = loss.mul(w);
     }
@@ -71,7 +72,7 @@ pub fn binary_cross_entropy_with_logits_with(
         if let Some(w) = &weight {
             grad = grad.mul(w);
         }
-        let g = g.to_dtype(DType::F32);
+        let g = g.to_dtype(compute);
         let g = if reduction == Reduction::Mean { g.mul_scalar(1.0 / n as f64) } else { g };
         vec![Some(grad.mul(&g).broadcast_as(dims.as_slice()).to_dtype(out_dtype))]
     })

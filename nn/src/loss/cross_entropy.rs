@@ -64,7 +64,8 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
     let classes = x.dims()[rank.min(2) - 1];
     let rows = target.elem_count();
 
-    // [rows, C] in f32, the class dim last.
+    // [rows, C] in the compute dtype (f32, or f64 for f64 logits), the class dim last.
+    let compute = compute_dtype(x.dtype());
     let moved = if rank > 2 {
         let mut order: Vec<usize> = vec![0];
         order.extend(2..rank);
@@ -73,12 +74,12 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
     } else {
         x.clone()
     };
-    let logp = moved.to_dtype(DType::F32).reshape((rows, classes)).log_softmax(1);
+    let logp = moved.to_dtype(compute).reshape((rows, classes)).log_softmax(1);
 
     let t = target.reshape(rows);
     let valid = t.cmp_scalar(opts.ignore_index as f64, CmpOp::Ne);
     let safe_t = valid.where_cond(&t, &t.zeros_like());
-    let valid_f = valid.to_dtype(DType::F32);
+    let valid_f = valid.to_dtype(compute);
     let s = opts.label_smoothing;
     let picked = logp.gather(1, &safe_t.unsqueeze(1)).squeeze(1);
     let mut per_row = picked.mul_scalar(-(1.0 - s));
@@ -97,14 +98,14 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
     let out_dtype = x.dtype();
     let (reduction, in_dims, moved_dims) = (opts.reduction, x.dims().to_vec(), moved.dims().to_vec());
     Var::from_op(op, loss.to_dtype(out_dtype), &[logits], move |g, _| {
-        let g = g.to_dtype(DType::F32);
+        let g = g.to_dtype(compute);
         // Per-row weight of the gradient: the output gradient, the mean's 1/count, the mask.
         let w = match reduction {
             Reduction::None => g.reshape(rows).mul(&valid_f),
             Reduction::Sum => valid_f.mul(&g),
             Reduction::Mean => valid_f.mul(&g.div(&count)),
         };
-        let mut q = safe_t.one_hot(classes).to_dtype(DType::F32);
+        let mut q = safe_t.one_hot(classes).to_dtype(compute);
         if s > 0.0 {
             q = q.affine(1.0 - s, s / classes as f64);
         }
@@ -119,4 +120,14 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
         };
         vec![Some(grad.to_dtype(out_dtype))]
     })
+}
+
+/// The dtype a loss computes in: f64 for f64 inputs (as PyTorch), else f32 (16-bit inputs widen
+/// so the log-sum-exp keeps its precision).
+pub(crate) fn compute_dtype(input: DType) -> DType {
+    if input == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
 }

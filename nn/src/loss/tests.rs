@@ -92,3 +92,39 @@ fn cross_entropy_names_the_shapes_of_a_mismatched_target() {
     let x = Var::parameter(Tensor::zeros((2, 3), oxtrain_tensor::DType::F32, Device::Cpu).unwrap());
     cross_entropy(&x, &Tensor::new(vec![0i64, 1, 2], Device::Cpu).unwrap());
 }
+
+/// The fused losses' own backwards against central finite differences in f64 (they compute in
+/// f64 for f64 inputs), with ignored targets, label smoothing, a spatial dim and pos_weight.
+#[test]
+fn fused_loss_gradients_match_finite_differences() {
+    use oxtrain_tensor::{DType, Generator};
+    let randn = |shape: &[usize], seed| {
+        Tensor::randn_with(&mut Generator::new(seed), shape, DType::F64, Device::Cpu).unwrap()
+    };
+    let target = Tensor::from_vec(vec![2i64, -100, 0, 4, 1, 3], 6, Device::Cpu).unwrap();
+    for (smoothing, reduction) in [(0.0, Reduction::Mean), (0.2, Reduction::Sum), (0.1, Reduction::None)] {
+        let opts = CrossEntropyOptions { label_smoothing: smoothing, reduction, ..Default::default() };
+        let f = |v: &[Var]| {
+            let l = cross_entropy_with(&v[0], &target, &opts);
+            if l.rank() == 0 {
+                l
+            } else {
+                l.mul(&Var::constant(randn(&[6], 9))).sum_all()
+            }
+        };
+        oxtrain_autograd::gradcheck(f, &[randn(&[6, 5], 1)], 1e-6, 1e-6)
+            .unwrap_or_else(|e| panic!("cross_entropy smoothing {smoothing}: {e}"));
+    }
+    let spatial = Tensor::from_vec(vec![0i64, 2, 1, -100, 2, 0], (2, 3), Device::Cpu).unwrap();
+    let f = |v: &[Var]| cross_entropy(&v[0], &spatial);
+    oxtrain_autograd::gradcheck(f, &[randn(&[2, 3, 3], 2)], 1e-6, 1e-6)
+        .unwrap_or_else(|e| panic!("[N, C, d]: {e}"));
+
+    let y = Tensor::from_vec(vec![0.0f64, 1.0, 1.0, 0.0, 0.5, 1.0], (2, 3), Device::Cpu).unwrap();
+    let opts = BceWithLogitsOptions {
+        pos_weight: Some(Tensor::from_vec(vec![0.5f64, 2.0, 3.0], 3, Device::Cpu).unwrap()),
+        ..Default::default()
+    };
+    let f = |v: &[Var]| binary_cross_entropy_with_logits_with(&v[0], &y, &opts);
+    oxtrain_autograd::gradcheck(f, &[randn(&[2, 3], 3)], 1e-6, 1e-6).unwrap_or_else(|e| panic!("bce: {e}"));
+}

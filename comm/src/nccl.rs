@@ -68,6 +68,7 @@ mod ffi {
         pub get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Status,
         pub comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> Status,
         pub comm_destroy: unsafe extern "C" fn(Comm) -> Status,
+        pub comm_finalize: unsafe extern "C" fn(Comm) -> Status,
         pub get_error_string: unsafe extern "C" fn(Status) -> *const c_char,
         pub all_reduce:
             unsafe extern "C" fn(*const c_void, *mut c_void, usize, DataType, RedOp, Comm, Stream) -> Status,
@@ -130,6 +131,7 @@ fn load() -> std::result::Result<Nccl, String> {
         get_unique_id: sym!("ncclGetUniqueId"),
         comm_init_rank: sym!("ncclCommInitRank"),
         comm_destroy: sym!("ncclCommDestroy"),
+        comm_finalize: sym!("ncclCommFinalize"),
         get_error_string: sym!("ncclGetErrorString"),
         all_reduce: sym!("ncclAllReduce"),
         reduce: sym!("ncclReduce"),
@@ -294,10 +296,16 @@ impl NcclCommunicator {
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
         let comm = self.comm.get_mut().unwrap_or_else(|e| e.into_inner());
-        // Queued work must finish before the communicator goes.
+        // Queued work must finish before the communicator goes, with this GPU's context
+        // current (the dropping thread may not have used it).
+        if let Ok(device) = oxtrain_tensor::cuda::device(self.stream.ordinal) {
+            let _ = device.context().bind_to_thread();
+        }
         let _ = self.stream.stream.synchronize();
-        // SAFETY: made in `connect`, destroyed once.
+        // SAFETY: made in `connect`, finalised and destroyed once. Finalize first flushes
+        // NCCL's outstanding operations (torch's destroy_process_group does the same).
         unsafe {
+            let _ = (self.api.comm_finalize)(comm.0);
             let _ = (self.api.comm_destroy)(comm.0);
         }
     }

@@ -35,6 +35,8 @@ namespace std { using namespace cuda::std; }
 // Algorithm.
 #define OX_ONESHOT 0
 #define OX_TWOSHOT 1
+#define OX_LL 2     // all_reduce of small messages: data and flag in each 8-byte word (ll.cuh)
+#define OX_STREAM 3 // all_reduce of large messages: pipelined pushes through rings (stream.cuh)
 // Where output element i comes from.
 #define OX_SRC_REDUCE 0 // the reduction over every PE's input (all_reduce, reduce, reduce_scatter)
 #define OX_SRC_ROOT 1   // PE `root`'s input (broadcast)
@@ -50,7 +52,7 @@ namespace std { using namespace cuda::std; }
 #define OX_MAX 2
 #define OX_MIN 3
 
-// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (184 bytes, checked on both sides).
+// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (200 bytes, checked on both sides).
 // Indices are global (0..count of the whole tensor); one launch handles the window
 // [win_lo, win_hi), whose element i sits at index i - win_lo of a slot.
 struct CollArgs {
@@ -64,9 +66,12 @@ struct CollArgs {
     long long count;             // elements in the whole tensor
     long long win_lo, win_hi;    // this launch's window
     long long in_lo, in_hi;      // global indices of this PE's input (all_gather: its shard)
+    long long chunk_packs;       // OX_STREAM: 16-byte packs per ring chunk
     int npes, me, mode, src, op, root, aligned, out;
+    int depth;                   // OX_STREAM: chunks per ring
+    int pad_;
 };
-static_assert(sizeof(CollArgs) == 184, "CollArgs must match the Rust side");
+static_assert(sizeof(CollArgs) == 200, "CollArgs must match the Rust side");
 
 struct F32 {
     typedef float raw;
@@ -395,10 +400,3 @@ __device__ void ox_collective(const CollArgs& a) {
         }
     }
 }
-
-// Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register
-// count low enough for that block size.
-#define OX_THREADS 512
-extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f32(CollArgs a) { ox_collective<F32>(a); }
-extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_bf16(CollArgs a) { ox_collective<BF16>(a); }
-extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f16(CollArgs a) { ox_collective<F16>(a); }

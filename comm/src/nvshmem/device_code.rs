@@ -22,8 +22,16 @@ use oxtrain_tensor::cuda::libs::{self, CudaLib, LibStatus};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-/// The kernel source, embedded in the binary.
-pub const SOURCE: &str = include_str!("collectives.cu");
+/// The kernel source, embedded in the binary: the shared pieces and the one-shot/two-shot
+/// collectives, the low-latency all-reduce, the streaming all-reduce, the heap's atomics, then
+/// the collectives' entry points.
+pub const SOURCE: &str = concat!(
+    include_str!("collectives.cu"),
+    include_str!("ll.cu"),
+    include_str!("stream.cu"),
+    include_str!("atomics.cu"),
+    include_str!("entry.cu")
+);
 
 /// Kernel names by dtype suffix.
 pub fn kernel_name(suffix: &str) -> String {

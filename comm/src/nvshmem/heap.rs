@@ -2,11 +2,12 @@
 //! the one-sided operations done by the host library's stream-ordered calls
 //! (`nvshmemx_putmem_on_stream`, `..._signal_on_stream`, `nvshmemx_signal_op_on_stream`, ...)
 //! on a stream of the heap's own, each waited for before returning (the trait's calls are
-//! synchronous), and no atomics (NVSHMEM's host library does not implement host-initiated ones).
+//! synchronous). Atomics run as a one-thread kernel calling NVSHMEM's device atomics
+//! (`atomics.cu`): NVSHMEM's host library does not implement host-initiated ones.
 //! Signals are watched by polling this PE's word, so `wait_until` times out like every wait.
 
 use super::host::{self, OneSided};
-use super::NvshmemCommunicator;
+use super::{kernels, NvshmemCommunicator};
 use crate::error::{CommError, Result};
 use crate::gpu::cuda_err;
 use crate::symmetric::{AtomicElement, Cmp, Signal, SignalOp, SymBuffer, SymmetricMemory};
@@ -26,6 +27,9 @@ pub struct NvshmemHeap<'c> {
     next: Mutex<usize>,
     stream: Stream,
     timeout: Duration,
+    /// 16 bytes past the user's part of the allocation: where the atomic kernel leaves the
+    /// previous value.
+    scratch: u64,
 }
 
 fn sig_op(op: SignalOp) -> i32 {
@@ -46,7 +50,7 @@ impl NvshmemCommunicator {
         self.bind()?;
         let size = bytes.div_ceil(16) * 16;
         // SAFETY: collective allocation, called alike on every PE.
-        let base = unsafe { (api.malloc)(size.max(16)) } as u64;
+        let base = unsafe { (api.malloc)(size + 16) } as u64;
         if base == 0 {
             return Err(CommError::Unsupported(format!(
                 "nvshmem: nvshmem_malloc({size}) failed: raise NVSHMEM_SYMMETRIC_SIZE"
@@ -62,6 +66,7 @@ impl NvshmemCommunicator {
             next: Mutex::new(0),
             stream,
             timeout: crate::CommOptions::default().timeout,
+            scratch: base + size as u64,
         })
     }
 }
@@ -84,6 +89,52 @@ impl NvshmemHeap<'_> {
 
     fn sync(&self, what: &str) -> Result<()> {
         self.stream.synchronize().map_err(|e| cuda_err(format!("nvshmem {what}"), e))
+    }
+
+    /// Runs one atomic on `target` at `pe` through the device kernel; returns the old value.
+    fn atomic<T: AtomicElement>(
+        &self,
+        target: SymBuffer<T>,
+        kind: i32,
+        value: T,
+        expected: T,
+        pe: usize,
+    ) -> Result<T> {
+        self.check_pe(pe);
+        assert_eq!(
+            target.len, 1,
+            "atomics take a one-element SymBuffer (use .at(i)), got {} elements",
+            target.len
+        );
+        let width = std::mem::size_of::<T>();
+        let bits = |v: T| -> u64 {
+            match width {
+                4 => u64::from(bytemuck::cast::<T, u32>(v)),
+                _ => bytemuck::cast::<T, u64>(v),
+            }
+        };
+        let args = kernels::AtomicArgs {
+            target: self.addr(target),
+            old: self.scratch,
+            value: bits(value),
+            expected: bits(expected),
+            pe: pe as i32,
+            kind,
+            width: width as i32,
+            pad_: 0,
+        };
+        self.comm.bind()?;
+        // SAFETY: target is inside this heap (addr checks), scratch is the heap's own 16 bytes,
+        // the context is bound; the call is waited for before the scratch is read.
+        unsafe {
+            kernels::launch_atomic(self.comm.module.atomic, &args, self.stream.raw().cu_stream() as _)?
+        };
+        self.sync("atomic")?;
+        let mut old = [T::zeroed()];
+        // SAFETY: scratch holds at least `width` bytes.
+        unsafe { drv::memcpy_dtoh_sync(&mut old, self.scratch) }
+            .map_err(|e| cuda_err("reading an atomic's old value", format!("{e:?}")))?;
+        Ok(old[0])
     }
 
     fn check_pe(&self, pe: usize) {
@@ -272,24 +323,18 @@ impl SymmetricMemory for NvshmemHeap<'_> {
         self.sync("quiet")
     }
 
-    // NVSHMEM 3.4.5's host library exports the host-initiated atomics but does not implement
-    // them: on the 2xH200 machine each call printed "nvshmem_uint64_atomic_fadd() not
-    // implemented" and returned garbage. Until device-side atomics (a one-thread kernel) land,
-    // they are refused here rather than returning a wrong value.
-    fn atomic_fetch_add<T: AtomicElement>(&self, _target: SymBuffer<T>, _value: T, pe: usize) -> Result<T> {
-        self.check_pe(pe);
-        Err(host_atomics_missing("atomic_fetch_add"))
+    fn atomic_fetch_add<T: AtomicElement>(&self, target: SymBuffer<T>, value: T, pe: usize) -> Result<T> {
+        self.atomic(target, kernels::ATOMIC_FETCH_ADD, value, T::zeroed(), pe)
     }
 
     fn atomic_compare_swap<T: AtomicElement>(
         &self,
-        _target: SymBuffer<T>,
-        _expected: T,
-        _desired: T,
+        target: SymBuffer<T>,
+        expected: T,
+        desired: T,
         pe: usize,
     ) -> Result<T> {
-        self.check_pe(pe);
-        Err(host_atomics_missing("atomic_compare_swap"))
+        self.atomic(target, kernels::ATOMIC_COMPARE_SWAP, desired, expected, pe)
     }
 
     fn barrier_all(&self) -> Result<()> {
@@ -300,11 +345,4 @@ impl SymmetricMemory for NvshmemHeap<'_> {
         unsafe { (api.barrier_all)() };
         Ok(())
     }
-}
-
-fn host_atomics_missing(op: &str) -> CommError {
-    CommError::Unsupported(format!(
-        "{op} on the NVSHMEM heap: NVSHMEM's host library does not implement host-initiated atomics; \
-         use the shm backend's heap for CPU atomics, or atomics inside a kernel"
-    ))
 }

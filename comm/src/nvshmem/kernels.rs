@@ -11,6 +11,8 @@ pub(crate) const THREADS: u32 = 512;
 
 pub(crate) const ONESHOT: i32 = 0;
 pub(crate) const TWOSHOT: i32 = 1;
+pub(crate) const LL: i32 = 2;
+pub(crate) const STREAM: i32 = 3;
 pub(crate) const SRC_REDUCE: i32 = 0;
 pub(crate) const SRC_ROOT: i32 = 1;
 pub(crate) const SRC_OWNER: i32 = 2;
@@ -35,6 +37,7 @@ pub(crate) struct CollArgs {
     pub win_hi: i64,
     pub in_lo: i64,
     pub in_hi: i64,
+    pub chunk_packs: i64,
     pub npes: i32,
     pub me: i32,
     pub mode: i32,
@@ -43,9 +46,42 @@ pub(crate) struct CollArgs {
     pub root: i32,
     pub aligned: i32,
     pub out: i32,
+    pub depth: i32,
+    pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 184);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 200);
+
+/// `struct AtomicArgs` of `atomics.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AtomicArgs {
+    pub target: u64,
+    pub old: u64,
+    pub value: u64,
+    pub expected: u64,
+    pub pe: i32,
+    pub kind: i32,
+    pub width: i32,
+    pub pad_: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<AtomicArgs>() == 48);
+
+pub(crate) const ATOMIC_FETCH_ADD: i32 = 0;
+pub(crate) const ATOMIC_COMPARE_SWAP: i32 = 1;
+
+/// Launches the one-thread atomic kernel.
+///
+/// # Safety
+/// `args.target` must be a symmetric address of a live heap, `args.old` device memory of
+/// `args.width` bytes, and the context of the stream's device current.
+pub(crate) unsafe fn launch_atomic(f: Function, args: &AtomicArgs, stream: sys::CUstream) -> Result<()> {
+    let mut a = *args;
+    let mut params = [&mut a as *mut AtomicArgs as *mut c_void];
+    drv::launch_kernel(f.0, (1, 1, 1), (1, 1, 1), 0, stream, &mut params)
+        .map_err(|e| cuda_err("launching the nvshmem atomic kernel", format!("{e:?}")))
+}
 
 /// Blocks for a window of `elems` elements of `esz` bytes: enough for one 16-byte pack per
 /// thread, at most `max_blocks`. Depends only on sizes and options, so it is the same on
@@ -53,6 +89,19 @@ const _: () = assert!(std::mem::size_of::<CollArgs>() == 184);
 pub(crate) fn blocks_for(elems: usize, esz: usize, max_blocks: u32) -> u32 {
     let packs = (elems * esz).div_ceil(16);
     (packs.div_ceil(THREADS as usize) as u32).clamp(1, max_blocks.clamp(1, MAX_BLOCKS))
+}
+
+/// Blocks for the low-latency all-reduce: one 8-byte line per thread, at most `max_blocks`.
+pub(crate) fn ll_blocks(elems: usize, esz: usize, max_blocks: u32) -> u32 {
+    let lines = (elems * esz).div_ceil(8);
+    (lines.div_ceil(THREADS as usize) as u32).clamp(1, max_blocks.clamp(1, MAX_BLOCKS))
+}
+
+/// Pusher/reducer pairs for the streaming all-reduce: half of `max_blocks` each (both halves
+/// must be resident at once, see stream.cu), at least one, and no more pairs than chunks.
+pub(crate) fn stream_pairs(bytes: usize, chunk_bytes: usize, max_blocks: u32) -> u32 {
+    let chunks = bytes.div_ceil(chunk_bytes.max(16)).max(1);
+    ((max_blocks.clamp(2, MAX_BLOCKS) / 2) as usize).min(chunks) as u32
 }
 
 /// A loaded kernel function (a plain driver handle).
@@ -85,5 +134,18 @@ mod tests {
         assert_eq!(blocks_for(2049, 4, 32), 2);
         assert_eq!(blocks_for(1 << 26, 2, 32), 32);
         assert_eq!(blocks_for(1 << 26, 2, 1000), MAX_BLOCKS);
+    }
+
+    #[test]
+    fn ll_and_stream_block_counts() {
+        assert_eq!(ll_blocks(1, 4, 32), 1);
+        assert_eq!(ll_blocks(1024, 4, 32), 1); // 512 lines
+        assert_eq!(ll_blocks(1025, 4, 32), 2);
+        assert_eq!(ll_blocks(1 << 20, 4, 32), 32);
+        // Pairs: half the blocks, never more than the chunks, at least one.
+        assert_eq!(stream_pairs(256 << 20, 128 << 10, 128), 64);
+        assert_eq!(stream_pairs(256 << 20, 128 << 10, 32), 16);
+        assert_eq!(stream_pairs(300 << 10, 128 << 10, 128), 3);
+        assert_eq!(stream_pairs(16, 128 << 10, 1), 1);
     }
 }

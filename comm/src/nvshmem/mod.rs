@@ -51,10 +51,31 @@ use std::sync::Mutex;
 /// Which all-reduce algorithm runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
-    /// One-shot up to `oneshot_max_bytes`, two-shot above.
+    /// Low-latency up to `ll_max_bytes`, one-shot up to `oneshot_max_bytes`, then streaming
+    /// on two GPUs (16-byte aligned tensors) and two-shot otherwise.
     Auto,
+    /// Data and flags in every 8-byte word, one NVLink crossing, no signals (`ll.cu`).
+    LowLatency,
     OneShot,
     TwoShot,
+    /// Pushes and reductions pipelined through rings in one launch (`stream.cu`). Every GPU
+    /// receives the whole tensor from every peer: the least time on two GPUs, more traffic
+    /// than two-shot on more.
+    Stream,
+}
+
+impl Algorithm {
+    /// `auto`, `ll`, `oneshot`, `twoshot` or `stream`.
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        Some(match s {
+            "auto" => Algorithm::Auto,
+            "ll" => Algorithm::LowLatency,
+            "oneshot" => Algorithm::OneShot,
+            "twoshot" => Algorithm::TwoShot,
+            "stream" => Algorithm::Stream,
+            _ => return None,
+        })
+    }
 }
 
 /// Tuning of the nvshmem backend; `Default` reads the `OXTRAIN_NVSHMEM_*` variables.
@@ -62,12 +83,19 @@ pub enum Algorithm {
 pub struct NvshmemOptions {
     /// Most blocks a collective kernel uses (1..=128); fewer SMs taken from compute.
     pub max_blocks: u32,
-    /// All-reduces of at most this many bytes run one-shot under `Algorithm::Auto`.
+    /// All-reduces of at most this many bytes run low-latency under `Algorithm::Auto`; it
+    /// also sizes the low-latency slots (2 x world x 2 x this on the heap).
+    pub ll_max_bytes: usize,
+    /// All-reduces of at most this many bytes (and more than `ll_max_bytes`) run one-shot
+    /// under `Algorithm::Auto`.
     pub oneshot_max_bytes: usize,
     pub algorithm: Algorithm,
     /// Bytes of one staging slot: larger messages run in windows of this size. The heap
     /// holds 2 x world x this (0: 64 MiB, at most 256 MiB / world).
     pub chunk_bytes: usize,
+    /// Streaming all-reduce: bytes per ring chunk, and chunks per ring.
+    pub stream_chunk_bytes: usize,
+    pub stream_depth: usize,
 }
 
 fn env_num(name: &str) -> Option<usize> {
@@ -76,18 +104,20 @@ fn env_num(name: &str) -> Option<usize> {
 
 impl Default for NvshmemOptions {
     fn default() -> Self {
-        let algorithm = match std::env::var("OXTRAIN_NVSHMEM_ALGO").as_deref() {
-            Ok("oneshot") => Algorithm::OneShot,
-            Ok("twoshot") => Algorithm::TwoShot,
-            _ => Algorithm::Auto,
-        };
+        let algorithm = std::env::var("OXTRAIN_NVSHMEM_ALGO")
+            .ok()
+            .and_then(|v| Algorithm::parse(v.trim()))
+            .unwrap_or(Algorithm::Auto);
         NvshmemOptions {
             max_blocks: env_num("OXTRAIN_NVSHMEM_BLOCKS").unwrap_or(32) as u32,
             // Measured on 2xH200 (bench/results/comm-2xh200.json, f32): one-shot is faster up to
             // 8 MiB (40.3 vs 42.4 us), two-shot from 16 MiB (65.5 vs 69.7 us).
             oneshot_max_bytes: env_num("OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES").unwrap_or(8 << 20),
+            ll_max_bytes: env_num("OXTRAIN_NVSHMEM_LL_MAX_BYTES").unwrap_or(256 << 10),
             algorithm,
             chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
+            stream_chunk_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES").unwrap_or(128 << 10),
+            stream_depth: env_num("OXTRAIN_NVSHMEM_STREAM_DEPTH").unwrap_or(4).max(1),
         }
     }
 }
@@ -98,6 +128,7 @@ struct Module {
     f32: Function,
     bf16: Function,
     f16: Function,
+    atomic: Function,
 }
 // SAFETY: module and function handles are process-wide; only used under the state mutex or
 // read-only.
@@ -122,9 +153,18 @@ pub struct NvshmemCommunicator {
     /// `staging[parity]` of every PE as seen from here (`nvshmem_ptr`).
     peers: [[u64; MAX_PES]; 2],
     slot_bytes: usize,
+    /// Base of the low-latency slots (two sets, like the staging) and every PE's, as seen here.
+    ll_base: u64,
+    ll_peers: [[u64; MAX_PES]; 2],
+    ll_slot_bytes: usize,
+    /// Four signal arrays of [MAX_BLOCKS][MAX_PES] u64: ready, done, and the streaming
+    /// algorithm's own ready and done (its values are of another scale, see stream.cu).
     signals: u64,
     state: Mutex<State>,
 }
+
+/// Bytes of one signal array.
+const SIGNAL_ARRAY: u64 = MAX_BLOCKS as u64 * MAX_PES as u64 * 8;
 
 /// NVSHMEM can be initialised once per process.
 static INITIALISED: AtomicBool = AtomicBool::new(false);
@@ -230,7 +270,13 @@ impl NvshmemCommunicator {
                 .map(Function)
                 .map_err(|e| cuda_err(format!("kernel {}", device_code::kernel_name(s)), format!("{e:?}")))
             };
-            Module { module: m, f32: get("f32")?, bf16: get("bf16")?, f16: get("f16")? }
+            Module {
+                module: m,
+                f32: get("f32")?,
+                bf16: get("bf16")?,
+                f16: get("f16")?,
+                atomic: get("atomic")?,
+            }
         };
 
         // Symmetric allocations: the same sizes in the same order on every PE.
@@ -241,38 +287,34 @@ impl NvshmemCommunicator {
             * 16;
         let slot_bytes = slot_bytes.max(16);
         let staging_bytes = slot_bytes * world;
-        let signal_bytes = 2 * MAX_BLOCKS as usize * MAX_PES * 8;
+        // Low-latency lines carry 8 data bytes in 16.
+        let ll_slot_bytes = 2 * opts.ll_max_bytes.clamp(64 << 10, 16 << 20).next_multiple_of(16);
+        let ll_bytes = ll_slot_bytes * world;
+        let signal_bytes = 4 * SIGNAL_ARRAY as usize;
         let stream = CommStream::new(ordinal)?;
-        let (base, signals) = unsafe {
+        let (base, ll_base, signals) = unsafe {
             let base = (api.malloc)(2 * staging_bytes) as u64;
+            let ll_base = (api.malloc)(2 * ll_bytes) as u64;
             let signals = (api.malloc)(signal_bytes) as u64;
-            if base == 0 || signals == 0 {
+            if base == 0 || ll_base == 0 || signals == 0 {
                 return Err(nv_err(format!(
-                    "nvshmem_malloc of {} MiB failed: raise NVSHMEM_SYMMETRIC_SIZE or lower OXTRAIN_NVSHMEM_CHUNK_BYTES",
-                    (2 * staging_bytes + signal_bytes) >> 20
+                    "nvshmem_malloc of {} MiB failed: raise NVSHMEM_SYMMETRIC_SIZE or lower OXTRAIN_NVSHMEM_CHUNK_BYTES \
+                     and OXTRAIN_NVSHMEM_LL_MAX_BYTES",
+                    (2 * staging_bytes + 2 * ll_bytes + signal_bytes) >> 20
                 )));
             }
+            // Low-latency flags must not match an epoch before it is written.
+            drv::memset_d8_sync(ll_base, 0, 2 * ll_bytes)
+                .map_err(|e| cuda_err("zeroing the low-latency slots", format!("{e:?}")))?;
             // Signals start at zero on every PE before anyone can raise one.
             drv::memset_d8_sync(signals, 0, signal_bytes)
                 .map_err(|e| cuda_err("zeroing the signals", format!("{e:?}")))?;
             (api.barrier_all)();
-            (base, signals)
+            (base, ll_base, signals)
         };
         let staging = [base, base + staging_bytes as u64];
-        let mut peers = [[0u64; MAX_PES]; 2];
-        for (parity, row) in peers.iter_mut().enumerate() {
-            for (p, slot) in row.iter_mut().enumerate().take(world) {
-                // SAFETY: a symmetric address and a PE in range.
-                let a = unsafe { (api.ptr)(staging[parity] as *const c_void, p as i32) } as u64;
-                if a == 0 {
-                    return Err(nv_err(format!(
-                        "PE {p}'s memory is not reachable by load/store from PE {rank} (nvshmem_ptr is null): the \
-                         nvshmem backend needs GPUs of one node with peer access (NVLink)"
-                    )));
-                }
-                *slot = a;
-            }
-        }
+        let peers = peer_addresses(api, rank, world, staging)?;
+        let ll_peers = peer_addresses(api, rank, world, [ll_base, ll_base + ll_bytes as u64])?;
         let algorithm = opts.algorithm;
         Ok(NvshmemCommunicator {
             rank,
@@ -283,6 +325,9 @@ impl NvshmemCommunicator {
             staging,
             peers,
             slot_bytes,
+            ll_base,
+            ll_peers,
+            ll_slot_bytes,
             signals,
             state: Mutex::new(State { epoch: 0, algorithm }),
         })
@@ -347,7 +392,12 @@ impl NvshmemCommunicator {
         self.stream.begin()?;
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
-        let window = self.slot_bytes / esz;
+        let window = match base.mode {
+            // The rings take a tensor of any length in one launch.
+            kernels::STREAM => count.max(1),
+            kernels::LL => self.ll_slot_bytes / 2 / esz,
+            _ => self.slot_bytes / esz,
+        };
         let mut lo = 0usize;
         loop {
             let hi = (lo + window).min(count);
@@ -360,13 +410,28 @@ impl NvshmemCommunicator {
             a.bufs = self.peers[parity];
             a.slot_bytes = self.slot_bytes as u64;
             a.ready = self.signals;
-            a.done = self.signals + (MAX_BLOCKS as u64) * (MAX_PES as u64) * 8;
+            a.done = self.signals + SIGNAL_ARRAY;
             a.npes = self.world as i32;
             a.me = self.rank as i32;
             let in_w = base.in_base.wrapping_add((lo * esz) as u64);
             let out_w = base.out_base.wrapping_add((lo * esz) as u64);
             a.aligned = i32::from(in_w.is_multiple_of(16) && out_w.is_multiple_of(16));
-            let blocks = kernels::blocks_for(hi - lo, esz, self.opts.max_blocks);
+            let blocks = match base.mode {
+                kernels::LL => {
+                    a.bufs = self.ll_peers[parity];
+                    a.slot_bytes = self.ll_slot_bytes as u64;
+                    kernels::ll_blocks(hi - lo, esz, self.opts.max_blocks)
+                }
+                kernels::STREAM => {
+                    a.ready = self.signals + 2 * SIGNAL_ARRAY;
+                    a.done = self.signals + 3 * SIGNAL_ARRAY;
+                    let (pairs, chunk_packs, depth) = self.stream_shape(count * esz);
+                    a.chunk_packs = chunk_packs as i64;
+                    a.depth = depth as i32;
+                    2 * pairs
+                }
+                _ => kernels::blocks_for(hi - lo, esz, self.opts.max_blocks),
+            };
             // SAFETY: the window lies inside the caller's tensors (checked by the callers'
             // sizes) and inside every PE's staging slots (window <= slot); the context is bound.
             unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream)? };
@@ -377,6 +442,33 @@ impl NvshmemCommunicator {
         }
         drop(state);
         self.stream.finish(blocking)
+    }
+
+    /// Streaming all-reduce of `bytes`: pusher/reducer pairs, packs per chunk and ring depth,
+    /// such that every pair's ring fits a staging slot.
+    fn stream_shape(&self, bytes: usize) -> (u32, usize, usize) {
+        let depth = self.opts.stream_depth.clamp(1, 64);
+        let pairs = kernels::stream_pairs(bytes, self.opts.stream_chunk_bytes, self.opts.max_blocks);
+        let fit = self.slot_bytes / 16 / (pairs as usize * depth);
+        (pairs, (self.opts.stream_chunk_bytes / 16).clamp(1, fit.max(1)), depth)
+    }
+
+    /// The algorithm an all-reduce of `v` runs.
+    fn all_reduce_mode(&self, v: &CudaView) -> i32 {
+        let bytes = v.bytes();
+        // The streaming kernel moves whole 16-byte packs.
+        let stream_ok = v.ptr.is_multiple_of(16);
+        let large = if self.world == 2 && stream_ok { kernels::STREAM } else { kernels::TWOSHOT };
+        match self.algorithm() {
+            Algorithm::LowLatency => kernels::LL,
+            Algorithm::OneShot => kernels::ONESHOT,
+            Algorithm::TwoShot => kernels::TWOSHOT,
+            Algorithm::Stream if stream_ok => kernels::STREAM,
+            Algorithm::Stream => kernels::TWOSHOT,
+            Algorithm::Auto if bytes <= self.opts.ll_max_bytes => kernels::LL,
+            Algorithm::Auto if bytes <= self.opts.oneshot_max_bytes => kernels::ONESHOT,
+            Algorithm::Auto => large,
+        }
     }
 
     fn base_args(v: &CudaView, op: ReduceOp) -> CollArgs {
@@ -397,6 +489,30 @@ impl NvshmemCommunicator {
     }
 }
 
+/// Every PE's address of the symmetric `bases[parity]`, as seen from `rank` (`nvshmem_ptr`).
+fn peer_addresses(
+    api: &host::Api,
+    rank: usize,
+    world: usize,
+    bases: [u64; 2],
+) -> Result<[[u64; MAX_PES]; 2]> {
+    let mut peers = [[0u64; MAX_PES]; 2];
+    for (parity, row) in peers.iter_mut().enumerate() {
+        for (p, slot) in row.iter_mut().enumerate().take(world) {
+            // SAFETY: a symmetric address and a PE in range.
+            let a = unsafe { (api.ptr)(bases[parity] as *const c_void, p as i32) } as u64;
+            if a == 0 {
+                return Err(nv_err(format!(
+                    "PE {p}'s memory is not reachable by load/store from PE {rank} (nvshmem_ptr is null): the \
+                     nvshmem backend needs GPUs of one node with peer access (NVLink)"
+                )));
+            }
+            *slot = a;
+        }
+    }
+    Ok(peers)
+}
+
 impl Drop for NvshmemCommunicator {
     fn drop(&mut self) {
         let Ok(api) = host::api() else { return };
@@ -406,6 +522,7 @@ impl Drop for NvshmemCommunicator {
         unsafe {
             (api.barrier_all)();
             (api.free)(self.signals as *mut c_void);
+            (api.free)(self.ll_base as *mut c_void);
             (api.free)(self.staging[0] as *mut c_void);
             let _ = (api.cumodule_finalize)(self.module.module as *mut c_void);
             let _ = drv::module::unload(self.module.module);
@@ -429,12 +546,7 @@ impl Communicator for NvshmemCommunicator {
         let v = self.view("all_reduce", tensor)?;
         let f = self.function("all_reduce", v.dtype, true)?;
         let mut a = Self::base_args(&v, op);
-        let oneshot = match self.algorithm() {
-            Algorithm::OneShot => true,
-            Algorithm::TwoShot => false,
-            Algorithm::Auto => v.bytes() <= self.opts.oneshot_max_bytes,
-        };
-        a.mode = if oneshot { kernels::ONESHOT } else { kernels::TWOSHOT };
+        a.mode = self.all_reduce_mode(&v);
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ALL;
         self.launch(f, v.dtype.size_in_bytes(), a, false)

@@ -17,18 +17,21 @@ pub fn is_child() -> bool {
     std::env::var(CHILD).is_ok()
 }
 
-/// Seconds per call: CUDA events around `iters` calls on `s`.
-pub fn time_on_stream(s: &Stream, iters: usize, mut call: impl FnMut()) -> f64 {
+/// Seconds per call: CUDA events around `iters` calls on `s`; and the host's seconds per
+/// call spent enqueuing them.
+pub fn time_on_stream(s: &Stream, iters: usize, mut call: impl FnMut()) -> (f64, f64) {
     fn err<T>(e: oxtrain_tensor::Error) -> T {
         fail(&format!("CUDA events: {e}"))
     }
     let start = s.record_event().unwrap_or_else(err);
+    let host = std::time::Instant::now();
     for _ in 0..iters {
         call();
     }
+    let host = host.elapsed().as_secs_f64() / iters as f64;
     let end = s.record_event().unwrap_or_else(err);
     end.synchronize().unwrap_or_else(err);
-    start.elapsed_ms(&end).unwrap_or_else(err) as f64 / 1e3 / iters as f64
+    (start.elapsed_ms(&end).unwrap_or_else(err) as f64 / 1e3 / iters as f64, host)
 }
 
 fn free_port() -> u16 {
@@ -98,18 +101,22 @@ fn nvshmem_options(cfg: &Config) -> NvshmemOptions {
     o
 }
 
-fn algorithms(cfg: &Config) -> Vec<(Algorithm, &'static str)> {
-    match cfg.algo.as_str() {
-        "auto" => vec![(Algorithm::Auto, "nvshmem")],
-        "oneshot" => vec![(Algorithm::OneShot, "nvshmem-oneshot")],
-        "twoshot" => vec![(Algorithm::TwoShot, "nvshmem-twoshot")],
-        "all" => vec![
-            (Algorithm::Auto, "nvshmem"),
-            (Algorithm::OneShot, "nvshmem-oneshot"),
-            (Algorithm::TwoShot, "nvshmem-twoshot"),
-        ],
-        other => fail(&format!("--algo {other}: expected auto, oneshot, twoshot or all")),
-    }
+/// The all-reduce algorithms `--algo` names (a comma-separated list, or `all`), with the
+/// label of their rows.
+fn algorithms(cfg: &Config) -> Vec<(Algorithm, String)> {
+    const ALL: [&str; 5] = ["auto", "ll", "oneshot", "twoshot", "stream"];
+    let names: Vec<&str> = if cfg.algo == "all" { ALL.to_vec() } else { cfg.algo.split(',').collect() };
+    names
+        .into_iter()
+        .map(|n| {
+            let algo = Algorithm::parse(n.trim()).unwrap_or_else(|| {
+                fail(&format!("--algo {n}: expected all or a list of auto, ll, oneshot, twoshot, stream"))
+            });
+            let label =
+                if algo == Algorithm::Auto { "nvshmem".to_string() } else { format!("nvshmem-{}", n.trim()) };
+            (algo, label)
+        })
+        .collect()
 }
 
 /// One sweep with `comm`'s stream current (so calls queue behind each other with no
@@ -151,9 +158,16 @@ pub fn child(cfg: &Config) -> i32 {
             }
         }
         rows.extend(sweep(&comm, comm.comm_stream(), &c, device, "nccl"));
-        // Not destroyed here: ncclCommDestroy crashed (SIGSEGV) at this point on the 2xH200
-        // machine; the process ends soon and the driver reclaims everything.
-        std::mem::forget(comm);
+        if std::env::var("OXTRAIN_BENCH_NCCL_DESTROY").is_ok() {
+            drop(comm);
+            if rank == 0 {
+                println!("# nccl communicator destroyed");
+            }
+        } else {
+            // Not destroyed: ncclCommDestroy crashed (SIGSEGV) here on the 2xH200 machine
+            // before Drop finalised first; the process ends soon and the driver reclaims all.
+            std::mem::forget(comm);
+        }
     }
     if cfg.backends.iter().any(|b| b == "nvshmem") {
         let comm = NvshmemCommunicator::connect(rank, world, ordinal, &store, nvshmem_options(cfg))
@@ -172,7 +186,7 @@ pub fn child(cfg: &Config) -> i32 {
                 // The algorithm only changes all_reduce.
                 c.ops = vec!["all_reduce".into()];
             }
-            rows.extend(sweep(&comm, comm.comm_stream(), &c, device, label));
+            rows.extend(sweep(&comm, comm.comm_stream(), &c, device, &label));
         }
         let bad = symmetric_self_check(&comm).unwrap_or_else(|e| fail(&format!("symmetric memory: {e}")));
         if rank == 0 {

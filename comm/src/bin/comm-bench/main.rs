@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 const USAGE: &str = "comm-bench [--backend local|shm|mpi|nccl|nvshmem|all] [--ranks N] [--min-bytes B] [--max-bytes B] \
 [--ops all_reduce,reduce_scatter,all_gather,broadcast,reduce] [--dtypes f32,bf16,f16] [--iters N] [--warmup N] [--json PATH]
 [--sizes B1,B2,..] (instead of the doubling sweep)
-GPU backends (one process per GPU): [--algo auto|oneshot|twoshot|all] [--blocks N] [--oneshot-max B] [--chunk B]
+GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,stream] [--blocks N] [--oneshot-max B] [--chunk B]
   [--compare nccl] [--compare-dtype f32|bf16]
 sizes take K, M, G suffixes (powers of 1024); defaults: all CPU backends, 2 ranks, 8 B to 1G, 20 iterations (GPU: 100,
 fewer above 64M), 5 warm-up; every element of every result is checked";
@@ -156,6 +156,8 @@ struct Row {
     algbw: f64,
     busbw: f64,
     wrong: usize,
+    /// GPU: host time per call spent enqueuing (when it exceeds `time_us`, the host bounds it).
+    host_us: Option<f64>,
 }
 
 /// nccl-tests' bus-bandwidth factor: what each rank must move per byte of the op's size.
@@ -232,6 +234,7 @@ fn measure(
         call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
     }
     comm.barrier().and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
+    let mut host_us = None;
     let secs = match gpu {
         None => {
             let start = Instant::now();
@@ -244,9 +247,13 @@ fn measure(
         }
         // CUDA events around the calls on the communication stream (which is current, so the
         // calls add no cross-stream events), as nccl-tests times.
-        Some(s) => gpu::time_on_stream(s, iters, || {
-            call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()))
-        }),
+        Some(s) => {
+            let (secs, host) = gpu::time_on_stream(s, iters, || {
+                call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()))
+            });
+            host_us = Some(host * 1e6);
+            secs
+        }
     };
     // One more call on fresh inputs, checked element by element.
     let input = tensor(dtype, &mine, device);
@@ -276,6 +283,7 @@ fn measure(
         algbw,
         busbw: algbw * bus_factor(op, n),
         wrong,
+        host_us,
     }
 }
 
@@ -312,11 +320,13 @@ fn print_header(backend: &str, ranks: usize) {
         "# {:>14} {:>5} {:>12} {:>11} {:>12} {:>9} {:>9} {:>6}",
         "op", "dtype", "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong"
     );
+    println!("#   (GPU rows end with the host's enqueue time per call, us)");
 }
 
 fn print_row(r: &Row) {
+    let host = r.host_us.map(|h| format!(" {h:>9.2}")).unwrap_or_default();
     println!(
-        "  {:>14} {:>5} {:>12} {:>11} {:>12.2} {:>9.3} {:>9.3} {:>6}",
+        "  {:>14} {:>5} {:>12} {:>11} {:>12.2} {:>9.3} {:>9.3} {:>6}{host}",
         r.op,
         short(r.dtype),
         r.bytes,
@@ -389,6 +399,7 @@ fn write_json_with(
             "algbw_GBps": r.algbw,
             "busbw_GBps": r.busbw,
             "wrong": r.wrong,
+            "host_enqueue_us": r.host_us,
         })
     }));
     let doc = serde_json::json!({

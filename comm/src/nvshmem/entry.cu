@@ -1,0 +1,16 @@
+// The kernels' entry points (appended last to collectives.cu, ll.cu and stream.cu by
+// device_code.rs): one per dtype, dispatching on the mode.
+
+template <typename E>
+__device__ void ox_entry(const CollArgs& a) {
+    if (a.mode == OX_LL) ox_ll_all_reduce<E>(a);
+    else if (a.mode == OX_STREAM) ox_stream_all_reduce<E>(a);
+    else ox_collective<E>(a);
+}
+
+// Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register
+// count low enough for that block size.
+#define OX_THREADS 512
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f32(CollArgs a) { ox_entry<F32>(a); }
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_bf16(CollArgs a) { ox_entry<BF16>(a); }
+extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f16(CollArgs a) { ox_entry<F16>(a); }

@@ -1,0 +1,93 @@
+// OX_LL: all_reduce for small messages, where latency is everything (appended to
+// collectives.cu by device_code.rs).
+//
+// The low-latency protocol of NCCL's LL, on NVSHMEM's symmetric heap: every 16-byte line a PE
+// stores into a peer's LL slot carries 8 bytes of data and, beside each 4 bytes, the epoch as a
+// flag: {data0, epoch, data1, epoch}. An 8-byte half arrives whole, so a reader that sees the
+// epoch in both flags has both halves of the data. No fence, no signal, no barrier: each
+// thread pushes its lines to every peer with plain (posted) NVLink stores, then spins on the
+// same lines of its own slots until the flags read this epoch, reduces in PE order and writes
+// the output. The whole exchange is one NVLink crossing.
+// Slots come in two sets by epoch parity (see the header of collectives.cu for why two are
+// enough); flags are the low 32 bits of the epoch, and a set is written again only two epochs
+// later, so a stale line never carries the flag being waited for.
+
+template <typename R>
+__device__ __forceinline__ bool ox_ll_whole(const CollArgs& a, long long i0) {
+    return a.aligned && i0 + (long long)(8 / sizeof(R)) <= a.win_hi;
+}
+
+// The 8 data bytes of line k (global elements from win_lo + k * 8 / sizeof(R)), zero-padded
+// past the window.
+template <typename R>
+__device__ __forceinline__ uint2 ox_ll_load(const CollArgs& a, unsigned long long base, long long k) {
+    const long long EPL = 8 / sizeof(R);
+    const long long i0 = a.win_lo + k * EPL;
+    if (ox_ll_whole<R>(a, i0)) return *(const uint2*)(base + i0 * sizeof(R));
+    uint2 v = make_uint2(0, 0);
+    R* r = (R*)&v;
+    for (long long i = i0; i < min(i0 + EPL, a.win_hi); ++i) r[i - i0] = ((const R*)base)[i];
+    return v;
+}
+
+template <typename R>
+__device__ __forceinline__ void ox_ll_store(const CollArgs& a, unsigned long long base, long long k, uint2 v) {
+    const long long EPL = 8 / sizeof(R);
+    const long long i0 = a.win_lo + k * EPL;
+    if (ox_ll_whole<R>(a, i0)) {
+        *(uint2*)(base + i0 * sizeof(R)) = v;
+        return;
+    }
+    const R* r = (const R*)&v;
+    for (long long i = i0; i < min(i0 + EPL, a.win_hi); ++i) ((R*)base)[i] = r[i - i0];
+}
+
+__device__ __forceinline__ void ox_ll_put(unsigned long long line, uint2 v, unsigned flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(v.x), "r"(flag),
+                 "r"(v.y), "r"(flag)
+                 : "memory");
+}
+
+// Spins until line carries `flag` in both halves; returns its data.
+__device__ __forceinline__ uint2 ox_ll_take(unsigned long long line, unsigned flag) {
+    unsigned d0, f0, d1, f1;
+    do {
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                     : "l"(line)
+                     : "memory");
+    } while (f0 != flag || f1 != flag);
+    return make_uint2(d0, d1);
+}
+
+template <typename E>
+__device__ void ox_ll_all_reduce(const CollArgs& a) {
+    typedef typename E::raw R;
+    const int EPL = 8 / sizeof(R);
+    const long long lines = (a.win_hi - a.win_lo + EPL - 1) / EPL;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const unsigned flag = (unsigned)a.epoch;
+    // 1. Push: line k of this PE's input to line k of slot `me` on every peer.
+    for (long long k = first; k < lines; k += stride) {
+        uint2 v = ox_ll_load<R>(a, a.in_base, k);
+        for (int p = 0; p < a.npes; ++p)
+            if (p != a.me) ox_ll_put(a.bufs[p] + (unsigned long long)a.me * a.slot_bytes + k * 16, v, flag);
+    }
+    // 2. Reduce the same lines in PE order once every peer's have landed.
+    for (long long k = first; k < lines; k += stride) {
+        float acc[8 / sizeof(R)];
+        for (int p = 0; p < a.npes; ++p) {
+            uint2 v = p == a.me ? ox_ll_load<R>(a, a.in_base, k)
+                                : ox_ll_take(a.bufs[a.me] + (unsigned long long)p * a.slot_bytes + k * 16, flag);
+            const R* r = (const R*)&v;
+#pragma unroll
+            for (int j = 0; j < EPL; ++j) acc[j] = p == 0 ? E::to_f(r[j]) : ox_combine(a.op, acc[j], E::to_f(r[j]));
+        }
+        uint2 out;
+        R* o = (R*)&out;
+#pragma unroll
+        for (int j = 0; j < EPL; ++j) o[j] = E::from_f(a.op == OX_AVG ? acc[j] / (float)a.npes : acc[j]);
+        ox_ll_store<R>(a, a.out_base, k, out);
+    }
+}

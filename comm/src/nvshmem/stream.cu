@@ -1,0 +1,168 @@
+// OX_STREAM: all_reduce for large messages, where the link must never idle (appended to
+// collectives.cu by device_code.rs).
+//
+// One launch handles the whole tensor. Blocks come in pairs: block b < nb pushes range b of
+// this PE's input to every peer, chunk after chunk, and block nb + b reduces the same range as
+// the peers' chunks land, so pushing (NVLink) and reducing (local memory) overlap instead of
+// taking turns. Each (source PE, range) has a ring of `depth` chunks in slot `src` of this
+// epoch's staging set on every PE:
+//   ring(X, src, b, j) = bufs[X] + src * slot_bytes + (b * depth + j) * chunk_packs * 16.
+// (The parity argument of collectives.cu covers the staging sets: this launch's pushers write
+// only after every peer's reducer has started it, so the peers' previous launches are over.)
+// Flow control is by signals whose values only grow: tag(s) = (epoch << 24) + s + 1 for
+// chunk s of this launch, tag base (epoch << 24) = "nothing yet":
+//   ready[b][src] on PE X: the last chunk of range b that src has pushed to X;
+//   done[b][X] on PE src: the last chunk of range b that X has reduced out of its ring (a
+//   credit: src may overwrite that ring slot), raised to the base when X's reducer starts (X's
+//   previous launch, the last reader of the staging memory, is over);
+//   ready[b][me] on PE me: local progress of this PE's own pusher (the reducer must not write
+//   an in-place output before the pusher has read that input).
+// Pushers end only when every peer has consumed all their chunks. Both halves of the grid must be resident at once (a pusher can
+// wait on a reducer of the other PE, which waits on ours): the host keeps 2 * nb <= 128 blocks,
+// fewer than the SMs.
+// Needs 16-byte aligned input and output (the host checks); a last partial pack moves element
+// by element.
+
+#define OX_STREAM_TAG_BITS 24
+
+// Pack k (of the whole tensor) from `base`, zero-padded past `count`.
+template <typename R>
+__device__ __forceinline__ uint4 ox_stream_load(const CollArgs& a, unsigned long long base, long long k) {
+    const long long EPP = 16 / sizeof(R);
+    if ((k + 1) * EPP <= a.count) return ((const uint4*)base)[k];
+    uint4 v = make_uint4(0, 0, 0, 0);
+    R* r = (R*)&v;
+    for (long long i = k * EPP; i < a.count; ++i) r[i - k * EPP] = ((const R*)base)[i];
+    return v;
+}
+
+template <typename R>
+__device__ __forceinline__ void ox_stream_store(const CollArgs& a, unsigned long long base, long long k, uint4 v) {
+    const long long EPP = 16 / sizeof(R);
+    if ((k + 1) * EPP <= a.count) {
+        ((uint4*)base)[k] = v;
+        return;
+    }
+    const R* r = (const R*)&v;
+    for (long long i = k * EPP; i < a.count; ++i) ((R*)base)[i] = r[i - k * EPP];
+}
+
+// The ring slot for chunk j of range b from source `src`, on the PE whose staging is `buf`.
+__device__ __forceinline__ unsigned long long ox_ring(const CollArgs& a, unsigned long long buf, int src, int b, int j) {
+    return buf + (unsigned long long)src * a.slot_bytes + ((unsigned long long)b * a.depth + j) * a.chunk_packs * 16;
+}
+
+__device__ __forceinline__ void ox_spin_ge(volatile uint64_t* sig, uint64_t v) {
+    while (*sig < v) {
+    }
+}
+
+template <typename E>
+__device__ __forceinline__ void ox_stream_push(const CollArgs& a, int b, long long q0, long long q1, int j) {
+    typedef typename E::raw R;
+    const long long bd = blockDim.x;
+    const uint4* in = (const uint4*)a.in_base;
+    long long k = q0 + threadIdx.x;
+    // Whole packs, OX_UNROLL loads in flight per thread, each stored to every peer.
+    for (; k + (OX_UNROLL - 1) * bd < q1 && (k + (OX_UNROLL - 1) * bd + 1) * (16 / (long long)sizeof(R)) <= a.count;
+         k += OX_UNROLL * bd) {
+        uint4 v[OX_UNROLL];
+#pragma unroll
+        for (int u = 0; u < OX_UNROLL; ++u) v[u] = in[k + u * bd];
+        for (int p = 0; p < a.npes; ++p) {
+            if (p == a.me) continue;
+            uint4* ring = (uint4*)ox_ring(a, a.bufs[p], a.me, b, j);
+#pragma unroll
+            for (int u = 0; u < OX_UNROLL; ++u) ring[k + u * bd - q0] = v[u];
+        }
+    }
+    for (; k < q1; k += bd) {
+        uint4 v = ox_stream_load<R>(a, a.in_base, k);
+        for (int p = 0; p < a.npes; ++p)
+            if (p != a.me) ((uint4*)ox_ring(a, a.bufs[p], a.me, b, j))[k - q0] = v;
+    }
+}
+
+template <typename E>
+__device__ __forceinline__ void ox_stream_reduce(const CollArgs& a, int b, long long q0, long long q1, int j) {
+    typedef typename E::raw R;
+    const int EPP = 16 / sizeof(R);
+    for (long long k = q0 + threadIdx.x; k < q1; k += blockDim.x) {
+        float acc[16 / sizeof(R)];
+        for (int p = 0; p < a.npes; ++p) {
+            uint4 v = p == a.me ? ox_stream_load<R>(a, a.in_base, k)
+                                : __ldcv((const uint4*)ox_ring(a, a.bufs[a.me], p, b, j) + (k - q0));
+            const R* r = (const R*)&v;
+#pragma unroll
+            for (int e = 0; e < EPP; ++e) acc[e] = p == 0 ? E::to_f(r[e]) : ox_combine(a.op, acc[e], E::to_f(r[e]));
+        }
+        uint4 out;
+        R* o = (R*)&out;
+#pragma unroll
+        for (int e = 0; e < EPP; ++e) o[e] = E::from_f(a.op == OX_AVG ? acc[e] / (float)a.npes : acc[e]);
+        ox_stream_store<R>(a, a.out_base, k, out);
+    }
+}
+
+template <typename E>
+__device__ void ox_stream_all_reduce(const CollArgs& a) {
+    typedef typename E::raw R;
+    const long long EPP = 16 / sizeof(R);
+    const int nb = gridDim.x / 2;
+    const bool pusher = (int)blockIdx.x < nb;
+    const int b = pusher ? blockIdx.x : blockIdx.x - nb;
+    const long long npacks = (a.count + EPP - 1) / EPP;
+    const long long r0 = ox_shard_start(npacks, nb, b), r1 = ox_shard_start(npacks, nb, b + 1);
+    const long long nchunks = (r1 - r0 + a.chunk_packs - 1) / a.chunk_packs;
+    const uint64_t base = (uint64_t)a.epoch << OX_STREAM_TAG_BITS;
+    uint64_t* ready = (uint64_t*)a.ready + (size_t)b * OX_MAX_PES;
+    uint64_t* done = (uint64_t*)a.done + (size_t)b * OX_MAX_PES;
+
+    if (pusher) {
+        for (long long s = 0; s < nchunks; ++s) {
+            const int j = (int)(s % a.depth);
+            if (threadIdx.x == 0) {
+                const uint64_t credit = base + (s >= a.depth ? s - a.depth + 1 : 0);
+                for (int p = 0; p < a.npes; ++p)
+                    if (p != a.me) nvshmem_signal_wait_until(done + p, NVSHMEM_CMP_GE, credit);
+            }
+            __syncthreads();
+            const long long q0 = r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, r1);
+            ox_stream_push<E>(a, b, q0, q1, j);
+            __threadfence_system();
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                for (int p = 0; p < a.npes; ++p)
+                    if (p != a.me) nvshmemx_signal_op(ready + a.me, base + s + 1, NVSHMEM_SIGNAL_SET, p);
+                *(volatile uint64_t*)(ready + a.me) = base + s + 1;
+            }
+        }
+        // Drain: every peer has reduced every chunk we pushed (and, with nothing to push, has
+        // at least started this launch).
+        if (threadIdx.x == 0)
+            for (int p = 0; p < a.npes; ++p)
+                if (p != a.me) nvshmem_signal_wait_until(done + p, NVSHMEM_CMP_GE, base + nchunks);
+        return;
+    }
+
+    // Reducer: grant the peers our rings, then consume chunk after chunk.
+    if (threadIdx.x == 0)
+        for (int p = 0; p < a.npes; ++p)
+            if (p != a.me) nvshmemx_signal_op(done + a.me, base, NVSHMEM_SIGNAL_SET, p);
+    for (long long s = 0; s < nchunks; ++s) {
+        const int j = (int)(s % a.depth);
+        if (threadIdx.x == 0) {
+            for (int p = 0; p < a.npes; ++p)
+                if (p != a.me) nvshmem_signal_wait_until(ready + p, NVSHMEM_CMP_GE, base + s + 1);
+            ox_spin_ge(ready + a.me, base + s + 1);
+            __threadfence_system();
+        }
+        __syncthreads();
+        const long long q0 = r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, r1);
+        ox_stream_reduce<E>(a, b, q0, q1, j);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int p = 0; p < a.npes; ++p)
+                if (p != a.me) nvshmemx_signal_op(done + a.me, base + s + 1, NVSHMEM_SIGNAL_SET, p);
+    }
+}

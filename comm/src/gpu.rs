@@ -98,13 +98,24 @@ pub(crate) fn check_root(op: &str, root: usize, world: usize) {
 pub(crate) struct CommStream {
     pub ordinal: usize,
     pub stream: Stream,
+    device: std::sync::Arc<oxtrain_tensor::cuda::CudaDevice>,
 }
 
 impl CommStream {
     pub fn new(ordinal: usize) -> Result<CommStream> {
+        let device = oxtrain_tensor::cuda::device(ordinal)
+            .map_err(|e| cuda_err(format!("opening cuda:{ordinal}"), e))?;
         let stream =
             Stream::new(ordinal).map_err(|e| cuda_err(format!("creating a stream on cuda:{ordinal}"), e))?;
-        Ok(CommStream { ordinal, stream })
+        Ok(CommStream { ordinal, stream, device })
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.device
+            .context()
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))
     }
 
     fn current(&self) -> Result<Stream> {
@@ -112,21 +123,22 @@ impl CommStream {
     }
 
     /// Orders the communication stream after the caller's current stream (call before
-    /// enqueuing a collective).
-    pub fn begin(&self) -> Result<()> {
+    /// enqueuing a collective); returns the [`Caller`] to hand to `finish`.
+    pub fn begin(&self) -> Result<Caller> {
         let cur = self.current()?;
-        if cur.id() != self.stream.id() {
+        let on_comm_stream = cur.id() == self.stream.id();
+        if !on_comm_stream {
             let ev =
                 cur.record_event().map_err(|e| cuda_err("recording an event on the current stream", e))?;
             self.stream.wait_event(&ev).map_err(|e| cuda_err("ordering the communication stream", e))?;
         }
-        Ok(())
+        Ok(Caller { on_comm_stream })
     }
 
     /// The handle of a collective just enqueued. `blocking`: `wait()` also blocks the host
     /// (barrier).
-    pub fn finish(&self, blocking: bool) -> Result<Work> {
-        if !blocking && self.current()?.id() == self.stream.id() {
+    pub fn finish(&self, caller: Caller, blocking: bool) -> Result<Work> {
+        if !blocking && caller.on_comm_stream {
             // The caller queues on the communication stream itself, so its later work is
             // already ordered after this collective: no event per call (creating and recording
             // one was a good part of a small message's time).
@@ -143,6 +155,12 @@ impl CommStream {
             blocking,
         })))
     }
+}
+
+/// What `begin` learnt about the caller (the current stream is looked up once per call).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller {
+    on_comm_stream: bool,
 }
 
 struct GpuWork {

@@ -280,16 +280,11 @@ impl NcclCommunicator {
         f: impl FnOnce(&Nccl, Comm, ffi::Stream) -> std::result::Result<(), NcclError>,
     ) -> Result<Work> {
         let comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
-        let device =
-            oxtrain_tensor::cuda::device(self.stream.ordinal).map_err(|e| cuda_err("the device", e))?;
-        device
-            .context()
-            .bind_to_thread()
-            .map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))?;
-        self.stream.begin()?;
+        self.stream.bind()?;
+        let caller = self.stream.begin()?;
         let s = self.stream.stream.raw().cu_stream() as ffi::Stream;
         f(self.api, comm.0, s).map_err(|e| nccl_err(what, e))?;
-        self.stream.finish(blocking)
+        self.stream.finish(caller, blocking)
     }
 }
 

@@ -129,6 +129,9 @@ struct Module {
     bf16: Function,
     f16: Function,
     atomic: Function,
+    /// Empty kernels for [`NvshmemCommunicator::launch_probe`].
+    nop: Function,
+    nop8: Function,
 }
 // SAFETY: module and function handles are process-wide; only used under the state mutex or
 // read-only.
@@ -276,6 +279,8 @@ impl NvshmemCommunicator {
                 bf16: get("bf16")?,
                 f16: get("f16")?,
                 atomic: get("atomic")?,
+                nop: get("nop")?,
+                nop8: get("nop8")?,
             }
         };
 
@@ -358,9 +363,7 @@ impl NvshmemCommunicator {
 
     /// Makes this GPU's context current on the calling thread.
     fn bind(&self) -> Result<()> {
-        let device =
-            oxtrain_tensor::cuda::device(self.stream.ordinal).map_err(|e| cuda_err("the device", e))?;
-        device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))
+        self.stream.bind()
     }
 
     fn function(&self, op: &str, dtype: DType, reduce: bool) -> Result<Function> {
@@ -383,13 +386,8 @@ impl NvshmemCommunicator {
     /// carries everything but the window, buffers and epoch.
     fn launch(&self, f: Function, esz: usize, base: CollArgs, blocking: bool) -> Result<Work> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let device =
-            oxtrain_tensor::cuda::device(self.stream.ordinal).map_err(|e| cuda_err("the device", e))?;
-        device
-            .context()
-            .bind_to_thread()
-            .map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))?;
-        self.stream.begin()?;
+        self.stream.bind()?;
+        let caller = self.stream.begin()?;
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
         let window = match base.mode {
@@ -441,7 +439,7 @@ impl NvshmemCommunicator {
             }
         }
         drop(state);
-        self.stream.finish(blocking)
+        self.stream.finish(caller, blocking)
     }
 
     /// Streaming all-reduce of `bytes`: pusher/reducer pairs, packs per chunk and ring depth,
@@ -481,6 +479,34 @@ impl NvshmemCommunicator {
             op: op as i32,
             ..CollArgs::default()
         }
+    }
+
+    /// The driver's floor under a collective's enqueue time: host microseconds per launch of an
+    /// empty kernel on the communication stream, with the collectives' argument block and with
+    /// one 8-byte argument (averaged over `iters` launches each). Diagnostics for comm-bench.
+    pub fn launch_probe(&self, iters: usize) -> Result<(f64, f64)> {
+        self.bind()?;
+        let raw = self.stream.stream.raw().cu_stream() as cu::CUstream;
+        let iters = iters.max(1);
+        let a = CollArgs::default();
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            // SAFETY: the empty kernel reads nothing.
+            unsafe { kernels::launch(self.module.nop, 1, &a, raw)? };
+        }
+        let full = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        self.stream.stream.synchronize().map_err(|e| cuda_err("the launch probe", e))?;
+        let mut x = 0u64;
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            let mut params = [&mut x as *mut u64 as *mut c_void];
+            // SAFETY: as above.
+            unsafe { drv::launch_kernel(self.module.nop8.0, (1, 1, 1), (1, 1, 1), 0, raw, &mut params) }
+                .map_err(|e| cuda_err("the launch probe", format!("{e:?}")))?;
+        }
+        let small = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        self.stream.stream.synchronize().map_err(|e| cuda_err("the launch probe", e))?;
+        Ok((full, small))
     }
 
     /// The staging sets' symmetric addresses (for diagnostics).

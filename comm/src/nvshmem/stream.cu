@@ -83,24 +83,41 @@ __device__ __forceinline__ void ox_stream_push(const CollArgs& a, int b, long lo
     }
 }
 
+// Reduces packs [q0, q1) of range b in PE order: this PE's input and the peers' ring slots,
+// OX_UNROLL packs per thread loaded before any is combined (the loads are the latency).
 template <typename E>
 __device__ __forceinline__ void ox_stream_reduce(const CollArgs& a, int b, long long q0, long long q1, int j) {
     typedef typename E::raw R;
     const int EPP = 16 / sizeof(R);
-    for (long long k = q0 + threadIdx.x; k < q1; k += blockDim.x) {
-        float acc[16 / sizeof(R)];
+    const long long bd = blockDim.x;
+    for (long long k0 = q0 + threadIdx.x; k0 < q1; k0 += OX_UNROLL * bd) {
+        float acc[OX_UNROLL][16 / sizeof(R)];
         for (int p = 0; p < a.npes; ++p) {
-            uint4 v = p == a.me ? ox_stream_load<R>(a, a.in_base, k)
-                                : __ldcv((const uint4*)ox_ring(a, a.bufs[a.me], p, b, j) + (k - q0));
-            const R* r = (const R*)&v;
+            uint4 v[OX_UNROLL];
+            const uint4* ring = (const uint4*)ox_ring(a, a.bufs[a.me], p, b, j);
 #pragma unroll
-            for (int e = 0; e < EPP; ++e) acc[e] = p == 0 ? E::to_f(r[e]) : ox_combine(a.op, acc[e], E::to_f(r[e]));
+            for (int u = 0; u < OX_UNROLL; ++u) {
+                const long long k = k0 + u * bd;
+                if (k < q1) v[u] = p == a.me ? ox_stream_load<R>(a, a.in_base, k) : __ldcv(ring + (k - q0));
+            }
+#pragma unroll
+            for (int u = 0; u < OX_UNROLL; ++u) {
+                const R* r = (const R*)&v[u];
+#pragma unroll
+                for (int e = 0; e < EPP; ++e)
+                    acc[u][e] = p == 0 ? E::to_f(r[e]) : ox_combine(a.op, acc[u][e], E::to_f(r[e]));
+            }
         }
-        uint4 out;
-        R* o = (R*)&out;
 #pragma unroll
-        for (int e = 0; e < EPP; ++e) o[e] = E::from_f(a.op == OX_AVG ? acc[e] / (float)a.npes : acc[e]);
-        ox_stream_store<R>(a, a.out_base, k, out);
+        for (int u = 0; u < OX_UNROLL; ++u) {
+            const long long k = k0 + u * bd;
+            if (k >= q1) continue;
+            uint4 out;
+            R* o = (R*)&out;
+#pragma unroll
+            for (int e = 0; e < EPP; ++e) o[e] = E::from_f(a.op == OX_AVG ? acc[u][e] / (float)a.npes : acc[u][e]);
+            ox_stream_store<R>(a, a.out_base, k, out);
+        }
     }
 }
 

@@ -173,6 +173,11 @@ pub fn child(cfg: &Config) -> i32 {
         let comm = NvshmemCommunicator::connect(rank, world, ordinal, &store, nvshmem_options(cfg))
             .unwrap_or_else(|e| fail(&e.to_string()));
         if rank == 0 {
+            let (full, small) = comm.launch_probe(2000).unwrap_or_else(|e| fail(&e.to_string()));
+            println!(
+                "# launch floor: an empty kernel takes {full:.2} us of host time to launch with the collectives' \
+                 arguments, {small:.2} us with one pointer"
+            );
             let o = comm.options();
             println!(
                 "# nvshmem: at most {} blocks, one-shot up to {} B under auto",

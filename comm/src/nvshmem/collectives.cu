@@ -126,12 +126,13 @@ __device__ __forceinline__ int ox_owner(long long count, int n, long long i) {
     return (int)(extra + (i - split) / base);
 }
 
-// Raises this block's `sig` signal on every peer and waits for every peer's. Every thread
-// fences first so its writes (local and remote) are visible before the signal.
+// Raises this block's `sig` signal on every peer and waits for every peer's. The barrier
+// orders every thread's writes (local and remote) before thread 0's fence, which is cumulative,
+// so they are visible before the signal.
 __device__ void ox_exchange(const CollArgs& a, unsigned long long sig_base) {
-    __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence_system();
         uint64_t* row = (uint64_t*)sig_base + (size_t)blockIdx.x * OX_MAX_PES;
         for (int p = 0; p < a.npes; ++p)
             if (p != a.me) nvshmemx_signal_op(row + a.me, (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, p);

@@ -146,9 +146,11 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
             __syncthreads();
             const long long q0 = r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, r1);
             ox_stream_push<E>(a, b, q0, q1, j);
-            __threadfence_system();
+            // One fence after the barrier covers the whole block's stores (the barrier orders
+            // them before it, and the fence is cumulative), as NCCL posts its flags.
             __syncthreads();
             if (threadIdx.x == 0) {
+                __threadfence_system();
                 for (int p = 0; p < a.npes; ++p)
                     if (p != a.me) nvshmemx_signal_op(ready + a.me, base + s + 1, NVSHMEM_SIGNAL_SET, p);
                 *(volatile uint64_t*)(ready + a.me) = base + s + 1;

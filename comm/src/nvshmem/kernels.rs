@@ -8,9 +8,6 @@ use std::ffi::c_void;
 pub(crate) const MAX_PES: usize = 8;
 pub(crate) const MAX_BLOCKS: u32 = 128;
 pub(crate) const THREADS: u32 = 512;
-/// Threads per block of the streaming all-reduce: half-size blocks, two per SM, so that while
-/// one block of an SM waits on a fence or a credit the other keeps the SM's stores going.
-pub(crate) const STREAM_THREADS: u32 = 256;
 
 pub(crate) const ONESHOT: i32 = 0;
 pub(crate) const TWOSHOT: i32 = 1;
@@ -100,13 +97,11 @@ pub(crate) fn ll_blocks(elems: usize, esz: usize, max_blocks: u32) -> u32 {
     (lines.div_ceil(THREADS as usize) as u32).clamp(1, max_blocks.clamp(1, MAX_BLOCKS))
 }
 
-/// Pusher/reducer pairs of `STREAM_THREADS` for the streaming all-reduce: `max_blocks` pairs
-/// (as many threads as `max_blocks` full blocks), no more than `resident` / 2 (every block must
-/// be resident at once, see stream.cu) or than chunks, at least one.
-pub(crate) fn stream_pairs(bytes: usize, chunk_bytes: usize, max_blocks: u32, resident: u32) -> u32 {
+/// Pusher/reducer pairs for the streaming all-reduce: half of `max_blocks` each (both halves
+/// must be resident at once, see stream.cu), at least one, and no more pairs than chunks.
+pub(crate) fn stream_pairs(bytes: usize, chunk_bytes: usize, max_blocks: u32) -> u32 {
     let chunks = bytes.div_ceil(chunk_bytes.max(16)).max(1);
-    let cap = max_blocks.clamp(1, MAX_BLOCKS).min((resident / 2).max(1));
-    (cap as usize).min(chunks) as u32
+    ((max_blocks.clamp(2, MAX_BLOCKS) / 2) as usize).min(chunks) as u32
 }
 
 /// A loaded kernel function (a plain driver handle).
@@ -121,16 +116,10 @@ unsafe impl Sync for Function {}
 /// # Safety
 /// Every address in `args` must be valid for the accesses the kernel makes (see
 /// `collectives.cu`), and the context of the stream's device must be current.
-pub(crate) unsafe fn launch(
-    f: Function,
-    blocks: u32,
-    threads: u32,
-    args: &CollArgs,
-    stream: sys::CUstream,
-) -> Result<()> {
+pub(crate) unsafe fn launch(f: Function, blocks: u32, args: &CollArgs, stream: sys::CUstream) -> Result<()> {
     let mut a = *args;
     let mut params = [&mut a as *mut CollArgs as *mut c_void];
-    drv::launch_kernel(f.0, (blocks, 1, 1), (threads, 1, 1), 0, stream, &mut params)
+    drv::launch_kernel(f.0, (blocks, 1, 1), (THREADS, 1, 1), 0, stream, &mut params)
         .map_err(|e| cuda_err("launching the nvshmem collective kernel", format!("{e:?}")))
 }
 
@@ -154,11 +143,9 @@ mod tests {
         assert_eq!(ll_blocks(1025, 4, 32), 2);
         assert_eq!(ll_blocks(1 << 20, 4, 32), 32);
         // Pairs: half the blocks, never more than the chunks, at least one.
-        assert_eq!(stream_pairs(256 << 20, 64 << 10, 128, 264), 128);
-        assert_eq!(stream_pairs(256 << 20, 64 << 10, 32, 264), 32);
-        // Never more blocks than stay resident together.
-        assert_eq!(stream_pairs(256 << 20, 64 << 10, 128, 132), 66);
-        assert_eq!(stream_pairs(300 << 10, 128 << 10, 128, 264), 3);
-        assert_eq!(stream_pairs(16, 128 << 10, 1, 264), 1);
+        assert_eq!(stream_pairs(256 << 20, 128 << 10, 128), 64);
+        assert_eq!(stream_pairs(256 << 20, 128 << 10, 32), 16);
+        assert_eq!(stream_pairs(300 << 10, 128 << 10, 128), 3);
+        assert_eq!(stream_pairs(16, 128 << 10, 1), 1);
     }
 }

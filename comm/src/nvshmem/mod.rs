@@ -163,8 +163,6 @@ pub struct NvshmemCommunicator {
     /// Four signal arrays of [MAX_BLOCKS][MAX_PES] u64: ready, done, and the streaming
     /// algorithm's own ready and done (its values are of another scale, see stream.cu).
     signals: u64,
-    /// Blocks of `STREAM_THREADS` that fit on the GPU at once (SMs x occupancy).
-    stream_resident: u32,
     state: Mutex<State>,
 }
 
@@ -322,7 +320,6 @@ impl NvshmemCommunicator {
         let staging = [base, base + staging_bytes as u64];
         let peers = peer_addresses(api, rank, world, staging)?;
         let ll_peers = peer_addresses(api, rank, world, [ll_base, ll_base + ll_bytes as u64])?;
-        let stream_resident = resident_blocks(&device, &module)?;
         let algorithm = opts.algorithm;
         Ok(NvshmemCommunicator {
             rank,
@@ -337,7 +334,6 @@ impl NvshmemCommunicator {
             ll_peers,
             ll_slot_bytes,
             signals,
-            stream_resident,
             state: Mutex::new(State { epoch: 0, algorithm }),
         })
     }
@@ -418,7 +414,6 @@ impl NvshmemCommunicator {
             let in_w = base.in_base.wrapping_add((lo * esz) as u64);
             let out_w = base.out_base.wrapping_add((lo * esz) as u64);
             a.aligned = i32::from(in_w.is_multiple_of(16) && out_w.is_multiple_of(16));
-            let mut threads = kernels::THREADS;
             let blocks = match base.mode {
                 kernels::LL => {
                     a.bufs = self.ll_peers[parity];
@@ -431,14 +426,13 @@ impl NvshmemCommunicator {
                     let (pairs, chunk_packs, depth) = self.stream_shape(count * esz);
                     a.chunk_packs = chunk_packs as i64;
                     a.depth = depth as i32;
-                    threads = kernels::STREAM_THREADS;
                     2 * pairs
                 }
                 _ => kernels::blocks_for(hi - lo, esz, self.opts.max_blocks),
             };
             // SAFETY: the window lies inside the caller's tensors (checked by the callers'
             // sizes) and inside every PE's staging slots (window <= slot); the context is bound.
-            unsafe { kernels::launch(f, blocks, threads, &a, raw as cu::CUstream)? };
+            unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream)? };
             lo = hi;
             if lo >= count {
                 break;
@@ -452,8 +446,7 @@ impl NvshmemCommunicator {
     /// such that every pair's ring fits a staging slot.
     fn stream_shape(&self, bytes: usize) -> (u32, usize, usize) {
         let depth = self.opts.stream_depth.clamp(1, 64);
-        let pairs =
-            kernels::stream_pairs(bytes, self.opts.stream_chunk_bytes, self.opts.max_blocks, self.stream_resident);
+        let pairs = kernels::stream_pairs(bytes, self.opts.stream_chunk_bytes, self.opts.max_blocks);
         let fit = self.slot_bytes / 16 / (pairs as usize * depth);
         (pairs, (self.opts.stream_chunk_bytes / 16).clamp(1, fit.max(1)), depth)
     }
@@ -499,7 +492,7 @@ impl NvshmemCommunicator {
         let t = std::time::Instant::now();
         for _ in 0..iters {
             // SAFETY: the empty kernel reads nothing.
-            unsafe { kernels::launch(self.module.nop, 1, 1, &a, raw)? };
+            unsafe { kernels::launch(self.module.nop, 1, &a, raw)? };
         }
         let full = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
         self.stream.stream.synchronize().map_err(|e| cuda_err("the launch probe", e))?;
@@ -520,26 +513,6 @@ impl NvshmemCommunicator {
     pub fn staging_addresses(&self) -> [u64; 2] {
         self.staging
     }
-}
-
-/// How many `STREAM_THREADS` blocks of the collective kernels stay resident at once on this GPU:
-/// the streaming all-reduce's pushers and reducers wait on each other across GPUs, so all of its
-/// blocks must run together.
-fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -> Result<u32> {
-    let sms = device
-        .context()
-        .attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|e| cuda_err("reading the SM count", format!("{e:?}")))?;
-    let mut per_sm = i32::MAX;
-    for f in [module.f32, module.bf16, module.f16] {
-        // SAFETY: a loaded kernel.
-        let n = unsafe {
-            drv::occupancy::max_active_block_per_multiprocessor(f.0, kernels::STREAM_THREADS as i32, 0)
-        }
-        .map_err(|e| cuda_err("reading the collective kernel's occupancy", format!("{e:?}")))?;
-        per_sm = per_sm.min(n);
-    }
-    Ok((sms.max(1) * per_sm.max(1)) as u32)
 }
 
 /// Every PE's address of the symmetric `bases[parity]`, as seen from `rank` (`nvshmem_ptr`).

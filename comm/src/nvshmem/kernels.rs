@@ -97,11 +97,13 @@ pub(crate) fn ll_blocks(elems: usize, esz: usize, max_blocks: u32) -> u32 {
     (lines.div_ceil(THREADS as usize) as u32).clamp(1, max_blocks.clamp(1, MAX_BLOCKS))
 }
 
-/// Pusher/reducer pairs for the streaming all-reduce: half of `max_blocks` each (both halves
-/// must be resident at once, see stream.cu), at least one, and no more pairs than chunks.
-pub(crate) fn stream_pairs(bytes: usize, chunk_bytes: usize, max_blocks: u32) -> u32 {
+/// Pusher/reducer pairs for the streaming all-reduce: half of `max_blocks` each, no more than
+/// `resident` / 2 (every block must be resident at once, see stream.cu) or than chunks, at
+/// least one.
+pub(crate) fn stream_pairs(bytes: usize, chunk_bytes: usize, max_blocks: u32, resident: u32) -> u32 {
     let chunks = bytes.div_ceil(chunk_bytes.max(16)).max(1);
-    ((max_blocks.clamp(2, MAX_BLOCKS) / 2) as usize).min(chunks) as u32
+    let cap = (max_blocks.clamp(2, MAX_BLOCKS) / 2).min((resident / 2).max(1));
+    (cap as usize).min(chunks) as u32
 }
 
 /// A loaded kernel function (a plain driver handle).
@@ -143,9 +145,11 @@ mod tests {
         assert_eq!(ll_blocks(1025, 4, 32), 2);
         assert_eq!(ll_blocks(1 << 20, 4, 32), 32);
         // Pairs: half the blocks, never more than the chunks, at least one.
-        assert_eq!(stream_pairs(256 << 20, 128 << 10, 128), 64);
-        assert_eq!(stream_pairs(256 << 20, 128 << 10, 32), 16);
-        assert_eq!(stream_pairs(300 << 10, 128 << 10, 128), 3);
-        assert_eq!(stream_pairs(16, 128 << 10, 1), 1);
+        assert_eq!(stream_pairs(256 << 20, 128 << 10, 128, 132), 64);
+        assert_eq!(stream_pairs(256 << 20, 128 << 10, 32, 132), 16);
+        // Never more blocks than stay resident together (a GPU of 72 SMs, one block each).
+        assert_eq!(stream_pairs(256 << 20, 128 << 10, 128, 72), 36);
+        assert_eq!(stream_pairs(300 << 10, 128 << 10, 128, 132), 3);
+        assert_eq!(stream_pairs(16, 128 << 10, 1, 132), 1);
     }
 }

@@ -93,7 +93,8 @@ pub struct NvshmemOptions {
     /// Bytes of one staging slot: larger messages run in windows of this size. The heap
     /// holds 2 x world x this (0: 64 MiB, at most 256 MiB / world).
     pub chunk_bytes: usize,
-    /// Streaming all-reduce: bytes per ring chunk, and chunks per ring.
+    /// Streaming all-reduce: bytes per ring chunk (at most 64 KiB: a pusher block holds one in
+    /// registers), and chunks per ring. Defaults 64 KiB and 2, the best of a sweep on 2xH200.
     pub stream_chunk_bytes: usize,
     pub stream_depth: usize,
 }
@@ -116,8 +117,8 @@ impl Default for NvshmemOptions {
             ll_max_bytes: env_num("OXTRAIN_NVSHMEM_LL_MAX_BYTES").unwrap_or(256 << 10),
             algorithm,
             chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
-            stream_chunk_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES").unwrap_or(128 << 10),
-            stream_depth: env_num("OXTRAIN_NVSHMEM_STREAM_DEPTH").unwrap_or(4).max(1),
+            stream_chunk_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES").unwrap_or(64 << 10),
+            stream_depth: env_num("OXTRAIN_NVSHMEM_STREAM_DEPTH").unwrap_or(2).max(1),
         }
     }
 }
@@ -163,6 +164,8 @@ pub struct NvshmemCommunicator {
     /// Four signal arrays of [MAX_BLOCKS][MAX_PES] u64: ready, done, and the streaming
     /// algorithm's own ready and done (its values are of another scale, see stream.cu).
     signals: u64,
+    /// Collective-kernel blocks that fit on the GPU at once (SMs x occupancy).
+    stream_resident: u32,
     state: Mutex<State>,
 }
 
@@ -320,6 +323,7 @@ impl NvshmemCommunicator {
         let staging = [base, base + staging_bytes as u64];
         let peers = peer_addresses(api, rank, world, staging)?;
         let ll_peers = peer_addresses(api, rank, world, [ll_base, ll_base + ll_bytes as u64])?;
+        let stream_resident = resident_blocks(&device, &module)?;
         let algorithm = opts.algorithm;
         Ok(NvshmemCommunicator {
             rank,
@@ -334,6 +338,7 @@ impl NvshmemCommunicator {
             ll_peers,
             ll_slot_bytes,
             signals,
+            stream_resident,
             state: Mutex::new(State { epoch: 0, algorithm }),
         })
     }
@@ -446,9 +451,12 @@ impl NvshmemCommunicator {
     /// such that every pair's ring fits a staging slot.
     fn stream_shape(&self, bytes: usize) -> (u32, usize, usize) {
         let depth = self.opts.stream_depth.clamp(1, 64);
-        let pairs = kernels::stream_pairs(bytes, self.opts.stream_chunk_bytes, self.opts.max_blocks);
+        let pairs =
+            kernels::stream_pairs(bytes, self.opts.stream_chunk_bytes, self.opts.max_blocks, self.stream_resident);
         let fit = self.slot_bytes / 16 / (pairs as usize * depth);
-        (pairs, (self.opts.stream_chunk_bytes / 16).clamp(1, fit.max(1)), depth)
+        // A pusher holds a chunk in registers: 8 packs per thread (OX_PUSH_REGS).
+        let most = (8 * kernels::THREADS as usize).min(fit.max(1));
+        (pairs, (self.opts.stream_chunk_bytes / 16).clamp(1, most), depth)
     }
 
     /// The algorithm an all-reduce of `v` runs.
@@ -513,6 +521,24 @@ impl NvshmemCommunicator {
     pub fn staging_addresses(&self) -> [u64; 2] {
         self.staging
     }
+}
+
+/// How many blocks of the collective kernels stay resident at once on this GPU: the streaming
+/// all-reduce's pushers and reducers wait on each other across GPUs, so all of its blocks must
+/// run together.
+fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -> Result<u32> {
+    let sms = device
+        .context()
+        .attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| cuda_err("reading the SM count", format!("{e:?}")))?;
+    let mut per_sm = i32::MAX;
+    for f in [module.f32, module.bf16, module.f16] {
+        // SAFETY: a loaded kernel.
+        let n = unsafe { drv::occupancy::max_active_block_per_multiprocessor(f.0, kernels::THREADS as i32, 0) }
+            .map_err(|e| cuda_err("reading the collective kernel's occupancy", format!("{e:?}")))?;
+        per_sm = per_sm.min(n);
+    }
+    Ok((sms.max(1) * per_sm.max(1)) as u32)
 }
 
 /// Every PE's address of the symmetric `bases[parity]`, as seen from `rank` (`nvshmem_ptr`).

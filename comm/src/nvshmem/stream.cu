@@ -57,29 +57,32 @@ __device__ __forceinline__ void ox_spin_ge(volatile uint64_t* sig, uint64_t v) {
     }
 }
 
-template <typename E>
-__device__ __forceinline__ void ox_stream_push(const CollArgs& a, int b, long long q0, long long q1, int j) {
-    typedef typename E::raw R;
-    const long long bd = blockDim.x;
-    const uint4* in = (const uint4*)a.in_base;
-    long long k = q0 + threadIdx.x;
-    // Whole packs, OX_UNROLL loads in flight per thread, each stored to every peer.
-    for (; k + (OX_UNROLL - 1) * bd < q1 && (k + (OX_UNROLL - 1) * bd + 1) * (16 / (long long)sizeof(R)) <= a.count;
-         k += OX_UNROLL * bd) {
-        uint4 v[OX_UNROLL];
+// Packs per thread of one pusher chunk, held in registers: the host keeps chunk_packs at most
+// OX_PUSH_REGS * blockDim.x.
+#define OX_PUSH_REGS 8
+
+// Loads this thread's packs of chunk [q0, q1) of the input into v.
+template <typename R>
+__device__ __forceinline__ void ox_stream_fetch(const CollArgs& a, long long q0, long long q1, uint4* v) {
 #pragma unroll
-        for (int u = 0; u < OX_UNROLL; ++u) v[u] = in[k + u * bd];
-        for (int p = 0; p < a.npes; ++p) {
-            if (p == a.me) continue;
-            uint4* ring = (uint4*)ox_ring(a, a.bufs[p], a.me, b, j);
-#pragma unroll
-            for (int u = 0; u < OX_UNROLL; ++u) ring[k + u * bd - q0] = v[u];
-        }
+    for (int u = 0; u < OX_PUSH_REGS; ++u) {
+        const long long k = q0 + threadIdx.x + (long long)u * blockDim.x;
+        if (k < q1) v[u] = ox_stream_load<R>(a, a.in_base, k);
     }
-    for (; k < q1; k += bd) {
-        uint4 v = ox_stream_load<R>(a, a.in_base, k);
-        for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) ((uint4*)ox_ring(a, a.bufs[p], a.me, b, j))[k - q0] = v;
+}
+
+// Stores this thread's packs v of chunk [q0, q1) into ring slot j of range b on every peer.
+template <typename R>
+__device__ __forceinline__ void ox_stream_send(const CollArgs& a, int b, long long q0, long long q1, int j,
+                                               const uint4* v) {
+    for (int p = 0; p < a.npes; ++p) {
+        if (p == a.me) continue;
+        uint4* ring = (uint4*)ox_ring(a, a.bufs[p], a.me, b, j);
+#pragma unroll
+        for (int u = 0; u < OX_PUSH_REGS; ++u) {
+            const long long k = q0 + threadIdx.x + (long long)u * blockDim.x;
+            if (k < q1) ring[k - q0] = v[u];
+        }
     }
 }
 
@@ -136,6 +139,10 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
     uint64_t* done = (uint64_t*)a.done + (size_t)b * OX_MAX_PES;
 
     if (pusher) {
+        // A software pipeline: chunk s + 1 is loaded into registers while chunk s's stores
+        // drain and are fenced, so the input's load latency and the fence overlap.
+        uint4 v[OX_PUSH_REGS];
+        if (nchunks > 0) ox_stream_fetch<R>(a, r0, min(r0 + a.chunk_packs, r1), v);
         for (long long s = 0; s < nchunks; ++s) {
             const int j = (int)(s % a.depth);
             if (threadIdx.x == 0) {
@@ -145,10 +152,11 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
             }
             __syncthreads();
             const long long q0 = r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, r1);
-            ox_stream_push<E>(a, b, q0, q1, j);
+            ox_stream_send<R>(a, b, q0, q1, j, v);
             // One fence after the barrier covers the whole block's stores (the barrier orders
             // them before it, and the fence is cumulative), as NCCL posts its flags.
             __syncthreads();
+            if (s + 1 < nchunks) ox_stream_fetch<R>(a, q1, min(q1 + a.chunk_packs, r1), v);
             if (threadIdx.x == 0) {
                 __threadfence_system();
                 for (int p = 0; p < a.npes; ++p)

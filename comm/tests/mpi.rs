@@ -1,14 +1,64 @@
-//! The `mpi` backend (feature `mpi`): every op against its reference on 2, 3 and 4 ranks.
-//! Run plainly, the test starts itself under `mpirun`; under mpirun it is one rank.
+//! The `mpi` backend (feature `mpi`): every op against its reference on 2, 3 and 4 ranks, and
+//! the timeout when a rank never calls a collective.
+//! Run plainly, each test starts itself under `mpirun`; under mpirun it is one rank.
 #![cfg(feature = "mpi")]
 
 mod common;
 
-use oxtrain_comm::{CommOptions, Communicator};
+use oxtrain_comm::{CommError, CommOptions, Communicator, ReduceOp};
+use oxtrain_tensor::{Device, Tensor};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn under_mpirun() -> bool {
+    std::env::var("OMPI_COMM_WORLD_RANK").is_ok()
+}
+
+/// Runs the test `test` of this binary as `n` ranks under mpirun with `env`; sends mpirun
+/// SIGTERM past `limit` (a hang fails the test instead of blocking it). Returns whether the
+/// job succeeded and its stdout and stderr.
+fn mpirun(n: usize, test: &str, env: &[(&str, String)], limit: Duration) -> (bool, String, String) {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &n.to_string()])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1", "-q"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("mpirun not found: install Open MPI (libopenmpi-dev openmpi-bin)");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let mut killed = false;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline && !killed {
+            // SAFETY: signals our own child; mpirun passes SIGTERM on to its ranks.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            killed = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    assert!(!killed, "mpirun -np {n} {test} ran past {limit:?} and was stopped:\n{out}\n{err}");
+    (status.success(), out, err)
+}
 
 #[test]
 fn mpi_rank() {
-    if std::env::var("OMPI_COMM_WORLD_RANK").is_err() || std::env::var("OXTRAIN_TEST_MPI").is_err() {
+    if !under_mpirun() || std::env::var("OXTRAIN_TEST_MPI").is_err() {
         return;
     }
     let comm = oxtrain_comm::mpi::connect(&CommOptions::default()).unwrap();
@@ -19,23 +69,95 @@ fn mpi_rank() {
 
 #[test]
 fn every_op_on_2_3_4_mpi_ranks() {
-    if std::env::var("OMPI_COMM_WORLD_RANK").is_ok() {
+    if under_mpirun() {
         return;
     }
-    let exe = std::env::current_exe().unwrap();
     for n in [2, 3, 4] {
-        let out = std::process::Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", &n.to_string()])
-            .arg(&exe)
-            .args(["--exact", "mpi_rank", "--nocapture", "--test-threads=1", "-q"])
-            .env("OXTRAIN_TEST_MPI", "1")
-            .output()
-            .expect("mpirun not found: install Open MPI (libopenmpi-dev openmpi-bin)");
-        assert!(
-            out.status.success(),
-            "mpirun -np {n} failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        let (ok, out, err) =
+            mpirun(n, "mpi_rank", &[("OXTRAIN_TEST_MPI", "1".into())], Duration::from_secs(120));
+        assert!(ok, "mpirun -np {n} failed:\n{out}\n{err}");
+    }
+}
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One rank: rank `OXTRAIN_TEST_MPI_SKIP` never calls the all_reduce; the others must get
+/// the timeout error naming it, and fail at once on the next call.
+#[test]
+fn mpi_timeout_rank() {
+    let Ok(skip) = std::env::var("OXTRAIN_TEST_MPI_SKIP") else { return };
+    if !under_mpirun() {
+        return;
+    }
+    let skip: usize = skip.parse().unwrap();
+    let comm = oxtrain_comm::mpi::connect(&CommOptions { timeout: TIMEOUT, check: false }).unwrap();
+    let (me, world) = (comm.rank(), comm.world_size());
+    // Every rank is up before the clock starts.
+    comm.barrier().unwrap().wait().unwrap();
+    if me == skip {
+        println!("rank {me} skips the all_reduce");
+        // Alive but absent; the others end the job long before this sleep does.
+        std::thread::sleep(Duration::from_secs(15));
+        return;
+    }
+    let t = Tensor::from_vec(vec![1f32; 8], 8, Device::Cpu).unwrap();
+    let start = Instant::now();
+    let err = comm.all_reduce(&t, ReduceOp::Sum).unwrap().wait().unwrap_err();
+    let took = start.elapsed();
+    let msg = err.to_string();
+    assert!(matches!(err, CommError::Timeout { .. }), "{msg}");
+    let head = format!("all_reduce: rank {me} timed out after 2s waiting for rank(s) [{skip}]; ");
+    assert!(msg.starts_with(&head), "expected {head:?} at the start of: {msg}");
+    let others: Vec<usize> = (0..world).filter(|&r| r != me && r != skip).collect();
+    if !others.is_empty() {
+        let same = format!("rank(s) {others:?} reported being stuck in this same call");
+        assert!(msg.contains(&same), "expected {same:?} in: {msg}");
+    }
+    for part in [
+        &format!("rank(s) [{skip}] sent no report"),
+        "call #2 (all_reduce)",
+        "OXTRAIN_COMM_TIMEOUT",
+        "unusable",
+    ] {
+        assert!(msg.contains(part), "expected {part:?} in: {msg}");
+    }
+    // The timeout plus the 0.5 s the ranks listen for each other's reports, with slack.
+    assert!(took >= TIMEOUT && took < TIMEOUT + Duration::from_secs(4), "timed out after {took:?}");
+
+    // The all_reduce is still pending in MPI: later calls fail at once.
+    let start = Instant::now();
+    let again = comm.barrier().unwrap().wait().unwrap_err().to_string();
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "a call after the timeout took {:?}",
+        start.elapsed()
+    );
+    assert!(again.contains("unusable after an earlier error") && again.contains(&head), "{again}");
+    println!("TIMEOUT-OK rank {me} after {took:?}: {msg}");
+    // This rank exits without MPI_Finalize (the collective is pending), which makes mpirun
+    // end the job: give the other ranks time to print their line first.
+    std::thread::sleep(Duration::from_secs(1));
+}
+
+#[test]
+fn a_rank_that_skips_a_collective_times_the_others_out() {
+    if under_mpirun() {
+        return;
+    }
+    for (n, skip) in [(2, 1), (3, 0)] {
+        let start = Instant::now();
+        let (_, out, err) = mpirun(
+            n,
+            "mpi_timeout_rank",
+            &[("OXTRAIN_TEST_MPI_SKIP", skip.to_string())],
+            Duration::from_secs(30),
         );
+        for r in (0..n).filter(|&r| r != skip) {
+            assert!(
+                out.contains(&format!("TIMEOUT-OK rank {r} ")),
+                "rank {r} did not pass (np {n}):\n{out}\n{err}"
+            );
+        }
+        eprintln!("np {n}: the job ended after {:?}", start.elapsed());
     }
 }

@@ -8,7 +8,7 @@
 #   bash comm/scripts/gpu_run.sh            # results in $OUT (default ./gpu-out)
 # Steps: (1) correctness of every collective on both backends at small and odd sizes,
 # (2) the NVSHMEM-vs-NCCL comparison with both all-reduce algorithms, writing
-# $OUT/comm-2xh200.json, (2b) a block-count sweep at 64M/256M, (3) a short table. About 4-6 minutes.
+# $OUT/comm-2xh200.json, (3) a short table. About 5-7 minutes.
 set -uo pipefail
 here=$(pwd)
 bin="${BENCH:-$here/.gpu/bin/comm-bench}"
@@ -49,17 +49,25 @@ run check-nccl 150 --backend nccl --ranks 2 --sizes $odd,8,4096,1M --iters 3 --w
   --dtypes f32,bf16,f16 --json "$OUT/check-nccl.json"
 run check-nvshmem 180 --backend nvshmem --algo all --ranks 2 --sizes $odd,8,4096,1M --iters 3 --warmup 1 \
   --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem.json"
-# Windows: a 1 MiB staging slot makes several launches per call (and odd windows at the end).
+# Windows: a 1 MiB staging slot makes several launches per call (and odd windows at the end);
+# 4 KiB streaming chunks in rings of 2 wrap thousands of times; 64 KiB low-latency slots.
 run check-nvshmem-windows 120 --backend nvshmem --algo all --chunk 1M --ranks 2 --sizes 4194310,8M \
   --iters 3 --warmup 1 --dtypes f32,bf16 > /dev/null
+OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES=4096 OXTRAIN_NVSHMEM_LL_MAX_BYTES=65536 run check-nvshmem-rings 120 \
+  --backend nvshmem --algo stream,ll --blocks 16 --ranks 2 --sizes $odd,33554438 --iters 3 --warmup 1 \
+  --dtypes f32,bf16,f16 > /dev/null
+# The multi-node path on one node: each GPU taken as a node of its own, so all_reduce runs
+# hierarchically and every op reaches the other PE by NVSHMEM puts with signals.
+OXTRAIN_NVSHMEM_RANKS_PER_NODE=1 run check-nvshmem-hier 150 --backend nvshmem --ranks 2 --sizes $odd,8,4096,1M \
+  --iters 3 --warmup 1 --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem-hier.json"
 
-# 2. The comparison: all_reduce, 8 B .. 1 GiB, f32 (nccl-tests' default) and bf16, NCCL beside
-#    NVSHMEM with the auto, one-shot and two-shot algorithms: with the default 32 blocks (most
-#    SMs left to compute), then with 128 blocks (what the block sweep found fastest).
-run compare-32 300 --backend nvshmem --compare nccl --algo all --ranks 2 --ops all_reduce --dtypes f32,bf16 \
-  --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200-32blocks.json"
+# 2. The comparison: all_reduce, 8 B .. 1 GiB, NCCL beside NVSHMEM: f32 (nccl-tests' default)
+#    with every algorithm and 128 blocks (the fastest), then the auto choice with the default 32
+#    blocks (most SMs left to compute) in f32 and bf16.
 run compare-128 300 --backend nvshmem --compare nccl --algo all --blocks 128 --ranks 2 --ops all_reduce \
-  --dtypes f32,bf16 --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200.json"
+  --dtypes f32 --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200.json"
+run compare-32 300 --backend nvshmem --compare nccl --algo auto --ranks 2 --ops all_reduce --dtypes f32,bf16 \
+  --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200-32blocks.json"
 
 # 3. Table.
 python3 - "$OUT/comm-2xh200.json" <<'PY' || true

@@ -24,7 +24,7 @@ pub enum CommError {
     #[error("{0}")]
     Unsupported(String),
     /// An earlier error left this communicator unusable (peers may be out of step).
-    #[error("communicator unusable after an earlier error: {0}; create a new one")]
+    #[error("communicator unusable after an earlier error: {0}; create a new communicator (the mpi backend initialises MPI once per process: restart the job)")]
     Aborted(String),
     /// The MPI library reported an error.
     #[error("mpi: {0}")]

@@ -52,14 +52,18 @@ namespace std { using namespace cuda::std; }
 #define OX_MAX 2
 #define OX_MIN 3
 
-// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (200 bytes, checked on both sides).
+// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (240 bytes, checked on both sides).
+// A launch runs over a team of PEs (all of them, or one node's, or one per node for the
+// hierarchical all-reduce): `npes`, `me`, `bufs`, slots and shards are indexed by member, and
+// `pes` names each member's global PE for NVSHMEM calls and signal columns.
 // Indices are global (0..count of the whole tensor); one launch handles the window
 // [win_lo, win_hi), whose element i sits at index i - win_lo of a slot.
 struct CollArgs {
     unsigned long long in_base;  // input element i at in_base + i * size
     unsigned long long out_base; // output element i at out_base + i * size
-    unsigned long long bufs[OX_MAX_PES]; // this epoch's staging set of every PE, as seen here
-    unsigned long long ready;    // this PE's ready signals: [OX_MAX_BLOCKS][OX_MAX_PES] u64
+    unsigned long long bufs[OX_MAX_PES]; // this epoch's staging set of every member, as seen here
+                                         // (members reached by puts: only bufs[me] is used)
+    unsigned long long ready;    // this PE's ready signals: [OX_MAX_BLOCKS][sig_stride] u64
     unsigned long long done;     // this PE's done signals, same shape
     unsigned long long epoch;
     unsigned long long slot_bytes; // a staging set holds npes slots of this many bytes
@@ -70,8 +74,20 @@ struct CollArgs {
     int npes, me, mode, src, op, root, aligned, out;
     int depth;                   // OX_STREAM: chunks per ring
     int pad_;
+    int pes[OX_MAX_PES];         // global PE of every member
+    int sig_stride;              // columns of a signal row: the world size (one per global PE)
+    int put_mask;                // bit p: member p is reached by NVSHMEM puts (another node), not
+                                 // by stores through nvshmem_ptr (one-shot mode only)
 };
-static_assert(sizeof(CollArgs) == 200, "CollArgs must match the Rust side");
+static_assert(sizeof(CollArgs) == 240, "CollArgs must match the Rust side");
+
+// Block `block`'s signal from member `m` in the signal array at `base` (on any PE: the arrays
+// are symmetric).
+__device__ __forceinline__ uint64_t* ox_sig(const CollArgs& a, unsigned long long base, int block, int m) {
+    return (uint64_t*)base + (size_t)block * a.sig_stride + a.pes[m];
+}
+
+__device__ __forceinline__ bool ox_by_put(const CollArgs& a, int p) { return (a.put_mask >> p) & 1; }
 
 struct F32 {
     typedef float raw;
@@ -128,16 +144,20 @@ __device__ __forceinline__ int ox_owner(long long count, int n, long long i) {
 
 // Raises this block's `sig` signal on every peer and waits for every peer's. The barrier
 // orders every thread's writes (local and remote) before thread 0's fence, which is cumulative,
-// so they are visible before the signal.
-__device__ void ox_exchange(const CollArgs& a, unsigned long long sig_base) {
+// so they are visible before the signal. Members reached by puts got their signal with the
+// data (put-with-signal) when `puts_signalled`.
+__device__ void ox_exchange(const CollArgs& a, unsigned long long sig_base, bool puts_signalled = false) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence_system();
-        uint64_t* row = (uint64_t*)sig_base + (size_t)blockIdx.x * OX_MAX_PES;
         for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) nvshmemx_signal_op(row + a.me, (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, p);
+            if (p != a.me && !(puts_signalled && ox_by_put(a, p)))
+                nvshmemx_signal_op(ox_sig(a, sig_base, blockIdx.x, a.me), (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, a.pes[p]);
         for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) nvshmem_signal_wait_until(row + p, NVSHMEM_CMP_GE, (uint64_t)a.epoch);
+            if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, sig_base, blockIdx.x, p), NVSHMEM_CMP_GE, (uint64_t)a.epoch);
+        // Our own puts read the input in the background: they must be done before an in-place
+        // output overwrites it.
+        if (puts_signalled && a.put_mask) nvshmem_quiet();
         __threadfence_system();
     }
     __syncthreads();
@@ -151,6 +171,27 @@ __device__ __forceinline__ void ox_out_range(const CollArgs& a, int p, long long
     if (a.out == OX_OUT_SHARD) {
         *lo = ox_shard_start(a.count, a.npes, p);
         *hi = ox_shard_start(a.count, a.npes, p + 1);
+    }
+}
+
+// One-shot push to member p on another node: this block's part of the window, as one
+// put-with-signal (NVSHMEM's proxy moves it; the signal lands after the data).
+template <typename E>
+__device__ void ox_put_block(const CollArgs& a, int p, long long p0, long long p1) {
+    typedef typename E::raw R;
+    const long long EPP = 16 / sizeof(R);
+    long long olo, ohi;
+    ox_out_range(a, p, &olo, &ohi);
+    const long long lo = max(max(a.win_lo + p0 * EPP, a.in_lo), olo);
+    const long long hi = min(min(min(a.win_lo + p1 * EPP, a.win_hi), a.in_hi), ohi);
+    uint64_t* sig = ox_sig(a, a.ready, blockIdx.x, a.me);
+    if (lo < hi) {
+        // Our slot on p, by its symmetric address (the same as ours).
+        R* dst = (R*)(a.bufs[a.me] + (unsigned long long)a.me * a.slot_bytes) + (lo - a.win_lo);
+        nvshmemx_putmem_signal_nbi_block(dst, (const R*)a.in_base + lo, (size_t)(hi - lo) * sizeof(R), sig,
+                                         (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, a.pes[p]);
+    } else if (threadIdx.x == 0) {
+        nvshmemx_signal_op(sig, (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, a.pes[p]);
     }
 }
 
@@ -326,10 +367,12 @@ __device__ void ox_collective(const CollArgs& a) {
     const long long p1 = ox_shard_start(npacks, gridDim.x, blockIdx.x + 1);
 
     if (a.mode == OX_ONESHOT) {
+        for (int p = 0; p < a.npes; ++p)
+            if (p != a.me && ox_by_put(a, p)) ox_put_block<E>(a, p, p0, p1);
         for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x)
             for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) ox_push<E>(a, p, k);
-        ox_exchange(a, a.ready);
+                if (p != a.me && !ox_by_put(a, p)) ox_push<E>(a, p, k);
+        ox_exchange(a, a.ready, true);
         for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x) ox_output<E>(a, k);
         return;
     }

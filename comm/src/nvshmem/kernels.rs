@@ -48,9 +48,15 @@ pub(crate) struct CollArgs {
     pub out: i32,
     pub depth: i32,
     pub pad_: i32,
+    /// Global PE of every team member.
+    pub pes: [i32; MAX_PES],
+    /// Columns of a signal row (the world size).
+    pub sig_stride: i32,
+    /// Bit p: member p is on another node, reached by NVSHMEM puts.
+    pub put_mask: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 200);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 240);
 
 /// `struct AtomicArgs` of `atomics.cu`.
 #[repr(C)]

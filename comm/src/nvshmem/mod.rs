@@ -32,6 +32,7 @@ mod heap;
 mod host;
 mod kernels;
 pub mod nvjitlink;
+mod team;
 
 use crate::bootstrap::TcpStore;
 use crate::communicator::Communicator;
@@ -47,6 +48,7 @@ use oxtrain_tensor::{DType, Tensor};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use team::{Kind, Team};
 
 /// Which all-reduce algorithm runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,10 +95,16 @@ pub struct NvshmemOptions {
     /// Bytes of one staging slot: larger messages run in windows of this size. The heap
     /// holds 2 x world x this (0: 64 MiB, at most 256 MiB / world).
     pub chunk_bytes: usize,
+    /// All-reduces of at least this many bytes stream under `Algorithm::Auto` (two GPUs);
+    /// between `oneshot_max_bytes` and this they run two-shot.
+    pub stream_min_bytes: usize,
     /// Streaming all-reduce: bytes per ring chunk (at most 64 KiB: a pusher block holds one in
     /// registers), and chunks per ring. Defaults 64 KiB and 2, the best of a sweep on 2xH200.
     pub stream_chunk_bytes: usize,
     pub stream_depth: usize,
+    /// GPUs per node (PEs numbered node by node); fewer than the world makes all_reduce
+    /// hierarchical (see `team.rs`). 0: `LOCAL_WORLD_SIZE` when set, else every PE on one node.
+    pub ranks_per_node: usize,
 }
 
 fn env_num(name: &str) -> Option<usize> {
@@ -119,6 +127,10 @@ impl Default for NvshmemOptions {
             chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
             stream_chunk_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES").unwrap_or(64 << 10),
             stream_depth: env_num("OXTRAIN_NVSHMEM_STREAM_DEPTH").unwrap_or(2).max(1),
+            ranks_per_node: env_num("OXTRAIN_NVSHMEM_RANKS_PER_NODE").unwrap_or(0),
+            // Measured on 2xH200 (f32, 128 blocks): streaming 327-335 GB/s at 256 MiB against
+            // two-shot's 322-324; two-shot ahead at 64 MiB (320 against 298-313).
+            stream_min_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_MIN_BYTES").unwrap_or(256 << 20),
         }
     }
 }
@@ -142,6 +154,8 @@ unsafe impl Sync for Module {}
 struct State {
     /// The last epoch used; every launch takes the next one on every PE.
     epoch: u64,
+    /// Launches so far per team kind: the parity of the next picks its staging set.
+    launches: [u64; 4],
     algorithm: Algorithm,
 }
 
@@ -152,25 +166,20 @@ pub struct NvshmemCommunicator {
     stream: CommStream,
     opts: NvshmemOptions,
     module: Module,
-    /// Base of the two staging sets (parity 0 and 1) on this PE, as symmetric addresses.
-    staging: [u64; 2],
-    /// `staging[parity]` of every PE as seen from here (`nvshmem_ptr`).
-    peers: [[u64; MAX_PES]; 2],
-    slot_bytes: usize,
-    /// Base of the low-latency slots (two sets, like the staging) and every PE's, as seen here.
-    ll_base: u64,
-    ll_peers: [[u64; MAX_PES]; 2],
-    ll_slot_bytes: usize,
-    /// Four signal arrays of [MAX_BLOCKS][MAX_PES] u64: ready, done, and the streaming
+    /// GPUs per node; less than `world` when the PEs span nodes.
+    per_node: usize,
+    /// The teams by `Kind` (`All` and `Ll` on one node, `Node` and `Rail` across nodes; `All`
+    /// also across nodes of at most 8 PEs in all, for the ops other than all_reduce).
+    teams: [Option<Team>; 4],
+    /// Four signal arrays of [MAX_BLOCKS][world] u64: ready, done, and the streaming
     /// algorithm's own ready and done (its values are of another scale, see stream.cu).
     signals: u64,
+    /// Bytes of one signal array.
+    signal_array: u64,
     /// Collective-kernel blocks that fit on the GPU at once (SMs x occupancy).
     stream_resident: u32,
     state: Mutex<State>,
 }
-
-/// Bytes of one signal array.
-const SIGNAL_ARRAY: u64 = MAX_BLOCKS as u64 * MAX_PES as u64 * 8;
 
 /// NVSHMEM can be initialised once per process.
 static INITIALISED: AtomicBool = AtomicBool::new(false);
@@ -189,8 +198,17 @@ impl NvshmemCommunicator {
         store: &TcpStore,
         opts: NvshmemOptions,
     ) -> Result<NvshmemCommunicator> {
-        if world > MAX_PES {
-            return Err(nv_err(format!("the backend's kernels handle at most {MAX_PES} GPUs, got {world}")));
+        let per_node = match opts.ranks_per_node {
+            0 => std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(world),
+            n => n,
+        }
+        .clamp(1, world);
+        if !world.is_multiple_of(per_node) || per_node > MAX_PES || world / per_node > MAX_PES {
+            return Err(nv_err(format!(
+                "{world} PEs with {per_node} per node: the backend needs the same number of GPUs on every node, at \
+                 most {MAX_PES} per node and at most {MAX_PES} nodes (set OXTRAIN_NVSHMEM_RANKS_PER_NODE), or use the \
+                 nccl backend"
+            )));
         }
         let api = host::api()?;
         let device = oxtrain_tensor::cuda::device(ordinal)
@@ -294,35 +312,36 @@ impl NvshmemCommunicator {
         } / 16
             * 16;
         let slot_bytes = slot_bytes.max(16);
-        let staging_bytes = slot_bytes * world;
         // Low-latency lines carry 8 data bytes in 16.
         let ll_slot_bytes = 2 * opts.ll_max_bytes.clamp(64 << 10, 16 << 20).next_multiple_of(16);
-        let ll_bytes = ll_slot_bytes * world;
-        let signal_bytes = 4 * SIGNAL_ARRAY as usize;
+        let signal_array = MAX_BLOCKS as u64 * world as u64 * 8;
         let stream = CommStream::new(ordinal)?;
-        let (base, ll_base, signals) = unsafe {
-            let base = (api.malloc)(2 * staging_bytes) as u64;
-            let ll_base = (api.malloc)(2 * ll_bytes) as u64;
-            let signals = (api.malloc)(signal_bytes) as u64;
-            if base == 0 || ll_base == 0 || signals == 0 {
-                return Err(nv_err(format!(
-                    "nvshmem_malloc of {} MiB failed: raise NVSHMEM_SYMMETRIC_SIZE or lower OXTRAIN_NVSHMEM_CHUNK_BYTES \
-                     and OXTRAIN_NVSHMEM_LL_MAX_BYTES",
-                    (2 * staging_bytes + 2 * ll_bytes + signal_bytes) >> 20
-                )));
+        let node_of = |pe: usize| pe / per_node;
+        let remote = |pe: usize| node_of(pe) != node_of(rank);
+        let (signals, teams) = unsafe {
+            let signals = (api.malloc)(4 * signal_array as usize) as u64;
+            if signals == 0 {
+                return Err(nv_err("nvshmem_malloc of the signals failed: raise NVSHMEM_SYMMETRIC_SIZE"));
             }
-            // Low-latency flags must not match an epoch before it is written.
-            drv::memset_d8_sync(ll_base, 0, 2 * ll_bytes)
-                .map_err(|e| cuda_err("zeroing the low-latency slots", format!("{e:?}")))?;
             // Signals start at zero on every PE before anyone can raise one.
-            drv::memset_d8_sync(signals, 0, signal_bytes)
+            drv::memset_d8_sync(signals, 0, 4 * signal_array as usize)
                 .map_err(|e| cuda_err("zeroing the signals", format!("{e:?}")))?;
+            let everyone: Vec<usize> = (0..world).collect();
+            let mut teams: [Option<Team>; 4] = [None, None, None, None];
+            if world <= MAX_PES {
+                teams[Kind::All as usize] = Some(Team::new(api, rank, everyone.clone(), remote, slot_bytes)?);
+            }
+            if per_node == world {
+                teams[Kind::Ll as usize] = Some(Team::new(api, rank, everyone, remote, ll_slot_bytes)?);
+            } else {
+                let (node, rail) = team::layout(rank, world, per_node);
+                let slot = slot_bytes.min(32 << 20);
+                teams[Kind::Node as usize] = Some(Team::new(api, rank, node, remote, slot)?);
+                teams[Kind::Rail as usize] = Some(Team::new(api, rank, rail, remote, slot)?);
+            }
             (api.barrier_all)();
-            (base, ll_base, signals)
+            (signals, teams)
         };
-        let staging = [base, base + staging_bytes as u64];
-        let peers = peer_addresses(api, rank, world, staging)?;
-        let ll_peers = peer_addresses(api, rank, world, [ll_base, ll_base + ll_bytes as u64])?;
         let stream_resident = resident_blocks(&device, &module)?;
         let algorithm = opts.algorithm;
         Ok(NvshmemCommunicator {
@@ -331,15 +350,12 @@ impl NvshmemCommunicator {
             stream,
             opts,
             module,
-            staging,
-            peers,
-            slot_bytes,
-            ll_base,
-            ll_peers,
-            ll_slot_bytes,
+            per_node,
+            teams,
             signals,
+            signal_array,
             stream_resident,
-            state: Mutex::new(State { epoch: 0, algorithm }),
+            state: Mutex::new(State { epoch: 0, launches: [0; 4], algorithm }),
         })
     }
 
@@ -387,48 +403,68 @@ impl NvshmemCommunicator {
         })
     }
 
-    /// Runs one collective as kernel launches over windows of the staging slots. `base`
-    /// carries everything but the window, buffers and epoch.
-    fn launch(&self, f: Function, esz: usize, base: CollArgs, blocking: bool) -> Result<Work> {
+    /// Runs one collective of `kind`'s team as kernel launches over windows of its staging
+    /// slots, ordered after the caller's stream. `base` carries everything but the window,
+    /// buffers, team and epoch.
+    fn launch(&self, f: Function, esz: usize, base: CollArgs, kind: Kind, blocking: bool) -> Result<Work> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.stream.bind()?;
         let caller = self.stream.begin()?;
+        self.enqueue(&mut state, f, esz, base, kind)?;
+        drop(state);
+        self.stream.finish(caller, blocking)
+    }
+
+    fn team(&self, kind: Kind) -> Result<&Team> {
+        self.teams[kind as usize].as_ref().ok_or_else(|| {
+            nv_err(format!(
+                "this op needs every PE in one team of at most {MAX_PES}, but the {} PEs span nodes; use the nccl \
+                 backend for it",
+                self.world
+            ))
+        })
+    }
+
+    /// Queues the launches of one collective (the caller holds the state and has ordered the
+    /// stream).
+    fn enqueue(&self, state: &mut State, f: Function, esz: usize, base: CollArgs, kind: Kind) -> Result<()> {
+        let team = self.team(kind)?;
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
         let window = match base.mode {
             // The rings take a tensor of any length in one launch.
             kernels::STREAM => count.max(1),
-            kernels::LL => self.ll_slot_bytes / 2 / esz,
-            _ => self.slot_bytes / esz,
+            kernels::LL => team.slot_bytes / 2 / esz,
+            _ => team.slot_bytes / esz,
         };
         let mut lo = 0usize;
         loop {
             let hi = (lo + window).min(count);
             state.epoch += 1;
-            let parity = (state.epoch & 1) as usize;
+            state.launches[kind as usize] += 1;
+            let parity = (state.launches[kind as usize] & 1) as usize;
             let mut a = base;
             a.win_lo = lo as i64;
             a.win_hi = hi as i64;
             a.epoch = state.epoch;
-            a.bufs = self.peers[parity];
-            a.slot_bytes = self.slot_bytes as u64;
+            a.bufs = team.sets[parity];
+            a.slot_bytes = team.slot_bytes as u64;
             a.ready = self.signals;
-            a.done = self.signals + SIGNAL_ARRAY;
-            a.npes = self.world as i32;
-            a.me = self.rank as i32;
+            a.done = self.signals + self.signal_array;
+            a.npes = team.members.len() as i32;
+            a.me = team.me as i32;
+            a.pes = team.pes();
+            a.sig_stride = self.world as i32;
+            a.put_mask = team.put_mask;
             let in_w = base.in_base.wrapping_add((lo * esz) as u64);
             let out_w = base.out_base.wrapping_add((lo * esz) as u64);
             a.aligned = i32::from(in_w.is_multiple_of(16) && out_w.is_multiple_of(16));
             let blocks = match base.mode {
-                kernels::LL => {
-                    a.bufs = self.ll_peers[parity];
-                    a.slot_bytes = self.ll_slot_bytes as u64;
-                    kernels::ll_blocks(hi - lo, esz, self.opts.max_blocks)
-                }
+                kernels::LL => kernels::ll_blocks(hi - lo, esz, self.opts.max_blocks),
                 kernels::STREAM => {
-                    a.ready = self.signals + 2 * SIGNAL_ARRAY;
-                    a.done = self.signals + 3 * SIGNAL_ARRAY;
-                    let (pairs, chunk_packs, depth) = self.stream_shape(count * esz);
+                    a.ready = self.signals + 2 * self.signal_array;
+                    a.done = self.signals + 3 * self.signal_array;
+                    let (pairs, chunk_packs, depth) = self.stream_shape(count * esz, team.slot_bytes);
                     a.chunk_packs = chunk_packs as i64;
                     a.depth = depth as i32;
                     2 * pairs
@@ -436,24 +472,68 @@ impl NvshmemCommunicator {
                 _ => kernels::blocks_for(hi - lo, esz, self.opts.max_blocks),
             };
             // SAFETY: the window lies inside the caller's tensors (checked by the callers'
-            // sizes) and inside every PE's staging slots (window <= slot); the context is bound.
+            // sizes) and inside every member's staging slots (window <= slot); the context is
+            // bound.
             unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream)? };
             lo = hi;
             if lo >= count {
                 break;
             }
         }
+        Ok(())
+    }
+
+    /// The hierarchical all-reduce across nodes: reduce-scatter in the node, all-reduce of
+    /// this PE's shard over its rail (NVSHMEM puts between nodes), all-gather in the node.
+    /// Partial sums are rounded to the tensor's dtype between the stages (as NCCL's rings do);
+    /// `Avg` averages in the node, then over the nodes.
+    fn hierarchical_all_reduce(&self, f: Function, v: &CudaView, op: ReduceOp) -> Result<Work> {
+        let esz = v.dtype.size_in_bytes();
+        let (local, nodes) = (self.rank % self.per_node, self.world / self.per_node);
+        let shard = shard_range(v.len, self.per_node, local);
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.stream.bind()?;
+        let caller = self.stream.begin()?;
+        if self.per_node > 1 {
+            let mut rs = Self::base_args(v, op);
+            rs.mode = kernels::ONESHOT;
+            rs.src = kernels::SRC_REDUCE;
+            rs.out = kernels::OUT_SHARD;
+            self.enqueue(&mut state, f, esz, rs, Kind::Node)?;
+        }
+        if nodes > 1 {
+            let part = CudaView { ptr: v.ptr + (shard.start * esz) as u64, len: shard.len(), dtype: v.dtype };
+            let mut ar = Self::base_args(&part, op);
+            ar.mode = kernels::ONESHOT;
+            ar.src = kernels::SRC_REDUCE;
+            ar.out = kernels::OUT_ALL;
+            self.enqueue(&mut state, f, esz, ar, Kind::Rail)?;
+        }
+        if self.per_node > 1 {
+            let mut ag = Self::base_args(v, ReduceOp::Sum);
+            ag.in_base = v.ptr;
+            ag.in_lo = shard.start as i64;
+            ag.in_hi = shard.end as i64;
+            ag.mode = kernels::ONESHOT;
+            ag.src = kernels::SRC_OWNER;
+            ag.out = kernels::OUT_ALL;
+            self.enqueue(&mut state, f, esz, ag, Kind::Node)?;
+        }
         drop(state);
-        self.stream.finish(caller, blocking)
+        self.stream.finish(caller, false)
     }
 
     /// Streaming all-reduce of `bytes`: pusher/reducer pairs, packs per chunk and ring depth,
     /// such that every pair's ring fits a staging slot.
-    fn stream_shape(&self, bytes: usize) -> (u32, usize, usize) {
+    fn stream_shape(&self, bytes: usize, slot_bytes: usize) -> (u32, usize, usize) {
         let depth = self.opts.stream_depth.clamp(1, 64);
-        let pairs =
-            kernels::stream_pairs(bytes, self.opts.stream_chunk_bytes, self.opts.max_blocks, self.stream_resident);
-        let fit = self.slot_bytes / 16 / (pairs as usize * depth);
+        let pairs = kernels::stream_pairs(
+            bytes,
+            self.opts.stream_chunk_bytes,
+            self.opts.max_blocks,
+            self.stream_resident,
+        );
+        let fit = slot_bytes / 16 / (pairs as usize * depth);
         // A pusher holds a chunk in registers: 8 packs per thread (OX_PUSH_REGS).
         let most = (8 * kernels::THREADS as usize).min(fit.max(1));
         (pairs, (self.opts.stream_chunk_bytes / 16).clamp(1, most), depth)
@@ -464,7 +544,8 @@ impl NvshmemCommunicator {
         let bytes = v.bytes();
         // The streaming kernel moves whole 16-byte packs.
         let stream_ok = v.ptr.is_multiple_of(16);
-        let large = if self.world == 2 && stream_ok { kernels::STREAM } else { kernels::TWOSHOT };
+        let stream = self.world == 2 && stream_ok && bytes >= self.opts.stream_min_bytes;
+        let large = if stream { kernels::STREAM } else { kernels::TWOSHOT };
         match self.algorithm() {
             Algorithm::LowLatency => kernels::LL,
             Algorithm::OneShot => kernels::ONESHOT,
@@ -517,9 +598,9 @@ impl NvshmemCommunicator {
         Ok((full, small))
     }
 
-    /// The staging sets' symmetric addresses (for diagnostics).
-    pub fn staging_addresses(&self) -> [u64; 2] {
-        self.staging
+    /// Whether all_reduce runs hierarchically (the PEs span nodes).
+    pub fn is_hierarchical(&self) -> bool {
+        self.per_node < self.world
     }
 }
 
@@ -534,35 +615,12 @@ fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -
     let mut per_sm = i32::MAX;
     for f in [module.f32, module.bf16, module.f16] {
         // SAFETY: a loaded kernel.
-        let n = unsafe { drv::occupancy::max_active_block_per_multiprocessor(f.0, kernels::THREADS as i32, 0) }
-            .map_err(|e| cuda_err("reading the collective kernel's occupancy", format!("{e:?}")))?;
+        let n =
+            unsafe { drv::occupancy::max_active_block_per_multiprocessor(f.0, kernels::THREADS as i32, 0) }
+                .map_err(|e| cuda_err("reading the collective kernel's occupancy", format!("{e:?}")))?;
         per_sm = per_sm.min(n);
     }
     Ok((sms.max(1) * per_sm.max(1)) as u32)
-}
-
-/// Every PE's address of the symmetric `bases[parity]`, as seen from `rank` (`nvshmem_ptr`).
-fn peer_addresses(
-    api: &host::Api,
-    rank: usize,
-    world: usize,
-    bases: [u64; 2],
-) -> Result<[[u64; MAX_PES]; 2]> {
-    let mut peers = [[0u64; MAX_PES]; 2];
-    for (parity, row) in peers.iter_mut().enumerate() {
-        for (p, slot) in row.iter_mut().enumerate().take(world) {
-            // SAFETY: a symmetric address and a PE in range.
-            let a = unsafe { (api.ptr)(bases[parity] as *const c_void, p as i32) } as u64;
-            if a == 0 {
-                return Err(nv_err(format!(
-                    "PE {p}'s memory is not reachable by load/store from PE {rank} (nvshmem_ptr is null): the \
-                     nvshmem backend needs GPUs of one node with peer access (NVLink)"
-                )));
-            }
-            *slot = a;
-        }
-    }
-    Ok(peers)
 }
 
 impl Drop for NvshmemCommunicator {
@@ -573,9 +631,11 @@ impl Drop for NvshmemCommunicator {
         // module was registered in `connect`.
         unsafe {
             (api.barrier_all)();
+            // In the order of allocation, as every PE does.
             (api.free)(self.signals as *mut c_void);
-            (api.free)(self.ll_base as *mut c_void);
-            (api.free)(self.staging[0] as *mut c_void);
+            for t in self.teams.iter().flatten() {
+                t.free(api);
+            }
             let _ = (api.cumodule_finalize)(self.module.module as *mut c_void);
             let _ = drv::module::unload(self.module.module);
             (api.hostlib_finalize)();
@@ -597,11 +657,15 @@ impl Communicator for NvshmemCommunicator {
     fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work> {
         let v = self.view("all_reduce", tensor)?;
         let f = self.function("all_reduce", v.dtype, true)?;
+        if self.is_hierarchical() {
+            return self.hierarchical_all_reduce(f, &v, op);
+        }
         let mut a = Self::base_args(&v, op);
         a.mode = self.all_reduce_mode(&v);
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ALL;
-        self.launch(f, v.dtype.size_in_bytes(), a, false)
+        let kind = if a.mode == kernels::LL { Kind::Ll } else { Kind::All };
+        self.launch(f, v.dtype.size_in_bytes(), a, kind, false)
     }
 
     fn reduce(&self, tensor: &Tensor, dst: usize, op: ReduceOp) -> Result<Work> {
@@ -613,7 +677,7 @@ impl Communicator for NvshmemCommunicator {
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ROOT;
         a.root = dst as i32;
-        self.launch(f, v.dtype.size_in_bytes(), a, false)
+        self.launch(f, v.dtype.size_in_bytes(), a, Kind::All, false)
     }
 
     fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
@@ -629,7 +693,7 @@ impl Communicator for NvshmemCommunicator {
         a.mode = kernels::ONESHOT;
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_SHARD;
-        self.launch(f, esz, a, false)
+        self.launch(f, esz, a, Kind::All, false)
     }
 
     fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
@@ -646,7 +710,7 @@ impl Communicator for NvshmemCommunicator {
         a.mode = kernels::ONESHOT;
         a.src = kernels::SRC_OWNER;
         a.out = kernels::OUT_ALL;
-        self.launch(f, esz, a, false)
+        self.launch(f, esz, a, Kind::All, false)
     }
 
     fn broadcast(&self, tensor: &Tensor, src: usize) -> Result<Work> {
@@ -661,11 +725,23 @@ impl Communicator for NvshmemCommunicator {
         a.src = kernels::SRC_ROOT;
         a.out = kernels::OUT_NOT_ROOT;
         a.root = src as i32;
-        self.launch(f, v.dtype.size_in_bytes(), a, false)
+        self.launch(f, v.dtype.size_in_bytes(), a, Kind::All, false)
     }
 
     fn barrier(&self) -> Result<Work> {
         let a = CollArgs { mode: kernels::ONESHOT, ..CollArgs::default() };
-        self.launch(self.module.f32, 4, a, true)
+        if self.teams[Kind::All as usize].is_some() {
+            return self.launch(self.module.f32, 4, a, Kind::All, true);
+        }
+        // Across nodes with no team of everyone: the node, the rail, the node again (every PE
+        // has then heard, through its node, from every rail).
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.stream.bind()?;
+        let caller = self.stream.begin()?;
+        for kind in [Kind::Node, Kind::Rail, Kind::Node] {
+            self.enqueue(&mut state, self.module.f32, 4, a, kind)?;
+        }
+        drop(state);
+        self.stream.finish(caller, true)
     }
 }

@@ -135,8 +135,6 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
     const long long r0 = ox_shard_start(npacks, nb, b), r1 = ox_shard_start(npacks, nb, b + 1);
     const long long nchunks = (r1 - r0 + a.chunk_packs - 1) / a.chunk_packs;
     const uint64_t base = (uint64_t)a.epoch << OX_STREAM_TAG_BITS;
-    uint64_t* ready = (uint64_t*)a.ready + (size_t)b * OX_MAX_PES;
-    uint64_t* done = (uint64_t*)a.done + (size_t)b * OX_MAX_PES;
 
     if (pusher) {
         // A software pipeline: chunk s + 1 is loaded into registers while chunk s's stores
@@ -148,7 +146,7 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
             if (threadIdx.x == 0) {
                 const uint64_t credit = base + (s >= a.depth ? s - a.depth + 1 : 0);
                 for (int p = 0; p < a.npes; ++p)
-                    if (p != a.me) nvshmem_signal_wait_until(done + p, NVSHMEM_CMP_GE, credit);
+                    if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, a.done, b, p), NVSHMEM_CMP_GE, credit);
             }
             __syncthreads();
             const long long q0 = r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, r1);
@@ -160,28 +158,28 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
             if (threadIdx.x == 0) {
                 __threadfence_system();
                 for (int p = 0; p < a.npes; ++p)
-                    if (p != a.me) nvshmemx_signal_op(ready + a.me, base + s + 1, NVSHMEM_SIGNAL_SET, p);
-                *(volatile uint64_t*)(ready + a.me) = base + s + 1;
+                    if (p != a.me) nvshmemx_signal_op(ox_sig(a, a.ready, b, a.me), base + s + 1, NVSHMEM_SIGNAL_SET, a.pes[p]);
+                *(volatile uint64_t*)ox_sig(a, a.ready, b, a.me) = base + s + 1;
             }
         }
         // Drain: every peer has reduced every chunk we pushed (and, with nothing to push, has
         // at least started this launch).
         if (threadIdx.x == 0)
             for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) nvshmem_signal_wait_until(done + p, NVSHMEM_CMP_GE, base + nchunks);
+                if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, a.done, b, p), NVSHMEM_CMP_GE, base + nchunks);
         return;
     }
 
     // Reducer: grant the peers our rings, then consume chunk after chunk.
     if (threadIdx.x == 0)
         for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) nvshmemx_signal_op(done + a.me, base, NVSHMEM_SIGNAL_SET, p);
+            if (p != a.me) nvshmemx_signal_op(ox_sig(a, a.done, b, a.me), base, NVSHMEM_SIGNAL_SET, a.pes[p]);
     for (long long s = 0; s < nchunks; ++s) {
         const int j = (int)(s % a.depth);
         if (threadIdx.x == 0) {
             for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) nvshmem_signal_wait_until(ready + p, NVSHMEM_CMP_GE, base + s + 1);
-            ox_spin_ge(ready + a.me, base + s + 1);
+                if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, a.ready, b, p), NVSHMEM_CMP_GE, base + s + 1);
+            ox_spin_ge(ox_sig(a, a.ready, b, a.me), base + s + 1);
             __threadfence_system();
         }
         __syncthreads();
@@ -190,6 +188,6 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
         __syncthreads();
         if (threadIdx.x == 0)
             for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) nvshmemx_signal_op(done + a.me, base + s + 1, NVSHMEM_SIGNAL_SET, p);
+                if (p != a.me) nvshmemx_signal_op(ox_sig(a, a.done, b, a.me), base + s + 1, NVSHMEM_SIGNAL_SET, a.pes[p]);
     }
 }

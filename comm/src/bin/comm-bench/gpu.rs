@@ -180,8 +180,13 @@ pub fn child(cfg: &Config) -> i32 {
             );
             let o = comm.options();
             println!(
-                "# nvshmem: at most {} blocks, one-shot up to {} B under auto",
-                o.max_blocks, o.oneshot_max_bytes
+                "# nvshmem: at most {} blocks; auto: low-latency up to {} B, one-shot up to {} B, then two-shot, \
+                 streaming from {} B on 2 GPUs{}",
+                o.max_blocks,
+                o.ll_max_bytes,
+                o.oneshot_max_bytes,
+                o.stream_min_bytes,
+                if comm.is_hierarchical() { "; PEs span nodes: hierarchical all_reduce" } else { "" }
             );
         }
         for (i, (algo, label)) in algorithms(cfg).into_iter().enumerate() {

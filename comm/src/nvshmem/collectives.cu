@@ -73,7 +73,7 @@ struct CollArgs {
     long long chunk_packs;       // OX_STREAM: 16-byte packs per ring chunk
     int npes, me, mode, src, op, root, aligned, out;
     int depth;                   // OX_STREAM: chunks per ring
-    int pad_;
+    int reducers;                // OX_STREAM: reducer blocks (the rest of the grid pushes)
     int pes[OX_MAX_PES];         // global PE of every member
     int sig_stride;              // columns of a signal row: the world size (one per global PE)
     int put_mask;                // bit p: member p is reached by NVSHMEM puts (another node), not

@@ -47,7 +47,7 @@ pub(crate) struct CollArgs {
     pub aligned: i32,
     pub out: i32,
     pub depth: i32,
-    pub pad_: i32,
+    pub reducers: i32,
     /// Global PE of every team member.
     pub pes: [i32; MAX_PES],
     /// Columns of a signal row (the world size).
@@ -103,13 +103,22 @@ pub(crate) fn ll_blocks(elems: usize, esz: usize, max_blocks: u32) -> u32 {
     (lines.div_ceil(THREADS as usize) as u32).clamp(1, max_blocks.clamp(1, MAX_BLOCKS))
 }
 
-/// Pusher/reducer pairs for the streaming all-reduce: half of `max_blocks` each, no more than
-/// `resident` / 2 (every block must be resident at once, see stream.cu) or than chunks, at
-/// least one.
-pub(crate) fn stream_pairs(bytes: usize, chunk_bytes: usize, max_blocks: u32, resident: u32) -> u32 {
-    let chunks = bytes.div_ceil(chunk_bytes.max(16)).max(1);
-    let cap = (max_blocks.clamp(2, MAX_BLOCKS) / 2).min((resident / 2).max(1));
-    (cap as usize).min(chunks) as u32
+/// Pusher and reducer blocks for the streaming all-reduce: `max_blocks` in all (no more than
+/// `resident`: every block must be resident at once, see stream.cu), `per_reducer` pushers per
+/// reducer, no more pushers than chunks, at least one of each.
+pub(crate) fn stream_blocks(
+    bytes: usize,
+    chunk_bytes: usize,
+    max_blocks: u32,
+    resident: u32,
+    per_reducer: u32,
+) -> (u32, u32) {
+    let chunks = bytes.div_ceil(chunk_bytes.max(16)).max(1) as u32;
+    let total = max_blocks.clamp(2, MAX_BLOCKS).min(resident.max(2));
+    let per = per_reducer.max(1);
+    // pushers + ceil(pushers / per) <= total
+    let pushers = (total * per / (per + 1)).clamp(1, chunks);
+    (pushers, pushers.div_ceil(per))
 }
 
 /// A loaded kernel function (a plain driver handle).
@@ -150,12 +159,14 @@ mod tests {
         assert_eq!(ll_blocks(1024, 4, 32), 1); // 512 lines
         assert_eq!(ll_blocks(1025, 4, 32), 2);
         assert_eq!(ll_blocks(1 << 20, 4, 32), 32);
-        // Pairs: half the blocks, never more than the chunks, at least one.
-        assert_eq!(stream_pairs(256 << 20, 128 << 10, 128, 132), 64);
-        assert_eq!(stream_pairs(256 << 20, 128 << 10, 32, 132), 16);
+        // One pusher per reducer: half the blocks each; three: three quarters push.
+        assert_eq!(stream_blocks(256 << 20, 64 << 10, 128, 132, 1), (64, 64));
+        assert_eq!(stream_blocks(256 << 20, 64 << 10, 128, 132, 3), (96, 32));
         // Never more blocks than stay resident together (a GPU of 72 SMs, one block each).
-        assert_eq!(stream_pairs(256 << 20, 128 << 10, 128, 72), 36);
-        assert_eq!(stream_pairs(300 << 10, 128 << 10, 128, 132), 3);
-        assert_eq!(stream_pairs(16, 128 << 10, 1, 132), 1);
+        let (p, r) = stream_blocks(256 << 20, 64 << 10, 128, 72, 3);
+        assert!(p + r <= 72 && p == 54, "{p} {r}");
+        // No more pushers than chunks.
+        assert_eq!(stream_blocks(300 << 10, 128 << 10, 128, 132, 3), (3, 1));
+        assert_eq!(stream_blocks(16, 128 << 10, 1, 132, 1), (1, 1));
     }
 }

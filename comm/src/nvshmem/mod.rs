@@ -102,6 +102,8 @@ pub struct NvshmemOptions {
     /// registers), and chunks per ring. Defaults 64 KiB and 2, the best of a sweep on 2xH200.
     pub stream_chunk_bytes: usize,
     pub stream_depth: usize,
+    /// Streaming all-reduce: pusher blocks per reducer block.
+    pub stream_pushers_per_reducer: usize,
     /// GPUs per node (PEs numbered node by node); fewer than the world makes all_reduce
     /// hierarchical (see `team.rs`). 0: `LOCAL_WORLD_SIZE` when set, else every PE on one node.
     pub ranks_per_node: usize,
@@ -127,6 +129,9 @@ impl Default for NvshmemOptions {
             chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
             stream_chunk_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES").unwrap_or(64 << 10),
             stream_depth: env_num("OXTRAIN_NVSHMEM_STREAM_DEPTH").unwrap_or(2).max(1),
+            stream_pushers_per_reducer: env_num("OXTRAIN_NVSHMEM_STREAM_PUSHERS_PER_REDUCER")
+                .unwrap_or(1)
+                .max(1),
             ranks_per_node: env_num("OXTRAIN_NVSHMEM_RANKS_PER_NODE").unwrap_or(0),
             // Measured on 2xH200 (f32, 128 blocks): streaming 327-335 GB/s at 256 MiB against
             // two-shot's 322-324; two-shot ahead at 64 MiB (320 against 298-313).
@@ -464,10 +469,12 @@ impl NvshmemCommunicator {
                 kernels::STREAM => {
                     a.ready = self.signals + 2 * self.signal_array;
                     a.done = self.signals + 3 * self.signal_array;
-                    let (pairs, chunk_packs, depth) = self.stream_shape(count * esz, team.slot_bytes);
+                    let (pushers, reducers, chunk_packs, depth) =
+                        self.stream_shape(count * esz, team.slot_bytes);
                     a.chunk_packs = chunk_packs as i64;
                     a.depth = depth as i32;
-                    2 * pairs
+                    a.reducers = reducers as i32;
+                    pushers + reducers
                 }
                 _ => kernels::blocks_for(hi - lo, esz, self.opts.max_blocks),
             };
@@ -523,20 +530,21 @@ impl NvshmemCommunicator {
         self.stream.finish(caller, false)
     }
 
-    /// Streaming all-reduce of `bytes`: pusher/reducer pairs, packs per chunk and ring depth,
-    /// such that every pair's ring fits a staging slot.
-    fn stream_shape(&self, bytes: usize, slot_bytes: usize) -> (u32, usize, usize) {
+    /// Streaming all-reduce of `bytes`: pusher and reducer blocks, packs per chunk and ring
+    /// depth, such that every pusher's ring fits a staging slot.
+    fn stream_shape(&self, bytes: usize, slot_bytes: usize) -> (u32, u32, usize, usize) {
         let depth = self.opts.stream_depth.clamp(1, 64);
-        let pairs = kernels::stream_pairs(
+        let (pushers, reducers) = kernels::stream_blocks(
             bytes,
             self.opts.stream_chunk_bytes,
             self.opts.max_blocks,
             self.stream_resident,
+            self.opts.stream_pushers_per_reducer as u32,
         );
-        let fit = slot_bytes / 16 / (pairs as usize * depth);
+        let fit = slot_bytes / 16 / (pushers as usize * depth);
         // A pusher holds a chunk in registers: 8 packs per thread (OX_PUSH_REGS).
         let most = (8 * kernels::THREADS as usize).min(fit.max(1));
-        (pairs, (self.opts.stream_chunk_bytes / 16).clamp(1, most), depth)
+        (pushers, reducers, (self.opts.stream_chunk_bytes / 16).clamp(1, most), depth)
     }
 
     /// The algorithm an all-reduce of `v` runs.

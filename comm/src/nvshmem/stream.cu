@@ -1,10 +1,9 @@
 // OX_STREAM: all_reduce for large messages, where the link must never idle (appended to
 // collectives.cu by device_code.rs).
 //
-// One launch handles the whole tensor. Blocks come in pairs: block b < nb pushes range b of
-// this PE's input to every peer, chunk after chunk, and block nb + b reduces the same range as
-// the peers' chunks land, so pushing (NVLink) and reducing (local memory) overlap instead of
-// taking turns. Each (source PE, range) has a ring of `depth` chunks in slot `src` of this
+// One launch handles the whole tensor. Pusher block b pushes range b of this PE's input to
+// every peer, chunk after chunk, and a reducer block reduces the same range as the peers' chunks
+// land, so pushing (NVLink) and reducing (local memory) overlap instead of taking turns. Each (source PE, range) has a ring of `depth` chunks in slot `src` of this
 // epoch's staging set on every PE:
 //   ring(X, src, b, j) = bufs[X] + src * slot_bytes + (b * depth + j) * chunk_packs * 16.
 // (The parity argument of collectives.cu covers the staging sets: this launch's pushers write
@@ -18,8 +17,8 @@
 //   ready[b][me] on PE me: local progress of this PE's own pusher (the reducer must not write
 //   an in-place output before the pusher has read that input).
 // Pushers end only when every peer has consumed all their chunks. Both halves of the grid must be resident at once (a pusher can
-// wait on a reducer of the other PE, which waits on ours): the host keeps 2 * nb <= 128 blocks,
-// fewer than the SMs.
+// wait on a reducer of the other PE, which waits on ours): the host keeps the grid within what
+// the driver says stays resident.
 // Needs 16-byte aligned input and output (the host checks); a last partial pack moves element
 // by element.
 
@@ -124,19 +123,33 @@ __device__ __forceinline__ void ox_stream_reduce(const CollArgs& a, int b, long 
     }
 }
 
+// Range g of the packs: shard_range(npacks, pushers, g), and its chunk count.
+struct OxRange {
+    long long r0, r1, nchunks;
+};
+__device__ __forceinline__ OxRange ox_range(const CollArgs& a, long long npacks, int pushers, int g) {
+    OxRange r;
+    r.r0 = ox_shard_start(npacks, pushers, g);
+    r.r1 = ox_shard_start(npacks, pushers, g + 1);
+    r.nchunks = (r.r1 - r.r0 + a.chunk_packs - 1) / a.chunk_packs;
+    return r;
+}
+
 template <typename E>
 __device__ void ox_stream_all_reduce(const CollArgs& a) {
     typedef typename E::raw R;
     const long long EPP = 16 / sizeof(R);
-    const int nb = gridDim.x / 2;
-    const bool pusher = (int)blockIdx.x < nb;
-    const int b = pusher ? blockIdx.x : blockIdx.x - nb;
+    // Blocks [0, pushers) push range b each; blocks [pushers, grid) reduce ranges r, r + reducers,
+    // ... in turn (a reducer's work is local and lighter, so fewer of them leave more SMs to push).
+    const int reducers = a.reducers;
+    const int pushers = gridDim.x - reducers;
     const long long npacks = (a.count + EPP - 1) / EPP;
-    const long long r0 = ox_shard_start(npacks, nb, b), r1 = ox_shard_start(npacks, nb, b + 1);
-    const long long nchunks = (r1 - r0 + a.chunk_packs - 1) / a.chunk_packs;
     const uint64_t base = (uint64_t)a.epoch << OX_STREAM_TAG_BITS;
 
-    if (pusher) {
+    if ((int)blockIdx.x < pushers) {
+        const int b = blockIdx.x;
+        const OxRange rg = ox_range(a, npacks, pushers, b);
+        const long long r0 = rg.r0, r1 = rg.r1, nchunks = rg.nchunks;
         // A software pipeline: chunk s + 1 is loaded into registers while chunk s's stores
         // drain and are fenced, so the input's load latency and the fence overlap.
         uint4 v[OX_PUSH_REGS];
@@ -170,24 +183,34 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
         return;
     }
 
-    // Reducer: grant the peers our rings, then consume chunk after chunk.
-    if (threadIdx.x == 0)
-        for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) nvshmemx_signal_op(ox_sig(a, a.done, b, a.me), base, NVSHMEM_SIGNAL_SET, a.pes[p]);
-    for (long long s = 0; s < nchunks; ++s) {
-        const int j = (int)(s % a.depth);
-        if (threadIdx.x == 0) {
-            for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, a.ready, b, p), NVSHMEM_CMP_GE, base + s + 1);
-            ox_spin_ge(ox_sig(a, a.ready, b, a.me), base + s + 1);
-            __threadfence_system();
-        }
-        __syncthreads();
-        const long long q0 = r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, r1);
-        ox_stream_reduce<E>(a, b, q0, q1, j);
-        __syncthreads();
+    // Reducer: grant the peers the rings of our ranges, then consume their chunks round-robin
+    // (chunk s of every range before chunk s + 1 of any, so every pusher keeps moving).
+    const int r = blockIdx.x - pushers;
+    long long most = 0;
+    for (int g = r; g < pushers; g += reducers) {
+        most = max(most, ox_range(a, npacks, pushers, g).nchunks);
         if (threadIdx.x == 0)
             for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) nvshmemx_signal_op(ox_sig(a, a.done, b, a.me), base + s + 1, NVSHMEM_SIGNAL_SET, a.pes[p]);
+                if (p != a.me) nvshmemx_signal_op(ox_sig(a, a.done, g, a.me), base, NVSHMEM_SIGNAL_SET, a.pes[p]);
+    }
+    for (long long s = 0; s < most; ++s) {
+        const int j = (int)(s % a.depth);
+        for (int g = r; g < pushers; g += reducers) {
+            const OxRange rg = ox_range(a, npacks, pushers, g);
+            if (s >= rg.nchunks) continue;
+            if (threadIdx.x == 0) {
+                for (int p = 0; p < a.npes; ++p)
+                    if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, a.ready, g, p), NVSHMEM_CMP_GE, base + s + 1);
+                ox_spin_ge(ox_sig(a, a.ready, g, a.me), base + s + 1);
+                __threadfence_system();
+            }
+            __syncthreads();
+            const long long q0 = rg.r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, rg.r1);
+            ox_stream_reduce<E>(a, g, q0, q1, j);
+            __syncthreads();
+            if (threadIdx.x == 0)
+                for (int p = 0; p < a.npes; ++p)
+                    if (p != a.me) nvshmemx_signal_op(ox_sig(a, a.done, g, a.me), base + s + 1, NVSHMEM_SIGNAL_SET, a.pes[p]);
+        }
     }
 }

@@ -19,7 +19,10 @@ const USAGE: &str = "comm-bench [--backend local|shm|mpi|nccl|nvshmem|all] [--ra
 [--ops all_reduce,reduce_scatter,all_gather,broadcast,reduce] [--dtypes f32,bf16,f16] [--iters N] [--warmup N] [--json PATH]
 [--sizes B1,B2,..] (instead of the doubling sweep)
 GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,stream] [--blocks N] [--oneshot-max B] [--chunk B]
-  [--compare nccl] [--compare-dtype f32|bf16]
+  [--compare nccl] [--compare-dtype f32|bf16] [--host-ahead-max B]
+  --host-ahead-max B: rows up to B bytes also get the GPU's own time per call, measured with the host
+  ahead of the GPU (a matmul queued first, so enqueuing costs nothing on the timeline: the regime of a
+  training step, where the CPU runs ahead)
 sizes take K, M, G suffixes (powers of 1024); defaults: all CPU backends, 2 ranks, 8 B to 1G, 20 iterations (GPU: 100,
 fewer above 64M), 5 warm-up; every element of every result is checked";
 
@@ -34,6 +37,7 @@ struct Config {
     iters: usize,
     /// Whether --iters was given (GPU runs default to more iterations).
     iters_set: bool,
+    host_ahead_max: usize,
     warmup: usize,
     json: Option<String>,
     /// nvshmem: auto, oneshot, twoshot, or all (one sweep each).
@@ -74,6 +78,7 @@ fn parse_args() -> Config {
         dtypes: vec![DType::F32, DType::BF16, DType::F16],
         iters: 20,
         iters_set: false,
+        host_ahead_max: 0,
         warmup: 5,
         json: None,
         algo: "auto".into(),
@@ -121,6 +126,7 @@ fn parse_args() -> Config {
             "--blocks" => c.blocks = Some(val().parse().unwrap_or_else(|_| fail("--blocks takes a number"))),
             "--oneshot-max" => c.oneshot_max = Some(parse_bytes(&val())),
             "--chunk" => c.chunk = Some(parse_bytes(&val())),
+            "--host-ahead-max" => c.host_ahead_max = parse_bytes(&val()),
             "--compare" => c.compare = Some(val()),
             "--sizes" => c.sizes = Some(val().split(',').map(parse_bytes).collect()),
             "--compare-dtype" => {
@@ -158,6 +164,8 @@ struct Row {
     wrong: usize,
     /// GPU: host time per call spent enqueuing (when it exceeds `time_us`, the host bounds it).
     host_us: Option<f64>,
+    /// GPU, with --host-ahead-max: time per call on the GPU with the host ahead of it.
+    ahead_us: Option<f64>,
 }
 
 /// nccl-tests' bus-bandwidth factor: what each rank must move per byte of the op's size.
@@ -235,6 +243,7 @@ fn measure(
     }
     comm.barrier().and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
     let mut host_us = None;
+    let mut ahead_us = None;
     let secs = match gpu {
         None => {
             let start = Instant::now();
@@ -252,6 +261,14 @@ fn measure(
                 call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()))
             });
             host_us = Some(host * 1e6);
+            if bytes <= cfg.host_ahead_max {
+                comm.barrier().and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
+                ahead_us = Some(
+                    gpu::time_host_ahead(s, device, iters, || {
+                        call(&input, &output).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()))
+                    }) * 1e6,
+                );
+            }
             secs
         }
     };
@@ -284,6 +301,7 @@ fn measure(
         busbw: algbw * bus_factor(op, n),
         wrong,
         host_us,
+        ahead_us,
     }
 }
 
@@ -320,11 +338,15 @@ fn print_header(backend: &str, ranks: usize) {
         "# {:>14} {:>5} {:>12} {:>11} {:>12} {:>9} {:>9} {:>6}",
         "op", "dtype", "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong"
     );
-    println!("#   (GPU rows end with the host's enqueue time per call, us)");
+    println!(
+        "#   (GPU rows end with the host's enqueue time per call, us, and with --host-ahead-max the GPU's time per \
+         call with the host ahead, us)"
+    );
 }
 
 fn print_row(r: &Row) {
-    let host = r.host_us.map(|h| format!(" {h:>9.2}")).unwrap_or_default();
+    let host = r.host_us.map(|h| format!(" {h:>9.2}")).unwrap_or_default()
+        + &r.ahead_us.map(|h| format!(" {h:>9.2}")).unwrap_or_default();
     println!(
         "  {:>14} {:>5} {:>12} {:>11} {:>12.2} {:>9.3} {:>9.3} {:>6}{host}",
         r.op,
@@ -400,6 +422,7 @@ fn write_json_with(
             "busbw_GBps": r.busbw,
             "wrong": r.wrong,
             "host_enqueue_us": r.host_us,
+            "gpu_us_host_ahead": r.ahead_us,
         })
     }));
     let doc = serde_json::json!({

@@ -62,10 +62,11 @@ OXTRAIN_NVSHMEM_RANKS_PER_NODE=1 run check-nvshmem-hier 150 --backend nvshmem --
   --iters 3 --warmup 1 --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem-hier.json"
 
 # 2. The comparison: all_reduce, 8 B .. 1 GiB, NCCL beside NVSHMEM: f32 (nccl-tests' default)
-#    with every algorithm and 128 blocks (the fastest), then the auto choice with the default 32
+#    with every algorithm and 128 blocks (the fastest), up to 1 MiB also timed with the host
+#    ahead of the GPU (the GPU's own time per call); then the auto choice with the default 32
 #    blocks (most SMs left to compute) in f32 and bf16.
 run compare-128 300 --backend nvshmem --compare nccl --algo all --blocks 128 --ranks 2 --ops all_reduce \
-  --dtypes f32 --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200.json"
+  --dtypes f32 --min-bytes 8 --max-bytes 1G --host-ahead-max 1M --json "$OUT/comm-2xh200.json"
 run compare-32 300 --backend nvshmem --compare nccl --algo auto --ranks 2 --ops all_reduce --dtypes f32,bf16 \
   --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200-32blocks.json"
 

@@ -129,6 +129,8 @@ impl Default for NvshmemOptions {
             chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
             stream_chunk_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES").unwrap_or(64 << 10),
             stream_depth: env_num("OXTRAIN_NVSHMEM_STREAM_DEPTH").unwrap_or(2).max(1),
+            // One: with two or three pushers per reducer the reducers fell behind (232 and 192
+            // GB/s at 256 MiB on 2xH200 against 321).
             stream_pushers_per_reducer: env_num("OXTRAIN_NVSHMEM_STREAM_PUSHERS_PER_REDUCER")
                 .unwrap_or(1)
                 .max(1),
@@ -552,7 +554,12 @@ impl NvshmemCommunicator {
         let bytes = v.bytes();
         // The streaming kernel moves whole 16-byte packs.
         let stream_ok = v.ptr.is_multiple_of(16);
-        let stream = self.world == 2 && stream_ok && bytes >= self.opts.stream_min_bytes;
+        // Streaming needs many blocks: with 32 it moved 110 GB/s at 256 MiB on 2xH200, where
+        // two-shot moves about 220; with 128 it leads two-shot by 2-3%.
+        let stream = self.world == 2
+            && stream_ok
+            && bytes >= self.opts.stream_min_bytes
+            && self.opts.max_blocks >= 128;
         let large = if stream { kernels::STREAM } else { kernels::TWOSHOT };
         match self.algorithm() {
             Algorithm::LowLatency => kernels::LL,

@@ -1,8 +1,20 @@
 // The kernels' entry points (appended last to collectives.cu, ll.cu and stream.cu by
 // device_code.rs): one per dtype, dispatching on the mode.
 
+// Programmatic dependent launch (Hopper): launched with that attribute, a collective may be
+// scheduled while the previous one on the stream finishes; it waits here until that one is
+// complete and its memory visible, and at once lets the next one be scheduled in turn. This
+// hides the gap between back-to-back collectives. Without the attribute both are no-ops.
+__device__ __forceinline__ void ox_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 template <typename E>
 __device__ void ox_entry(const CollArgs& a) {
+    ox_dependent_launch();
     if (a.mode == OX_LL) ox_ll_all_reduce<E>(a);
     else if (a.mode == OX_STREAM) ox_stream_all_reduce<E>(a);
     else ox_collective<E>(a);

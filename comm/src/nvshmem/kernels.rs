@@ -128,15 +128,43 @@ pub(crate) struct Function(pub sys::CUfunction);
 unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
-/// Launches `f` with `args` on `stream`.
+/// Launches `f` with `args` on `stream`; `dependent`: with programmatic dependent launch
+/// (sm_90+, see `entry.cu`), so it may be scheduled while the previous collective finishes.
 ///
 /// # Safety
 /// Every address in `args` must be valid for the accesses the kernel makes (see
 /// `collectives.cu`), and the context of the stream's device must be current.
-pub(crate) unsafe fn launch(f: Function, blocks: u32, args: &CollArgs, stream: sys::CUstream) -> Result<()> {
+pub(crate) unsafe fn launch(
+    f: Function,
+    blocks: u32,
+    args: &CollArgs,
+    stream: sys::CUstream,
+    dependent: bool,
+) -> Result<()> {
     let mut a = *args;
     let mut params = [&mut a as *mut CollArgs as *mut c_void];
-    drv::launch_kernel(f.0, (blocks, 1, 1), (THREADS, 1, 1), 0, stream, &mut params)
+    if !dependent {
+        return drv::launch_kernel(f.0, (blocks, 1, 1), (THREADS, 1, 1), 0, stream, &mut params)
+            .map_err(|e| cuda_err("launching the nvshmem collective kernel", format!("{e:?}")));
+    }
+    // SAFETY: a plain-old-data union, zeroed then given the one field the attribute reads.
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: THREADS,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    sys::cuLaunchKernelEx(&config, f.0, params.as_mut_ptr(), std::ptr::null_mut())
+        .result()
         .map_err(|e| cuda_err("launching the nvshmem collective kernel", format!("{e:?}")))
 }
 

@@ -185,6 +185,8 @@ pub struct NvshmemCommunicator {
     signal_array: u64,
     /// Collective-kernel blocks that fit on the GPU at once (SMs x occupancy).
     stream_resident: u32,
+    /// Launch with programmatic dependent launch (sm_90 and newer, `OXTRAIN_NVSHMEM_PDL` not 0).
+    dependent_launch: bool,
     state: Mutex<State>,
 }
 
@@ -362,6 +364,8 @@ impl NvshmemCommunicator {
             signals,
             signal_array,
             stream_resident,
+            dependent_launch: device.arch() >= 90
+                && std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v != "0"),
             state: Mutex::new(State { epoch: 0, launches: [0; 4], algorithm }),
         })
     }
@@ -483,7 +487,7 @@ impl NvshmemCommunicator {
             // SAFETY: the window lies inside the caller's tensors (checked by the callers'
             // sizes) and inside every member's staging slots (window <= slot); the context is
             // bound.
-            unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream)? };
+            unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream, self.dependent_launch)? };
             lo = hi;
             if lo >= count {
                 break;
@@ -596,7 +600,7 @@ impl NvshmemCommunicator {
         let t = std::time::Instant::now();
         for _ in 0..iters {
             // SAFETY: the empty kernel reads nothing.
-            unsafe { kernels::launch(self.module.nop, 1, &a, raw)? };
+            unsafe { kernels::launch(self.module.nop, 1, &a, raw, false)? };
         }
         let full = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
         self.stream.stream.synchronize().map_err(|e| cuda_err("the launch probe", e))?;

@@ -484,10 +484,13 @@ impl NvshmemCommunicator {
                 }
                 _ => kernels::blocks_for(hi - lo, esz, self.opts.max_blocks),
             };
+            // Dependent launch hides the gap between short collectives; a streaming one runs for
+            // hundreds of microseconds, and its successor's blocks would sit on SMs meanwhile.
+            let dependent = self.dependent_launch && base.mode != kernels::STREAM;
             // SAFETY: the window lies inside the caller's tensors (checked by the callers'
             // sizes) and inside every member's staging slots (window <= slot); the context is
             // bound.
-            unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream, self.dependent_launch)? };
+            unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream, dependent)? };
             lo = hi;
             if lo >= count {
                 break;

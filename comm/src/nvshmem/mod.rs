@@ -1,5 +1,5 @@
-//! The `nvshmem` backend: collectives of our own for GPUs joined by NVLink, on NVSHMEM's
-//! symmetric heap, one process per GPU.
+//! The `nvshmem` backend: collectives of our own on NVSHMEM's symmetric heap, one process per
+//! GPU; NVLink loads and stores inside a node, NVSHMEM puts between nodes.
 //!
 //! - Start-up: rank 0 makes NVSHMEM's unique id and publishes it in the bootstrap
 //!   [`TcpStore`]; every rank initialises the host library with it
@@ -7,140 +7,60 @@
 //!   `libnvshmem_device.a`, see [`device_code`]), loads them and registers the module with
 //!   NVSHMEM (`nvshmemx_cumodule_init`), then allocates its staging buffers and signals on the
 //!   symmetric heap and looks up the peers' addresses (`nvshmem_ptr`).
-//! - Collectives (see `collectives.cu`): one-shot (push every input to every peer, reduce
-//!   locally: the fewest steps, for small messages) and two-shot (reduce-scatter then
-//!   all-gather by pushes: the least traffic per GPU when there are more than two). The switch
-//!   is `oneshot_max_bytes`; `algorithm` forces either. Kernels use `max_blocks` blocks at most
-//!   (default 32) so that compute keeps most SMs. Messages larger than a staging slot run in
-//!   windows of `chunk_bytes`.
+//! - Collectives (one kernel per dtype serving every op; `collectives.cu`, `ll.cu`,
+//!   `stream.cu`): all-reduce is low-latency (flags in the data, `ll.cu`) up to
+//!   `ll_max_bytes`, one-shot (push every input to every peer, reduce locally) up to
+//!   `oneshot_max_bytes`, then two-shot (reduce-scatter then all-gather by pushes), or on two
+//!   GPUs from `stream_min_bytes` streaming (pushers and reducers pipelined through rings); see
+//!   `options.rs`. Kernels use `max_blocks` blocks at most (default 32) so that compute keeps
+//!   most SMs. Messages larger than a staging slot run in windows. On sm_90 launches are
+//!   programmatic dependent launches, hiding the gap between back-to-back collectives.
+//! - Across nodes (`ranks_per_node` < world, see `team.rs`): all_reduce is hierarchical
+//!   (NVLink stores inside the node, NVSHMEM put-with-signal between nodes); the other ops are
+//!   one-shot with puts to the other nodes' PEs.
 //! - Streams as the nccl backend: calls run on the communicator's stream after the caller's
 //!   current stream; `Work::wait` orders the caller back (see `crate::gpu`).
 //! - dtypes: reductions in f32, bf16, f16 (accumulating in f32, as the CPU backends);
 //!   broadcast and all_gather move f32, bf16, f16, u32.
 //!
 //! Environment: `OXTRAIN_NVSHMEM_LIB` (the host library file), `OXTRAIN_NVSHMEM_HOME`
-//! (folder with include/ and lib/), `OXTRAIN_NVSHMEM_BLOCKS`, `OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES`,
-//! `OXTRAIN_NVSHMEM_ALGO` (auto, oneshot, twoshot), `OXTRAIN_NVSHMEM_CHUNK_BYTES`; NVSHMEM's
-//! own (`NVSHMEM_SYMMETRIC_SIZE`, `NVSHMEM_REMOTE_TRANSPORT=none` without InfiniBand,
+//! (folder with include/ and lib/), `OXTRAIN_NVSHMEM_BLOCKS`, `OXTRAIN_NVSHMEM_ALGO` (auto,
+//! ll, oneshot, twoshot, stream), `OXTRAIN_NVSHMEM_LL_MAX_BYTES`,
+//! `OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES`, `OXTRAIN_NVSHMEM_STREAM_MIN_BYTES`,
+//! `OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES`, `OXTRAIN_NVSHMEM_STREAM_DEPTH`,
+//! `OXTRAIN_NVSHMEM_STREAM_PUSHERS_PER_REDUCER`, `OXTRAIN_NVSHMEM_CHUNK_BYTES`,
+//! `OXTRAIN_NVSHMEM_RANKS_PER_NODE`, `OXTRAIN_NVSHMEM_PDL`; NVSHMEM's own
+//! (`NVSHMEM_SYMMETRIC_SIZE`, `NVSHMEM_REMOTE_TRANSPORT=none` without InfiniBand,
 //! `NVSHMEM_DISABLE_NVLS=1`).
 //!
 //! [`NvshmemCommunicator::symmetric_heap`] gives a [`crate::SymmetricMemory`] on NVSHMEM's
-//! heap (host-initiated, stream-ordered puts, gets, signals and atomics; see `heap.rs`).
+//! heap (host-initiated, stream-ordered puts, gets and signals; atomics through a one-thread
+//! device kernel; see `heap.rs`).
 
 pub mod device_code;
 mod heap;
 mod host;
 mod kernels;
 pub mod nvjitlink;
+mod ops;
+mod options;
 mod team;
 
 use crate::bootstrap::TcpStore;
-use crate::communicator::Communicator;
 use crate::error::{CommError, Result};
-use crate::gpu::{check_root, check_shards, cuda_err, cuda_view, CommStream, CudaView};
+use crate::gpu::{cuda_err, cuda_view, CommStream, CudaView};
 use crate::op::{shard_range, ReduceOp};
 use crate::work::Work;
 use cudarc::driver::{result as drv, sys as cu};
 pub use heap::NvshmemHeap;
 use kernels::{CollArgs, Function, MAX_BLOCKS, MAX_PES};
+pub use options::{Algorithm, NvshmemOptions};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Tensor};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use team::{Kind, Team};
-
-/// Which all-reduce algorithm runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    /// Low-latency up to `ll_max_bytes`, one-shot up to `oneshot_max_bytes`, then streaming
-    /// on two GPUs (16-byte aligned tensors) and two-shot otherwise.
-    Auto,
-    /// Data and flags in every 8-byte word, one NVLink crossing, no signals (`ll.cu`).
-    LowLatency,
-    OneShot,
-    TwoShot,
-    /// Pushes and reductions pipelined through rings in one launch (`stream.cu`). Every GPU
-    /// receives the whole tensor from every peer: the least time on two GPUs, more traffic
-    /// than two-shot on more.
-    Stream,
-}
-
-impl Algorithm {
-    /// `auto`, `ll`, `oneshot`, `twoshot` or `stream`.
-    pub fn parse(s: &str) -> Option<Algorithm> {
-        Some(match s {
-            "auto" => Algorithm::Auto,
-            "ll" => Algorithm::LowLatency,
-            "oneshot" => Algorithm::OneShot,
-            "twoshot" => Algorithm::TwoShot,
-            "stream" => Algorithm::Stream,
-            _ => return None,
-        })
-    }
-}
-
-/// Tuning of the nvshmem backend; `Default` reads the `OXTRAIN_NVSHMEM_*` variables.
-#[derive(Debug, Clone)]
-pub struct NvshmemOptions {
-    /// Most blocks a collective kernel uses (1..=128); fewer SMs taken from compute.
-    pub max_blocks: u32,
-    /// All-reduces of at most this many bytes run low-latency under `Algorithm::Auto`; it
-    /// also sizes the low-latency slots (2 x world x 2 x this on the heap).
-    pub ll_max_bytes: usize,
-    /// All-reduces of at most this many bytes (and more than `ll_max_bytes`) run one-shot
-    /// under `Algorithm::Auto`.
-    pub oneshot_max_bytes: usize,
-    pub algorithm: Algorithm,
-    /// Bytes of one staging slot: larger messages run in windows of this size. The heap
-    /// holds 2 x world x this (0: 64 MiB, at most 256 MiB / world).
-    pub chunk_bytes: usize,
-    /// All-reduces of at least this many bytes stream under `Algorithm::Auto` (two GPUs);
-    /// between `oneshot_max_bytes` and this they run two-shot.
-    pub stream_min_bytes: usize,
-    /// Streaming all-reduce: bytes per ring chunk (at most 64 KiB: a pusher block holds one in
-    /// registers), and chunks per ring. Defaults 64 KiB and 2, the best of a sweep on 2xH200.
-    pub stream_chunk_bytes: usize,
-    pub stream_depth: usize,
-    /// Streaming all-reduce: pusher blocks per reducer block.
-    pub stream_pushers_per_reducer: usize,
-    /// GPUs per node (PEs numbered node by node); fewer than the world makes all_reduce
-    /// hierarchical (see `team.rs`). 0: `LOCAL_WORLD_SIZE` when set, else every PE on one node.
-    pub ranks_per_node: usize,
-}
-
-fn env_num(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
-impl Default for NvshmemOptions {
-    fn default() -> Self {
-        let algorithm = std::env::var("OXTRAIN_NVSHMEM_ALGO")
-            .ok()
-            .and_then(|v| Algorithm::parse(v.trim()))
-            .unwrap_or(Algorithm::Auto);
-        NvshmemOptions {
-            max_blocks: env_num("OXTRAIN_NVSHMEM_BLOCKS").unwrap_or(32) as u32,
-            // Measured on 2xH200 (bench/results/comm-2xh200.json, f32): one-shot is faster up to
-            // 8 MiB (40.3 vs 42.4 us), two-shot from 16 MiB (65.5 vs 69.7 us).
-            oneshot_max_bytes: env_num("OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES").unwrap_or(8 << 20),
-            ll_max_bytes: env_num("OXTRAIN_NVSHMEM_LL_MAX_BYTES").unwrap_or(256 << 10),
-            algorithm,
-            chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
-            stream_chunk_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES").unwrap_or(64 << 10),
-            stream_depth: env_num("OXTRAIN_NVSHMEM_STREAM_DEPTH").unwrap_or(2).max(1),
-            // One: with two or three pushers per reducer the reducers fell behind (232 and 192
-            // GB/s at 256 MiB on 2xH200 against 321).
-            stream_pushers_per_reducer: env_num("OXTRAIN_NVSHMEM_STREAM_PUSHERS_PER_REDUCER")
-                .unwrap_or(1)
-                .max(1),
-            ranks_per_node: env_num("OXTRAIN_NVSHMEM_RANKS_PER_NODE").unwrap_or(0),
-            // Measured on 2xH200 (f32, 128 blocks): streaming 327-335 GB/s at 256 MiB against
-            // two-shot's 322-324; two-shot ahead at 64 MiB (320 against 298-313).
-            stream_min_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_MIN_BYTES").unwrap_or(256 << 20),
-        }
-    }
-}
 
 /// Driver handles of the loaded module.
 struct Module {
@@ -198,8 +118,9 @@ fn nv_err(what: impl Into<String>) -> CommError {
 }
 
 impl NvshmemCommunicator {
-    /// Initialises NVSHMEM for PE `rank` of `world` on GPU `ordinal` (one process per GPU,
-    /// all on one node joined by NVLink), through `store`. Call once per process.
+    /// Initialises NVSHMEM for PE `rank` of `world` on GPU `ordinal` (one process per GPU; the
+    /// GPUs of a node joined by NVLink; `opts.ranks_per_node` per node), through `store`. Call
+    /// once per process.
     pub fn connect(
         rank: usize,
         world: usize,
@@ -558,26 +479,13 @@ impl NvshmemCommunicator {
 
     /// The algorithm an all-reduce of `v` runs.
     fn all_reduce_mode(&self, v: &CudaView) -> i32 {
-        let bytes = v.bytes();
-        // The streaming kernel moves whole 16-byte packs.
-        let stream_ok = v.ptr.is_multiple_of(16);
-        // Streaming needs many blocks: with 32 it moved 110 GB/s at 256 MiB on 2xH200, where
-        // two-shot moves about 220; with 128 it leads two-shot by 2-3%.
-        let stream = self.world == 2
-            && stream_ok
-            && bytes >= self.opts.stream_min_bytes
-            && self.opts.max_blocks >= 128;
-        let large = if stream { kernels::STREAM } else { kernels::TWOSHOT };
-        match self.algorithm() {
-            Algorithm::LowLatency => kernels::LL,
-            Algorithm::OneShot => kernels::ONESHOT,
-            Algorithm::TwoShot => kernels::TWOSHOT,
-            Algorithm::Stream if stream_ok => kernels::STREAM,
-            Algorithm::Stream => kernels::TWOSHOT,
-            Algorithm::Auto if bytes <= self.opts.ll_max_bytes => kernels::LL,
-            Algorithm::Auto if bytes <= self.opts.oneshot_max_bytes => kernels::ONESHOT,
-            Algorithm::Auto => large,
-        }
+        options::all_reduce_mode(
+            &self.opts,
+            self.algorithm(),
+            self.world,
+            v.bytes(),
+            v.ptr.is_multiple_of(16),
+        )
     }
 
     fn base_args(v: &CudaView, op: ReduceOp) -> CollArgs {
@@ -662,108 +570,5 @@ impl Drop for NvshmemCommunicator {
             let _ = drv::module::unload(self.module.module);
             (api.hostlib_finalize)();
         }
-    }
-}
-
-impl Communicator for NvshmemCommunicator {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn backend(&self) -> &str {
-        "nvshmem"
-    }
-
-    fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work> {
-        let v = self.view("all_reduce", tensor)?;
-        let f = self.function("all_reduce", v.dtype, true)?;
-        if self.is_hierarchical() {
-            return self.hierarchical_all_reduce(f, &v, op);
-        }
-        let mut a = Self::base_args(&v, op);
-        a.mode = self.all_reduce_mode(&v);
-        a.src = kernels::SRC_REDUCE;
-        a.out = kernels::OUT_ALL;
-        let kind = if a.mode == kernels::LL { Kind::Ll } else { Kind::All };
-        self.launch(f, v.dtype.size_in_bytes(), a, kind, false)
-    }
-
-    fn reduce(&self, tensor: &Tensor, dst: usize, op: ReduceOp) -> Result<Work> {
-        check_root("reduce", dst, self.world);
-        let v = self.view("reduce", tensor)?;
-        let f = self.function("reduce", v.dtype, true)?;
-        let mut a = Self::base_args(&v, op);
-        a.mode = kernels::ONESHOT;
-        a.src = kernels::SRC_REDUCE;
-        a.out = kernels::OUT_ROOT;
-        a.root = dst as i32;
-        self.launch(f, v.dtype.size_in_bytes(), a, Kind::All, false)
-    }
-
-    fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
-        check_shards("reduce_scatter", input, output, self.world, self.rank);
-        let i = self.view("reduce_scatter", input)?;
-        let o = self.view("reduce_scatter", output)?;
-        let f = self.function("reduce_scatter", i.dtype, true)?;
-        let esz = i.dtype.size_in_bytes();
-        let shard = shard_range(i.len, self.world, self.rank);
-        let mut a = Self::base_args(&i, op);
-        // Output element i (a global index of the input) at out.ptr + (i - shard.start) * esz.
-        a.out_base = o.ptr.wrapping_sub((shard.start * esz) as u64);
-        a.mode = kernels::ONESHOT;
-        a.src = kernels::SRC_REDUCE;
-        a.out = kernels::OUT_SHARD;
-        self.launch(f, esz, a, Kind::All, false)
-    }
-
-    fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
-        check_shards("all_gather", output, input, self.world, self.rank);
-        let i = self.view("all_gather", input)?;
-        let o = self.view("all_gather", output)?;
-        let f = self.function("all_gather", i.dtype, false)?;
-        let esz = i.dtype.size_in_bytes();
-        let shard = shard_range(o.len, self.world, self.rank);
-        let mut a = Self::base_args(&o, ReduceOp::Sum);
-        a.in_base = i.ptr.wrapping_sub((shard.start * esz) as u64);
-        a.in_lo = shard.start as i64;
-        a.in_hi = shard.end as i64;
-        a.mode = kernels::ONESHOT;
-        a.src = kernels::SRC_OWNER;
-        a.out = kernels::OUT_ALL;
-        self.launch(f, esz, a, Kind::All, false)
-    }
-
-    fn broadcast(&self, tensor: &Tensor, src: usize) -> Result<Work> {
-        check_root("broadcast", src, self.world);
-        let v = self.view("broadcast", tensor)?;
-        let f = self.function("broadcast", v.dtype, false)?;
-        let mut a = Self::base_args(&v, ReduceOp::Sum);
-        if self.rank != src {
-            a.in_hi = 0;
-        }
-        a.mode = kernels::ONESHOT;
-        a.src = kernels::SRC_ROOT;
-        a.out = kernels::OUT_NOT_ROOT;
-        a.root = src as i32;
-        self.launch(f, v.dtype.size_in_bytes(), a, Kind::All, false)
-    }
-
-    fn barrier(&self) -> Result<Work> {
-        let a = CollArgs { mode: kernels::ONESHOT, ..CollArgs::default() };
-        if self.teams[Kind::All as usize].is_some() {
-            return self.launch(self.module.f32, 4, a, Kind::All, true);
-        }
-        // Across nodes with no team of everyone: the node, the rail, the node again (every PE
-        // has then heard, through its node, from every rail).
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.stream.bind()?;
-        let caller = self.stream.begin()?;
-        for kind in [Kind::Node, Kind::Rail, Kind::Node] {
-            self.enqueue(&mut state, self.module.f32, 4, a, kind)?;
-        }
-        drop(state);
-        self.stream.finish(caller, true)
     }
 }

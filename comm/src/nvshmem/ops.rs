@@ -1,0 +1,115 @@
+//! [`Communicator`] on the nvshmem backend: every op as a launch of the collective kernel in
+//! the right mode (see `collectives.cu`), on the team it needs.
+
+use super::kernels::{self, CollArgs};
+use super::team::Kind;
+use super::NvshmemCommunicator;
+use crate::communicator::Communicator;
+use crate::error::Result;
+use crate::gpu::{check_root, check_shards};
+use crate::op::{shard_range, ReduceOp};
+use crate::work::Work;
+use oxtrain_tensor::Tensor;
+
+impl Communicator for NvshmemCommunicator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn backend(&self) -> &str {
+        "nvshmem"
+    }
+
+    fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work> {
+        let v = self.view("all_reduce", tensor)?;
+        let f = self.function("all_reduce", v.dtype, true)?;
+        if self.is_hierarchical() {
+            return self.hierarchical_all_reduce(f, &v, op);
+        }
+        let mut a = Self::base_args(&v, op);
+        a.mode = self.all_reduce_mode(&v);
+        a.src = kernels::SRC_REDUCE;
+        a.out = kernels::OUT_ALL;
+        let kind = if a.mode == kernels::LL { Kind::Ll } else { Kind::All };
+        self.launch(f, v.dtype.size_in_bytes(), a, kind, false)
+    }
+
+    fn reduce(&self, tensor: &Tensor, dst: usize, op: ReduceOp) -> Result<Work> {
+        check_root("reduce", dst, self.world);
+        let v = self.view("reduce", tensor)?;
+        let f = self.function("reduce", v.dtype, true)?;
+        let mut a = Self::base_args(&v, op);
+        a.mode = kernels::ONESHOT;
+        a.src = kernels::SRC_REDUCE;
+        a.out = kernels::OUT_ROOT;
+        a.root = dst as i32;
+        self.launch(f, v.dtype.size_in_bytes(), a, Kind::All, false)
+    }
+
+    fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
+        check_shards("reduce_scatter", input, output, self.world, self.rank);
+        let i = self.view("reduce_scatter", input)?;
+        let o = self.view("reduce_scatter", output)?;
+        let f = self.function("reduce_scatter", i.dtype, true)?;
+        let esz = i.dtype.size_in_bytes();
+        let shard = shard_range(i.len, self.world, self.rank);
+        let mut a = Self::base_args(&i, op);
+        // Output element i (a global index of the input) at out.ptr + (i - shard.start) * esz.
+        a.out_base = o.ptr.wrapping_sub((shard.start * esz) as u64);
+        a.mode = kernels::ONESHOT;
+        a.src = kernels::SRC_REDUCE;
+        a.out = kernels::OUT_SHARD;
+        self.launch(f, esz, a, Kind::All, false)
+    }
+
+    fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        check_shards("all_gather", output, input, self.world, self.rank);
+        let i = self.view("all_gather", input)?;
+        let o = self.view("all_gather", output)?;
+        let f = self.function("all_gather", i.dtype, false)?;
+        let esz = i.dtype.size_in_bytes();
+        let shard = shard_range(o.len, self.world, self.rank);
+        let mut a = Self::base_args(&o, ReduceOp::Sum);
+        a.in_base = i.ptr.wrapping_sub((shard.start * esz) as u64);
+        a.in_lo = shard.start as i64;
+        a.in_hi = shard.end as i64;
+        a.mode = kernels::ONESHOT;
+        a.src = kernels::SRC_OWNER;
+        a.out = kernels::OUT_ALL;
+        self.launch(f, esz, a, Kind::All, false)
+    }
+
+    fn broadcast(&self, tensor: &Tensor, src: usize) -> Result<Work> {
+        check_root("broadcast", src, self.world);
+        let v = self.view("broadcast", tensor)?;
+        let f = self.function("broadcast", v.dtype, false)?;
+        let mut a = Self::base_args(&v, ReduceOp::Sum);
+        if self.rank != src {
+            a.in_hi = 0;
+        }
+        a.mode = kernels::ONESHOT;
+        a.src = kernels::SRC_ROOT;
+        a.out = kernels::OUT_NOT_ROOT;
+        a.root = src as i32;
+        self.launch(f, v.dtype.size_in_bytes(), a, Kind::All, false)
+    }
+
+    fn barrier(&self) -> Result<Work> {
+        let a = CollArgs { mode: kernels::ONESHOT, ..CollArgs::default() };
+        if self.teams[Kind::All as usize].is_some() {
+            return self.launch(self.module.f32, 4, a, Kind::All, true);
+        }
+        // Across nodes with no team of everyone: the node, the rail, the node again (every PE
+        // has then heard, through its node, from every rail).
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.stream.bind()?;
+        let caller = self.stream.begin()?;
+        for kind in [Kind::Node, Kind::Rail, Kind::Node] {
+            self.enqueue(&mut state, self.module.f32, 4, a, kind)?;
+        }
+        drop(state);
+        self.stream.finish(caller, true)
+    }
+}

@@ -304,8 +304,13 @@ pub fn local_group(world: usize, opts: &ShmOptions) -> Result<Vec<ShmWorld>> {
 mod tests {
     use super::*;
 
+    /// `sweep_stale_segments` removes every dead creator's segment, including the one the other
+    /// test makes on purpose: the two take turns.
+    static SEGMENT_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn a_segment_left_by_a_dead_process_is_replaced() {
+        let _turn = SEGMENT_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let name = format!("oxtrain-comm-test-{}", fresh_run_id());
         let layout = SegmentLayout { world: 2, chunk_bytes: 4096, heap_bytes: 4096 };
         // A child process creates a segment and exits without removing it, as a crash would.
@@ -329,6 +334,7 @@ mod tests {
 
     #[test]
     fn sweep_removes_only_dead_creators() {
+        let _turn = SEGMENT_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let name = format!("oxtrain-comm-test-{}", fresh_run_id());
         let layout = SegmentLayout { world: 1, chunk_bytes: 4096, heap_bytes: 4096 };
         let seg = create(&name, layout, 1).unwrap();

@@ -61,6 +61,12 @@ OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES=4096 OXTRAIN_NVSHMEM_LL_MAX_BYTES=65536 run c
 OXTRAIN_NVSHMEM_RANKS_PER_NODE=1 run check-nvshmem-hier 150 --backend nvshmem --ranks 2 --sizes $odd,8,4096,1M \
   --iters 3 --warmup 1 --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem-hier.json"
 
+# 1b. A rank that never calls: rank 1 skips an all_reduce, rank 0's kernel must give up after
+#     OXTRAIN_COMM_TIMEOUT (2 s here) and the call fail naming rank 1; then every call fails.
+for algo in ll twoshot stream; do
+  OXTRAIN_COMM_TIMEOUT=2 run timeout-$algo 60 --backend nvshmem --ranks 2 --timeout-check 1 --algo $algo
+done
+
 # 2. The comparison: all_reduce, 8 B .. 1 GiB, NCCL beside NVSHMEM: f32 (nccl-tests' default)
 #    with every algorithm and 128 blocks (the fastest), up to 1 MiB also timed with the host
 #    ahead of the GPU (the GPU's own time per call); then the auto choice with the default 32

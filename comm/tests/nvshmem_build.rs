@@ -27,10 +27,15 @@ fn nvshmem_kernels_compile_and_link_with_the_device_library() {
         Err(e) => panic!("{e}"),
     };
     println!("{log}");
-    // Every kernel fits its 512 threads per block (at most 128 registers each) with no spills.
+    // Every kernel fits its 512 threads per block (at most 128 registers each) with no spills;
+    // only the out-of-line timeout paths (`*_slow`, run when a peer never comes) may spill.
+    let mut function = "";
     for line in log.lines() {
-        if line.contains("spill stores") {
-            assert!(line.contains(" 0 bytes spill stores"), "a kernel spills registers:\n{log}");
+        if let Some(f) = line.split("Function properties for ").nth(1) {
+            function = f.trim();
+        }
+        if line.contains("spill stores") && !function.contains("_slow") {
+            assert!(line.contains(" 0 bytes spill stores"), "{function} spills registers:\n{log}");
         }
         if let Some(n) =
             line.split("used ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<u32>().ok())

@@ -52,7 +52,7 @@ namespace std { using namespace cuda::std; }
 #define OX_MAX 2
 #define OX_MIN 3
 
-// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (240 bytes, checked on both sides).
+// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (256 bytes, checked on both sides).
 // A launch runs over a team of PEs (all of them, or one node's, or one per node for the
 // hierarchical all-reduce): `npes`, `me`, `bufs`, slots and shards are indexed by member, and
 // `pes` names each member's global PE for NVSHMEM calls and signal columns.
@@ -78,8 +78,72 @@ struct CollArgs {
     int sig_stride;              // columns of a signal row: the world size (one per global PE)
     int put_mask;                // bit p: member p is reached by NVSHMEM puts (another node), not
                                  // by stores through nvshmem_ptr (one-shot mode only)
+    unsigned long long fault;    // an OxFault in host memory mapped here (fault.rs)
+    unsigned long long timeout_ns; // how long any wait may take before the kernel gives up
 };
-static_assert(sizeof(CollArgs) == 240, "CollArgs must match the Rust side");
+static_assert(sizeof(CollArgs) == 256, "CollArgs must match the Rust side");
+
+// What a kernel that gave up leaves for the host (`FaultRecord` in fault.rs).
+struct OxFault {
+    unsigned int code; // 0: none; 1: a wait timed out
+    unsigned int peer; // the global PE waited for
+    unsigned long long epoch;
+    unsigned int block, mode;
+};
+
+__device__ __forceinline__ unsigned long long ox_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// What a slow-path wait needs from the arguments, by value: the out-of-line functions below
+// take no reference to the kernel's CollArgs, which would make it copied to local memory.
+struct OxWaitCtx {
+    unsigned long long fault, timeout_ns, epoch;
+    int peer, mode;
+};
+__device__ __forceinline__ OxWaitCtx ox_wait_ctx(const CollArgs& a, int m) {
+    OxWaitCtx c;
+    c.fault = a.fault;
+    c.timeout_ns = a.timeout_ns;
+    c.epoch = a.epoch;
+    c.peer = a.pes[m];
+    c.mode = a.mode;
+    return c;
+}
+
+// Records that a wait timed out (several threads may: they write alike).
+__device__ __noinline__ void ox_record_fault(OxWaitCtx c) {
+    volatile OxFault* f = (volatile OxFault*)c.fault;
+    f->peer = c.peer;
+    f->epoch = c.epoch;
+    f->block = blockIdx.x;
+    f->mode = c.mode;
+    __threadfence_system();
+    f->code = 1;
+    __threadfence_system();
+}
+
+// Waits until *sig >= v, a signal from member m (or this PE's own progress); false once the
+// wait has taken longer than the timeout, which is recorded for the host. Every wait of the
+// kernels goes through here (or ox_ll_take), so a peer that never arrives makes the call fail
+// instead of hanging the GPU.
+__device__ __noinline__ bool ox_wait_ge_slow(OxWaitCtx c, volatile const uint64_t* s, uint64_t v) {
+    const unsigned long long t0 = ox_now();
+    for (unsigned n = 1; *s < v; ++n) {
+        if ((n & 1023) == 0 && ox_now() - t0 > c.timeout_ns) {
+            ox_record_fault(c);
+            return false;
+        }
+    }
+    return true;
+}
+// The check inline, the spin out of line (it would cost the hot loops registers).
+__device__ __forceinline__ bool ox_wait_ge(const CollArgs& a, const uint64_t* sig, uint64_t v, int m) {
+    volatile const uint64_t* s = (volatile const uint64_t*)sig;
+    return *s >= v || ox_wait_ge_slow(ox_wait_ctx(a, m), s, v);
+}
 
 // Block `block`'s signal from member `m` in the signal array at `base` (on any PE: the arrays
 // are symmetric).
@@ -142,25 +206,38 @@ __device__ __forceinline__ int ox_owner(long long count, int n, long long i) {
     return (int)(extra + (i - split) / base);
 }
 
+// Thread 0 of a block says whether its wait succeeded; every thread learns it (false: the
+// kernel gives up, see ox_wait_ge).
+__device__ __forceinline__ bool ox_block_ok(bool ok0) {
+    __shared__ int ok;
+    if (threadIdx.x == 0) ok = ok0;
+    __syncthreads();
+    const bool r = ok;
+    __syncthreads();
+    return r;
+}
+
 // Raises this block's `sig` signal on every peer and waits for every peer's. The barrier
 // orders every thread's writes (local and remote) before thread 0's fence, which is cumulative,
 // so they are visible before the signal. Members reached by puts got their signal with the
-// data (put-with-signal) when `puts_signalled`.
-__device__ void ox_exchange(const CollArgs& a, unsigned long long sig_base, bool puts_signalled = false) {
+// data (put-with-signal) when `puts_signalled`. False when a peer never came (the kernel then
+// returns).
+__device__ bool ox_exchange(const CollArgs& a, unsigned long long sig_base, bool puts_signalled = false) {
     __syncthreads();
+    bool ok = true;
     if (threadIdx.x == 0) {
         __threadfence_system();
         for (int p = 0; p < a.npes; ++p)
             if (p != a.me && !(puts_signalled && ox_by_put(a, p)))
                 nvshmemx_signal_op(ox_sig(a, sig_base, blockIdx.x, a.me), (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, a.pes[p]);
-        for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, sig_base, blockIdx.x, p), NVSHMEM_CMP_GE, (uint64_t)a.epoch);
+        for (int p = 0; p < a.npes && ok; ++p)
+            if (p != a.me) ok = ox_wait_ge(a, ox_sig(a, sig_base, blockIdx.x, p), (uint64_t)a.epoch, p);
         // Our own puts read the input in the background: they must be done before an in-place
         // output overwrites it.
         if (puts_signalled && a.put_mask) nvshmem_quiet();
         __threadfence_system();
     }
-    __syncthreads();
+    return ox_block_ok(ok);
 }
 
 // The PEs' output ranges, in global indices.
@@ -372,7 +449,7 @@ __device__ void ox_collective(const CollArgs& a) {
         for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x)
             for (int p = 0; p < a.npes; ++p)
                 if (p != a.me && !ox_by_put(a, p)) ox_push<E>(a, p, k);
-        ox_exchange(a, a.ready, true);
+        if (!ox_exchange(a, a.ready, true)) return;
         for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x) ox_output<E>(a, k);
         return;
     }
@@ -388,10 +465,10 @@ __device__ void ox_collective(const CollArgs& a) {
             const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
             ox_copy_packs((uint4*)ox_remote_slot<R>(a, p), in, q0, q1);
         }
-        ox_exchange(a, a.ready);
+        if (!ox_exchange(a, a.ready)) return;
         const long long s0 = p0 + ox_shard_start(len, a.npes, a.me), s1 = p0 + ox_shard_start(len, a.npes, a.me + 1);
         ox_reduce_packs<E>(a, s0, s1);
-        ox_exchange(a, a.done);
+        if (!ox_exchange(a, a.done)) return;
         for (int p = 0; p < a.npes; ++p) {
             if (p == a.me) continue;
             const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
@@ -405,7 +482,7 @@ __device__ void ox_collective(const CollArgs& a) {
         const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
         for (long long k = q0 + threadIdx.x; k < q1; k += blockDim.x) ox_push<E>(a, p, k);
     }
-    ox_exchange(a, a.ready);
+    if (!ox_exchange(a, a.ready)) return;
     // Reduce this PE's sub-shard; push the result into the same slot `me` of every peer
     // (its sub-shard part of that slot is unused in this epoch).
     const long long s0 = p0 + ox_shard_start(len, a.npes, a.me), s1 = p0 + ox_shard_start(len, a.npes, a.me + 1);
@@ -428,7 +505,7 @@ __device__ void ox_collective(const CollArgs& a) {
             }
         }
     }
-    ox_exchange(a, a.done);
+    if (!ox_exchange(a, a.done)) return;
     // The peers' reduced sub-shards are in our slots.
     for (int p = 0; p < a.npes; ++p) {
         if (p == a.me) continue;

@@ -54,9 +54,13 @@ pub(crate) struct CollArgs {
     pub sig_stride: i32,
     /// Bit p: member p is on another node, reached by NVSHMEM puts.
     pub put_mask: i32,
+    /// The fault record (see fault.rs), as the device sees it.
+    pub fault: u64,
+    /// How long any wait in the kernel may take.
+    pub timeout_ns: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 240);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 256);
 
 /// `struct AtomicArgs` of `atomics.cu`.
 #[repr(C)]

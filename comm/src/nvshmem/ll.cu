@@ -48,16 +48,38 @@ __device__ __forceinline__ void ox_ll_put(unsigned long long line, uint2 v, unsi
                  : "memory");
 }
 
-// Spins until line carries `flag` in both halves; returns its data.
-__device__ __forceinline__ uint2 ox_ll_take(unsigned long long line, unsigned flag) {
+__device__ __forceinline__ void ox_ll_read(unsigned long long line, unsigned* d0, unsigned* f0, unsigned* d1, unsigned* f1) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(*d0), "=r"(*f0), "=r"(*d1), "=r"(*f1)
+                 : "l"(line)
+                 : "memory");
+}
+
+__device__ __noinline__ bool ox_ll_take_slow(OxWaitCtx c, unsigned long long line, unsigned flag, uint2* v) {
     unsigned d0, f0, d1, f1;
-    do {
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                     : "l"(line)
-                     : "memory");
-    } while (f0 != flag || f1 != flag);
-    return make_uint2(d0, d1);
+    const unsigned long long t0 = ox_now();
+    for (unsigned n = 1;; ++n) {
+        ox_ll_read(line, &d0, &f0, &d1, &f1);
+        if (f0 == flag && f1 == flag) break;
+        if ((n & 1023) == 0 && ox_now() - t0 > c.timeout_ns) {
+            ox_record_fault(c);
+            return false;
+        }
+    }
+    *v = make_uint2(d0, d1);
+    return true;
+}
+
+// Waits until line carries `flag` in both halves and gives its data; false once that has
+// taken longer than the timeout (recorded for the host; see ox_wait_ge): member m never came.
+__device__ __forceinline__ bool ox_ll_take(const CollArgs& a, unsigned long long line, unsigned flag, int m, uint2* v) {
+    unsigned d0, f0, d1, f1;
+    ox_ll_read(line, &d0, &f0, &d1, &f1);
+    if (f0 == flag && f1 == flag) {
+        *v = make_uint2(d0, d1);
+        return true;
+    }
+    return ox_ll_take_slow(ox_wait_ctx(a, m), line, flag, v);
 }
 
 template <typename E>
@@ -78,8 +100,9 @@ __device__ void ox_ll_all_reduce(const CollArgs& a) {
     for (long long k = first; k < lines; k += stride) {
         float acc[8 / sizeof(R)];
         for (int p = 0; p < a.npes; ++p) {
-            uint2 v = p == a.me ? ox_ll_load<R>(a, a.in_base, k)
-                                : ox_ll_take(a.bufs[a.me] + (unsigned long long)p * a.slot_bytes + k * 16, flag);
+            uint2 v;
+            if (p == a.me) v = ox_ll_load<R>(a, a.in_base, k);
+            else if (!ox_ll_take(a, a.bufs[a.me] + (unsigned long long)p * a.slot_bytes + k * 16, flag, p, &v)) return;
             const R* r = (const R*)&v;
 #pragma unroll
             for (int j = 0; j < EPL; ++j) acc[j] = p == 0 ? E::to_f(r[j]) : ox_combine(a.op, acc[j], E::to_f(r[j]));

@@ -38,6 +38,7 @@
 //! device kernel; see `heap.rs`).
 
 pub mod device_code;
+mod fault;
 mod heap;
 mod host;
 mod kernels;
@@ -107,6 +108,8 @@ pub struct NvshmemCommunicator {
     stream_resident: u32,
     /// Launch with programmatic dependent launch (sm_90 and newer, `OXTRAIN_NVSHMEM_PDL` not 0).
     dependent_launch: bool,
+    /// Where a kernel that gave up waiting says so (device-side timeouts).
+    fault: std::sync::Arc<fault::Fault>,
     state: Mutex<State>,
 }
 
@@ -273,6 +276,7 @@ impl NvshmemCommunicator {
             (signals, teams)
         };
         let stream_resident = resident_blocks(&device, &module)?;
+        let fault = fault::Fault::new(rank, crate::CommOptions::default().timeout)?;
         let algorithm = opts.algorithm;
         Ok(NvshmemCommunicator {
             rank,
@@ -285,6 +289,7 @@ impl NvshmemCommunicator {
             signals,
             signal_array,
             stream_resident,
+            fault,
             dependent_launch: device.arch() >= 90
                 && std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v != "0"),
             state: Mutex::new(State { epoch: 0, launches: [0; 4], algorithm }),
@@ -344,7 +349,7 @@ impl NvshmemCommunicator {
         let caller = self.stream.begin()?;
         self.enqueue(&mut state, f, esz, base, kind)?;
         drop(state);
-        self.stream.finish(caller, blocking)
+        Ok(self.fault.checked("nvshmem collective", self.stream.finish(caller, blocking)?))
     }
 
     fn team(&self, kind: Kind) -> Result<&Team> {
@@ -360,6 +365,7 @@ impl NvshmemCommunicator {
     /// Queues the launches of one collective (the caller holds the state and has ordered the
     /// stream).
     fn enqueue(&self, state: &mut State, f: Function, esz: usize, base: CollArgs, kind: Kind) -> Result<()> {
+        self.fault.check("nvshmem collective")?;
         let team = self.team(kind)?;
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
@@ -388,6 +394,8 @@ impl NvshmemCommunicator {
             a.pes = team.pes();
             a.sig_stride = self.world as i32;
             a.put_mask = team.put_mask;
+            a.fault = self.fault.device_ptr();
+            a.timeout_ns = self.fault.timeout_ns();
             let in_w = base.in_base.wrapping_add((lo * esz) as u64);
             let out_w = base.out_base.wrapping_add((lo * esz) as u64);
             a.aligned = i32::from(in_w.is_multiple_of(16) && out_w.is_multiple_of(16));
@@ -457,7 +465,7 @@ impl NvshmemCommunicator {
             self.enqueue(&mut state, f, esz, ag, Kind::Node)?;
         }
         drop(state);
-        self.stream.finish(caller, false)
+        Ok(self.fault.checked("nvshmem all_reduce", self.stream.finish(caller, false)?))
     }
 
     /// Streaming all-reduce of `bytes`: pusher and reducer blocks, packs per chunk and ring

@@ -110,6 +110,6 @@ impl Communicator for NvshmemCommunicator {
             self.enqueue(&mut state, self.module.f32, 4, a, kind)?;
         }
         drop(state);
-        self.stream.finish(caller, true)
+        Ok(self.fault.checked("nvshmem barrier", self.stream.finish(caller, true)?))
     }
 }

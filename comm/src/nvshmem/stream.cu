@@ -51,11 +51,6 @@ __device__ __forceinline__ unsigned long long ox_ring(const CollArgs& a, unsigne
     return buf + (unsigned long long)src * a.slot_bytes + ((unsigned long long)b * a.depth + j) * a.chunk_packs * 16;
 }
 
-__device__ __forceinline__ void ox_spin_ge(volatile uint64_t* sig, uint64_t v) {
-    while (*sig < v) {
-    }
-}
-
 // Packs per thread of one pusher chunk, held in registers: the host keeps chunk_packs at most
 // OX_PUSH_REGS * blockDim.x.
 #define OX_PUSH_REGS 8
@@ -156,12 +151,13 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
         if (nchunks > 0) ox_stream_fetch<R>(a, r0, min(r0 + a.chunk_packs, r1), v);
         for (long long s = 0; s < nchunks; ++s) {
             const int j = (int)(s % a.depth);
+            bool ok = true;
             if (threadIdx.x == 0) {
                 const uint64_t credit = base + (s >= a.depth ? s - a.depth + 1 : 0);
-                for (int p = 0; p < a.npes; ++p)
-                    if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, a.done, b, p), NVSHMEM_CMP_GE, credit);
+                for (int p = 0; p < a.npes && ok; ++p)
+                    if (p != a.me) ok = ox_wait_ge(a, ox_sig(a, a.done, b, p), credit, p);
             }
-            __syncthreads();
+            if (!ox_block_ok(ok)) return;
             const long long q0 = r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, r1);
             ox_stream_send<R>(a, b, q0, q1, j, v);
             // One fence after the barrier covers the whole block's stores (the barrier orders
@@ -179,7 +175,7 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
         // at least started this launch).
         if (threadIdx.x == 0)
             for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, a.done, b, p), NVSHMEM_CMP_GE, base + nchunks);
+                if (p != a.me && !ox_wait_ge(a, ox_sig(a, a.done, b, p), base + nchunks, p)) break;
         return;
     }
 
@@ -198,13 +194,15 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
         for (int g = r; g < pushers; g += reducers) {
             const OxRange rg = ox_range(a, npacks, pushers, g);
             if (s >= rg.nchunks) continue;
+            bool ok = true;
             if (threadIdx.x == 0) {
-                for (int p = 0; p < a.npes; ++p)
-                    if (p != a.me) nvshmem_signal_wait_until(ox_sig(a, a.ready, g, p), NVSHMEM_CMP_GE, base + s + 1);
-                ox_spin_ge(ox_sig(a, a.ready, g, a.me), base + s + 1);
+                for (int p = 0; p < a.npes && ok; ++p)
+                    if (p != a.me) ok = ox_wait_ge(a, ox_sig(a, a.ready, g, p), base + s + 1, p);
+                // Our own pusher (it gives up too when its peers never come).
+                ok = ok && ox_wait_ge(a, ox_sig(a, a.ready, g, a.me), base + s + 1, a.me);
                 __threadfence_system();
             }
-            __syncthreads();
+            if (!ox_block_ok(ok)) return;
             const long long q0 = rg.r0 + s * a.chunk_packs, q1 = min(q0 + a.chunk_packs, rg.r1);
             ox_stream_reduce<E>(a, g, q0, q1, j);
             __syncthreads();

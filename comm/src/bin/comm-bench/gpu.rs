@@ -207,6 +207,9 @@ pub fn child(cfg: &Config) -> i32 {
     if cfg.backends.iter().any(|b| b == "nvshmem") {
         let comm = NvshmemCommunicator::connect(rank, world, ordinal, &store, nvshmem_options(cfg))
             .unwrap_or_else(|e| fail(&e.to_string()));
+        if cfg.timeout_check {
+            return timeout_check(&comm, cfg, device);
+        }
         if rank == 0 {
             let (full, small) = comm.launch_probe(2000).unwrap_or_else(|e| fail(&e.to_string()));
             println!(
@@ -260,6 +263,42 @@ pub fn child(cfg: &Config) -> i32 {
         }
     }
     i32::from(wrong > 0)
+}
+
+/// A rank that never calls: rank 1 skips an all_reduce, rank 0 must see a timeout naming it
+/// (the kernel gives up on the GPU) within the timeout plus a second, and every later call
+/// must fail at once. Returns the exit code.
+fn timeout_check(comm: &NvshmemCommunicator, cfg: &Config, device: Device) -> i32 {
+    let timeout = oxtrain_comm::CommOptions::default().timeout;
+    let (algo, label) = algorithms(cfg).into_iter().next().unwrap_or((Algorithm::Auto, "nvshmem".into()));
+    comm.set_algorithm(algo);
+    let _current = comm.comm_stream().make_current();
+    if comm.rank() != 0 {
+        // Skip the collective; stay alive past rank 0's timeout, then leave normally.
+        std::thread::sleep(timeout + Duration::from_secs(3));
+        return 0;
+    }
+    let t = oxtrain_tensor::Tensor::from_vec(vec![1f32; 1 << 16], 1 << 16, device)
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    let start = std::time::Instant::now();
+    let first = comm.all_reduce(&t, oxtrain_comm::ReduceOp::Sum).and_then(|w| w.synchronize());
+    let took = start.elapsed();
+    let later = comm.all_reduce(&t, oxtrain_comm::ReduceOp::Sum).and_then(|w| w.synchronize());
+    let ok = match (&first, &later) {
+        (Err(oxtrain_comm::CommError::Timeout { ranks, .. }), Err(_)) => {
+            ranks == &vec![1] && took >= timeout && took <= timeout + Duration::from_secs(1)
+        }
+        _ => false,
+    };
+    println!(
+        "# timeout check ({label}): {} after {:.2} s (timeout {:.1} s): {}; the next call: {}",
+        if ok { "ok" } else { "FAILED" },
+        took.as_secs_f64(),
+        timeout.as_secs_f64(),
+        first.as_ref().err().map(|e| e.to_string()).unwrap_or_else(|| "no error".into()),
+        later.as_ref().err().map(|e| e.to_string()).unwrap_or_else(|| "no error".into())
+    );
+    i32::from(!ok)
 }
 
 /// put_with_signal / wait_until / get / atomics on an NVSHMEM heap, in a ring; returns the

@@ -20,6 +20,8 @@ const USAGE: &str = "comm-bench [--backend local|shm|mpi|nccl|nvshmem|all] [--ra
 [--sizes B1,B2,..] (instead of the doubling sweep)
 GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,stream] [--blocks N] [--oneshot-max B] [--chunk B]
   [--compare nccl] [--compare-dtype f32|bf16] [--host-ahead-max B]
+  --timeout-check 1 (nvshmem): rank 1 skips an all_reduce (of the --algo algorithm); rank 0 must get a timeout
+  error naming it within OXTRAIN_COMM_TIMEOUT plus a second, and fail at once afterwards
   --host-ahead-max B: rows up to B bytes also get the GPU's own time per call, measured with the host
   ahead of the GPU (a matmul queued first, so enqueuing costs nothing on the timeline: the regime of a
   training step, where the CPU runs ahead)
@@ -38,6 +40,7 @@ struct Config {
     /// Whether --iters was given (GPU runs default to more iterations).
     iters_set: bool,
     host_ahead_max: usize,
+    timeout_check: bool,
     warmup: usize,
     json: Option<String>,
     /// nvshmem: auto, oneshot, twoshot, or all (one sweep each).
@@ -79,6 +82,7 @@ fn parse_args() -> Config {
         iters: 20,
         iters_set: false,
         host_ahead_max: 0,
+        timeout_check: false,
         warmup: 5,
         json: None,
         algo: "auto".into(),
@@ -127,6 +131,7 @@ fn parse_args() -> Config {
             "--oneshot-max" => c.oneshot_max = Some(parse_bytes(&val())),
             "--chunk" => c.chunk = Some(parse_bytes(&val())),
             "--host-ahead-max" => c.host_ahead_max = parse_bytes(&val()),
+            "--timeout-check" => c.timeout_check = val() == "1",
             "--compare" => c.compare = Some(val()),
             "--sizes" => c.sizes = Some(val().split(',').map(parse_bytes).collect()),
             "--compare-dtype" => {

@@ -1,0 +1,125 @@
+//! Device-side timeouts. Every wait inside the collective kernels gives up after the
+//! communicator's timeout (`OXTRAIN_COMM_TIMEOUT`, as the CPU backends) and records which PE
+//! it waited for in a [`FaultRecord`] in pinned host memory mapped into the GPU. The host reads
+//! it without synchronising: before every call (a fault makes the communicator unusable, as
+//! NCCL's after a timeout: its peers are out of step), and when a [`Work`] is synchronised.
+
+use crate::error::{CommError, Result};
+use crate::gpu::cuda_err;
+use crate::work::{Work, WorkWaiter};
+use cudarc::driver::{result as drv, sys};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `struct OxFault` of `collectives.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FaultRecord {
+    pub code: u32,
+    pub peer: u32,
+    pub epoch: u64,
+    pub block: u32,
+    pub mode: u32,
+}
+
+/// The record, in page-locked host memory the GPU writes through its mapping.
+pub(crate) struct Fault {
+    host: *mut FaultRecord,
+    device: u64,
+    rank: usize,
+    timeout: Duration,
+}
+
+// SAFETY: the record is only read (volatile) on the host and written by the GPU; the memory
+// lives until the last handle is dropped.
+unsafe impl Send for Fault {}
+unsafe impl Sync for Fault {}
+
+impl Fault {
+    /// Allocates the record (zeroed: no fault) for `rank`; the context must be current.
+    pub fn new(rank: usize, timeout: Duration) -> Result<Arc<Fault>> {
+        let bytes = std::mem::size_of::<FaultRecord>();
+        // SAFETY: a fresh allocation of `bytes`, mapped into the device's address space.
+        unsafe {
+            let host = drv::malloc_host(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+                .map_err(|e| cuda_err("allocating the fault record", format!("{e:?}")))?
+                as *mut FaultRecord;
+            host.write(FaultRecord::default());
+            let mut device = 0;
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0)
+                .result()
+                .map_err(|e| cuda_err("mapping the fault record", format!("{e:?}")))?;
+            Ok(Arc::new(Fault { host, device, rank, timeout }))
+        }
+    }
+
+    /// The record's address for the kernels.
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    /// The kernels' wait limit in nanoseconds.
+    pub fn timeout_ns(&self) -> u64 {
+        self.timeout.as_nanos().min(u64::MAX as u128) as u64
+    }
+
+    /// Err once a kernel has given up waiting.
+    pub fn check(&self, op: &str) -> Result<()> {
+        // SAFETY: a live record; volatile because the GPU writes it behind our back.
+        let f = unsafe { std::ptr::read_volatile(self.host) };
+        if f.code == 0 {
+            return Ok(());
+        }
+        Err(CommError::Timeout {
+            op: op.to_string(),
+            me: self.rank,
+            ranks: vec![f.peer as usize],
+            timeout: self.timeout,
+            hint: format!(
+                "a collective kernel (launch {}, block {}) gave up waiting for PE {} on the GPU. Every rank must call \
+                 the same collectives in the same order; a rank that died or hangs leaves the others here. The \
+                 communicator is unusable now (its ranks are out of step); raise OXTRAIN_COMM_TIMEOUT if a rank is \
+                 merely slow",
+                f.epoch, f.block, f.peer
+            ),
+        })
+    }
+
+    /// `work`, whose `synchronize` and `wait` also report a kernel that gave up.
+    pub fn checked(self: &Arc<Self>, op: &'static str, work: Work) -> Work {
+        Work::from_waiter(Box::new(Checked { inner: work, fault: self.clone(), op }))
+    }
+}
+
+impl Drop for Fault {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`; no kernel can still write it (the communicator that
+        // launched them synchronised its stream before dropping its handle).
+        unsafe {
+            let _ = drv::free_host(self.host as *mut _);
+        }
+    }
+}
+
+struct Checked {
+    inner: Work,
+    fault: Arc<Fault>,
+    op: &'static str,
+}
+
+impl WorkWaiter for Checked {
+    fn wait(self: Box<Self>) -> Result<()> {
+        // After: a blocking wait (barrier) has then seen its own kernel end.
+        self.inner.wait()?;
+        self.fault.check(self.op)
+    }
+
+    fn is_completed(&mut self) -> bool {
+        self.inner.is_completed()
+    }
+
+    fn synchronize(self: Box<Self>) -> Result<()> {
+        self.inner.synchronize()?;
+        self.fault.check(self.op)
+    }
+}

@@ -3,11 +3,25 @@
 bench/results JSON: per log and backend label, how many results were checked and how many
 elements were wrong, with the ops, dtypes and sizes covered.
 
-    python3 bench/tools/comm_checks.py OUT.json --commit C --machine M --notes N NAME=LOG ...
+    python3 bench/tools/comm_checks.py OUT.json --commit C --machine M --notes N NAME=LOG ... \
+        [--timeout-logs LOG ...]
 """
 import argparse
 import json
 import datetime
+
+
+def timeouts(path):
+    """[(label, ok, seconds, timeout)] from comm-bench --timeout-check lines."""
+    out = []
+    for line in open(path):
+        if line.startswith("# timeout check ("):
+            label = line.split("(", 1)[1].split(")", 1)[0]
+            ok = "): ok after " in line
+            secs = float(line.split(" after ", 1)[1].split(" s", 1)[0])
+            limit = float(line.split("(timeout ", 1)[1].split(" s)", 1)[0])
+            out.append((label, ok, secs, limit))
+    return out
 
 
 def parse(path):
@@ -31,6 +45,7 @@ def main():
     ap.add_argument("--commit", required=True)
     ap.add_argument("--machine", required=True)
     ap.add_argument("--notes", default="")
+    ap.add_argument("--timeout-logs", nargs="*", help="logs with comm-bench --timeout-check lines")
     a = ap.parse_args()
     benchmarks = []
     for spec in a.logs:
@@ -45,6 +60,17 @@ def main():
                 "dtypes": sorted({r[1] for r in rows}),
                 "sizes_bytes": sorted({r[2] for r in rows}),
             })
+    for spec in a.timeout_logs or []:
+        for label, ok, secs, limit in timeouts(spec):
+            benchmarks.append({
+                "name": f"timeout_{label}",
+                "unit": "s",
+                "oxtrain": secs,
+                "timeout_s": limit,
+                "ok": ok,
+                "what": "rank 1 skips an all_reduce; rank 0's kernel gives up after the timeout and the call fails "
+                        "naming rank 1; the next call fails at once",
+            })
     doc = {
         "date": datetime.date.today().isoformat(),
         "commit": a.commit,
@@ -53,8 +79,12 @@ def main():
         "benchmarks": benchmarks,
     }
     json.dump(doc, open(a.out, "w"), indent=2)
-    bad = sum(b["oxtrain"] for b in benchmarks)
-    print(f"{len(benchmarks)} runs, {sum(b['results_checked'] for b in benchmarks)} results, {bad} wrong elements")
+    checks = [b for b in benchmarks if "results_checked" in b]
+    bad = sum(b["oxtrain"] for b in checks)
+    results = sum(b["results_checked"] for b in checks)
+    timed = [b for b in benchmarks if "ok" in b]
+    print(f"{len(checks)} runs, {results} results, {bad} wrong elements; "
+          f"{sum(b['ok'] for b in timed)} of {len(timed)} timeout checks ok")
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ struct OxFault {
     unsigned long long epoch;
     unsigned int block, mode;
 };
+static_assert(sizeof(OxFault) == 24, "OxFault must match FaultRecord in fault.rs");
 
 __device__ __forceinline__ unsigned long long ox_now() {
     unsigned long long t;

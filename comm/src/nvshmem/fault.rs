@@ -67,28 +67,36 @@ impl Fault {
     pub fn check(&self, op: &str) -> Result<()> {
         // SAFETY: a live record; volatile because the GPU writes it behind our back.
         let f = unsafe { std::ptr::read_volatile(self.host) };
-        if f.code == 0 {
-            return Ok(());
+        match timeout_error(&f, op, self.rank, self.timeout) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Err(CommError::Timeout {
-            op: op.to_string(),
-            me: self.rank,
-            ranks: vec![f.peer as usize],
-            timeout: self.timeout,
-            hint: format!(
-                "a collective kernel (launch {}, block {}) gave up waiting for PE {} on the GPU. Every rank must call \
-                 the same collectives in the same order; a rank that died or hangs leaves the others here. The \
-                 communicator is unusable now (its ranks are out of step); raise OXTRAIN_COMM_TIMEOUT if a rank is \
-                 merely slow",
-                f.epoch, f.block, f.peer
-            ),
-        })
     }
 
     /// `work`, whose `synchronize` and `wait` also report a kernel that gave up.
     pub fn checked(self: &Arc<Self>, op: &'static str, work: Work) -> Work {
         Work::from_waiter(Box::new(Checked { inner: work, fault: self.clone(), op }))
     }
+}
+
+/// The error a fault record stands for (None: no kernel gave up).
+fn timeout_error(f: &FaultRecord, op: &str, rank: usize, timeout: Duration) -> Option<CommError> {
+    if f.code == 0 {
+        return None;
+    }
+    Some(CommError::Timeout {
+        op: op.to_string(),
+        me: rank,
+        ranks: vec![f.peer as usize],
+        timeout,
+        hint: format!(
+            "a collective kernel (launch {}, block {}) gave up waiting for PE {} on the GPU. Every rank must call \
+             the same collectives in the same order; a rank that died or hangs leaves the others here. The \
+             communicator is unusable now (its ranks are out of step); raise OXTRAIN_COMM_TIMEOUT if a rank is \
+             merely slow",
+            f.epoch, f.block, f.peer
+        ),
+    })
 }
 
 impl Drop for Fault {
@@ -121,5 +129,38 @@ impl WorkWaiter for Checked {
     fn synchronize(self: Box<Self>) -> Result<()> {
         self.inner.synchronize()?;
         self.fault.check(self.op)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_record_is_the_kernels_layout() {
+        // struct OxFault in collectives.cu: u32, u32, u64, u32, u32.
+        assert_eq!(std::mem::size_of::<FaultRecord>(), 24);
+        assert_eq!(std::mem::offset_of!(FaultRecord, epoch), 8);
+        assert_eq!(std::mem::offset_of!(FaultRecord, mode), 20);
+    }
+
+    #[test]
+    fn a_fault_names_the_pe_waited_for_and_says_what_to_do() {
+        let none = FaultRecord::default();
+        assert!(timeout_error(&none, "all_reduce", 0, Duration::from_secs(2)).is_none());
+        let f = FaultRecord { code: 1, peer: 3, epoch: 41, block: 7, mode: 2 };
+        match timeout_error(&f, "nvshmem all_reduce", 1, Duration::from_secs(2)) {
+            Some(CommError::Timeout { op, me, ranks, timeout, hint }) => {
+                assert_eq!(
+                    (op.as_str(), me, ranks, timeout),
+                    ("nvshmem all_reduce", 1, vec![3], Duration::from_secs(2))
+                );
+                assert!(
+                    hint.contains("launch 41, block 7") && hint.contains("OXTRAIN_COMM_TIMEOUT"),
+                    "{hint}"
+                );
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
     }
 }

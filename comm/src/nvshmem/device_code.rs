@@ -22,10 +22,11 @@ use oxtrain_tensor::cuda::libs::{self, CudaLib, LibStatus};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-/// The kernel source, embedded in the binary: the shared pieces and the one-shot/two-shot
+/// The kernel source, embedded in the binary: the shared pieces, the one-shot/two-shot
 /// collectives, the low-latency all-reduce, the streaming all-reduce, the heap's atomics, then
 /// the collectives' entry points.
 pub const SOURCE: &str = concat!(
+    include_str!("common.cu"),
     include_str!("collectives.cu"),
     include_str!("ll.cu"),
     include_str!("stream.cu"),

@@ -1,0 +1,202 @@
+// What every NVSHMEM collective kernel shares (the first piece of the source device_code.rs
+// concatenates): the NVSHMEM includes, the argument block mirrored by kernels.rs, the element
+// types and reduction rule, shard arithmetic, and the waits that give up after the timeout.
+
+// NVRTC workarounds for the NVSHMEM 3.x headers (see device_code.rs):
+// reduce.cuh uses std:: traits without including them, and the IBGDA headers want InfiniBand.
+#include <cuda/std/type_traits>
+namespace std { using namespace cuda::std; }
+#include <non_abi/nvshmem_build_options.h>
+#undef NVSHMEM_IBGDA_SUPPORT
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#define OX_MAX_PES 8
+#define OX_MAX_BLOCKS 128
+
+// Algorithm.
+#define OX_ONESHOT 0
+#define OX_TWOSHOT 1
+#define OX_LL 2     // all_reduce of small messages: data and flag in each 8-byte word (ll.cu)
+#define OX_STREAM 3 // all_reduce of large messages: pipelined pushes through rings (stream.cu)
+// Where output element i comes from.
+#define OX_SRC_REDUCE 0 // the reduction over every PE's input (all_reduce, reduce, reduce_scatter)
+#define OX_SRC_ROOT 1   // PE `root`'s input (broadcast)
+#define OX_SRC_OWNER 2  // the input of the PE whose shard holds i (all_gather)
+// Which PEs write output, and where.
+#define OX_OUT_ALL 0      // every PE, every element
+#define OX_OUT_ROOT 1     // PE `root` only (reduce)
+#define OX_OUT_NOT_ROOT 2 // every PE but `root` (broadcast: the root already has the data)
+#define OX_OUT_SHARD 3    // PE p its shard_range(count, npes, p) (reduce_scatter)
+// ReduceOp, in oxtrain_comm::ReduceOp's order.
+#define OX_SUM 0
+#define OX_AVG 1
+#define OX_MAX 2
+#define OX_MIN 3
+
+// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (256 bytes, checked on both sides).
+// A launch runs over a team of PEs (all of them, or one node's, or one per node for the
+// hierarchical all-reduce): `npes`, `me`, `bufs`, slots and shards are indexed by member, and
+// `pes` names each member's global PE for NVSHMEM calls and signal columns.
+// Indices are global (0..count of the whole tensor); one launch handles the window
+// [win_lo, win_hi), whose element i sits at index i - win_lo of a slot.
+struct CollArgs {
+    unsigned long long in_base;  // input element i at in_base + i * size
+    unsigned long long out_base; // output element i at out_base + i * size
+    unsigned long long bufs[OX_MAX_PES]; // this epoch's staging set of every member, as seen here
+                                         // (members reached by puts: only bufs[me] is used)
+    unsigned long long ready;    // this PE's ready signals: [OX_MAX_BLOCKS][sig_stride] u64
+    unsigned long long done;     // this PE's done signals, same shape
+    unsigned long long epoch;
+    unsigned long long slot_bytes; // a staging set holds npes slots of this many bytes
+    long long count;             // elements in the whole tensor
+    long long win_lo, win_hi;    // this launch's window
+    long long in_lo, in_hi;      // global indices of this PE's input (all_gather: its shard)
+    long long chunk_packs;       // OX_STREAM: 16-byte packs per ring chunk
+    int npes, me, mode, src, op, root, aligned, out;
+    int depth;                   // OX_STREAM: chunks per ring
+    int reducers;                // OX_STREAM: reducer blocks (the rest of the grid pushes)
+    int pes[OX_MAX_PES];         // global PE of every member
+    int sig_stride;              // columns of a signal row: the world size (one per global PE)
+    int put_mask;                // bit p: member p is reached by NVSHMEM puts (another node), not
+                                 // by stores through nvshmem_ptr (one-shot mode only)
+    unsigned long long fault;    // an OxFault in host memory mapped here (fault.rs)
+    unsigned long long timeout_ns; // how long any wait may take before the kernel gives up
+};
+static_assert(sizeof(CollArgs) == 256, "CollArgs must match the Rust side");
+
+// What a kernel that gave up leaves for the host (`FaultRecord` in fault.rs).
+struct OxFault {
+    unsigned int code; // 0: none; 1: a wait timed out
+    unsigned int peer; // the global PE waited for
+    unsigned long long epoch;
+    unsigned int block, mode;
+};
+static_assert(sizeof(OxFault) == 24, "OxFault must match FaultRecord in fault.rs");
+
+__device__ __forceinline__ unsigned long long ox_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// What a slow-path wait needs from the arguments, by value: the out-of-line functions below
+// take no reference to the kernel's CollArgs, which would make it copied to local memory.
+struct OxWaitCtx {
+    unsigned long long fault, timeout_ns, epoch;
+    int peer, mode;
+};
+__device__ __forceinline__ OxWaitCtx ox_wait_ctx(const CollArgs& a, int m) {
+    OxWaitCtx c;
+    c.fault = a.fault;
+    c.timeout_ns = a.timeout_ns;
+    c.epoch = a.epoch;
+    c.peer = a.pes[m];
+    c.mode = a.mode;
+    return c;
+}
+
+// Records that a wait timed out (several threads may: they write alike).
+__device__ __noinline__ void ox_record_fault(OxWaitCtx c) {
+    volatile OxFault* f = (volatile OxFault*)c.fault;
+    f->peer = c.peer;
+    f->epoch = c.epoch;
+    f->block = blockIdx.x;
+    f->mode = c.mode;
+    __threadfence_system();
+    f->code = 1;
+    __threadfence_system();
+}
+
+// Waits until *sig >= v, a signal from member m (or this PE's own progress); false once the
+// wait has taken longer than the timeout, which is recorded for the host. Every wait of the
+// kernels goes through here (or ox_ll_take), so a peer that never arrives makes the call fail
+// instead of hanging the GPU.
+__device__ __noinline__ bool ox_wait_ge_slow(OxWaitCtx c, volatile const uint64_t* s, uint64_t v) {
+    const unsigned long long t0 = ox_now();
+    for (unsigned n = 1; *s < v; ++n) {
+        if ((n & 1023) == 0 && ox_now() - t0 > c.timeout_ns) {
+            ox_record_fault(c);
+            return false;
+        }
+    }
+    return true;
+}
+// The check inline, the spin out of line (it would cost the hot loops registers).
+__device__ __forceinline__ bool ox_wait_ge(const CollArgs& a, const uint64_t* sig, uint64_t v, int m) {
+    volatile const uint64_t* s = (volatile const uint64_t*)sig;
+    return *s >= v || ox_wait_ge_slow(ox_wait_ctx(a, m), s, v);
+}
+
+// Block `block`'s signal from member `m` in the signal array at `base` (on any PE: the arrays
+// are symmetric).
+__device__ __forceinline__ uint64_t* ox_sig(const CollArgs& a, unsigned long long base, int block, int m) {
+    return (uint64_t*)base + (size_t)block * a.sig_stride + a.pes[m];
+}
+
+__device__ __forceinline__ bool ox_by_put(const CollArgs& a, int p) { return (a.put_mask >> p) & 1; }
+
+struct F32 {
+    typedef float raw;
+    static __device__ __forceinline__ float to_f(float x) { return x; }
+    static __device__ __forceinline__ float from_f(float x) { return x; }
+};
+struct BF16 {
+    typedef unsigned short raw;
+    static __device__ __forceinline__ float to_f(unsigned short x) {
+        return __uint_as_float(((unsigned int)x) << 16);
+    }
+    // Round to nearest even, NaN stays a (quiet) NaN: as half::bf16::from_f32.
+    static __device__ __forceinline__ unsigned short from_f(float f) {
+        unsigned int u = __float_as_uint(f);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        return (unsigned short)(u >> 16);
+    }
+};
+struct F16 {
+    typedef unsigned short raw;
+    static __device__ __forceinline__ float to_f(unsigned short x) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+        return f;
+    }
+    static __device__ __forceinline__ unsigned short from_f(float f) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+        return h;
+    }
+};
+
+// a op= v, with the CPU backends' rules: NaN wins max and min.
+__device__ __forceinline__ float ox_combine(int op, float a, float v) {
+    if (op == OX_MAX) return (v > a || v != v) ? v : a;
+    if (op == OX_MIN) return (v < a || v != v) ? v : a;
+    return a + v;
+}
+
+// The first element of `rank`'s shard_range(len, n, rank), as oxtrain_comm::shard_range.
+__device__ __forceinline__ long long ox_shard_start(long long len, int n, int rank) {
+    long long base = len / n, extra = len % n;
+    return rank * base + (rank < extra ? rank : extra);
+}
+
+// The PE whose shard_range(count, n, .) holds element i.
+__device__ __forceinline__ int ox_owner(long long count, int n, long long i) {
+    long long base = count / n, extra = count % n;
+    long long split = extra * (base + 1);
+    if (i < split) return (int)(i / (base + 1));
+    return (int)(extra + (i - split) / base);
+}
+
+// Thread 0 of a block says whether its wait succeeded; every thread learns it (false: the
+// kernel gives up, see ox_wait_ge).
+__device__ __forceinline__ bool ox_block_ok(bool ok0) {
+    __shared__ int ok;
+    if (threadIdx.x == 0) ok = ok0;
+    __syncthreads();
+    const bool r = ok;
+    __syncthreads();
+    return r;
+}
+

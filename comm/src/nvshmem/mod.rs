@@ -2,7 +2,7 @@
 //! GPU; NVLink loads and stores inside a node, NVSHMEM puts between nodes.
 //!
 //! - Start-up: rank 0 makes NVSHMEM's unique id and publishes it in the bootstrap
-//!   [`TcpStore`]; every rank initialises the host library with it
+//!   [`TcpStore`](crate::bootstrap::TcpStore); every rank initialises the host library with it
 //!   (`nvshmemx_hostlib_init_attr`), builds the kernels (NVRTC + nvJitLink with
 //!   `libnvshmem_device.a`, see [`device_code`]), loads them and registers the module with
 //!   NVSHMEM (`nvshmemx_cumodule_init`), then allocates its staging buffers and signals on the
@@ -37,6 +37,7 @@
 //! heap (host-initiated, stream-ordered puts, gets and signals; atomics through a one-thread
 //! device kernel; see `heap.rs`).
 
+mod connect;
 pub mod device_code;
 mod fault;
 mod heap;
@@ -47,19 +48,17 @@ mod ops;
 mod options;
 mod team;
 
-use crate::bootstrap::TcpStore;
 use crate::error::{CommError, Result};
 use crate::gpu::{cuda_err, cuda_view, CommStream, CudaView};
 use crate::op::{shard_range, ReduceOp};
 use crate::work::Work;
 use cudarc::driver::{result as drv, sys as cu};
 pub use heap::NvshmemHeap;
-use kernels::{CollArgs, Function, MAX_BLOCKS, MAX_PES};
+use kernels::{CollArgs, Function, MAX_PES};
 pub use options::{Algorithm, NvshmemOptions};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Tensor};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use team::{Kind, Team};
 
@@ -113,189 +112,11 @@ pub struct NvshmemCommunicator {
     state: Mutex<State>,
 }
 
-/// NVSHMEM can be initialised once per process.
-static INITIALISED: AtomicBool = AtomicBool::new(false);
-
 fn nv_err(what: impl Into<String>) -> CommError {
     CommError::Unsupported(format!("nvshmem: {}", what.into()))
 }
 
 impl NvshmemCommunicator {
-    /// Initialises NVSHMEM for PE `rank` of `world` on GPU `ordinal` (one process per GPU; the
-    /// GPUs of a node joined by NVLink; `opts.ranks_per_node` per node), through `store`. Call
-    /// once per process.
-    pub fn connect(
-        rank: usize,
-        world: usize,
-        ordinal: usize,
-        store: &TcpStore,
-        opts: NvshmemOptions,
-    ) -> Result<NvshmemCommunicator> {
-        let per_node = match opts.ranks_per_node {
-            0 => std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(world),
-            n => n,
-        }
-        .clamp(1, world);
-        if !world.is_multiple_of(per_node) || per_node > MAX_PES || world / per_node > MAX_PES {
-            return Err(nv_err(format!(
-                "{world} PEs with {per_node} per node: the backend needs the same number of GPUs on every node, at \
-                 most {MAX_PES} per node and at most {MAX_PES} nodes (set OXTRAIN_NVSHMEM_RANKS_PER_NODE), or use the \
-                 nccl backend"
-            )));
-        }
-        let api = host::api()?;
-        let device = oxtrain_tensor::cuda::device(ordinal)
-            .map_err(|e| cuda_err(format!("opening cuda:{ordinal}"), e))?;
-        device
-            .context()
-            .bind_to_thread()
-            .map_err(|e| cuda_err("binding the CUDA context", format!("{e:?}")))?;
-        // Build the kernels before joining: a missing header fails here on every rank alike.
-        let cubin = device_code::Toolchain::find()?.build_cubin_cached(device.arch())?;
-        if INITIALISED.swap(true, Ordering::SeqCst) {
-            return Err(nv_err(
-                "NVSHMEM is already initialised in this process (one communicator per process)",
-            ));
-        }
-
-        // The unique id, from rank 0 through the store.
-        let key = "oxtrain/nvshmem/unique_id";
-        let mut uid = host::unique_id();
-        if rank == 0 {
-            // SAFETY: out-parameter of the documented size.
-            let st = unsafe { (api.get_uniqueid)(&mut uid) };
-            if st != 0 {
-                return Err(nv_err(format!("nvshmemx_get_uniqueid failed ({st})")));
-            }
-            store.set(key, &uid.bytes)?;
-        } else {
-            let bytes = store.get(key)?;
-            if bytes.len() != 128 {
-                return Err(CommError::Bootstrap(format!(
-                    "nvshmem: the unique id in the store has {} bytes",
-                    bytes.len()
-                )));
-            }
-            uid.bytes.copy_from_slice(&bytes);
-        }
-        let mut attr = host::init_attr();
-        // SAFETY: `uid` and `attr` live through init (the attributes point at `uid`).
-        unsafe {
-            let st = (api.set_attr_uniqueid_args)(rank as i32, world as i32, &uid, &mut attr);
-            if st != 0 {
-                return Err(nv_err(format!("nvshmemx_set_attr_uniqueid_args failed ({st})")));
-            }
-            // Self-check of the hand-written layout before NVSHMEM reads it.
-            let (r, n, p) = host::attr_uid_args(&attr);
-            if (r, n, p) != (rank as i32, world as i32, &uid as *const _ as u64) {
-                return Err(nv_err(format!(
-                    "nvshmemx_init_attr_t layout mismatch (read back rank {r}, nranks {n}): this NVSHMEM ({}) is not \
-                     the 3.x layout oxtrain knows",
-                    api.path.display()
-                )));
-            }
-            let st = (api.hostlib_init_attr)(host::INIT_WITH_UNIQUEID, &mut attr);
-            if st != 0 {
-                return Err(nv_err(format!(
-                    "nvshmemx_hostlib_init_attr failed ({st}) on rank {rank} of {world}; without InfiniBand set \
-                     NVSHMEM_REMOTE_TRANSPORT=none"
-                )));
-            }
-            let (me, n) = ((api.my_pe)(), (api.n_pes)());
-            if (me, n) != (rank as i32, world as i32) {
-                return Err(nv_err(format!("NVSHMEM says PE {me} of {n}, expected {rank} of {world}")));
-            }
-        }
-
-        // The kernels: load, register with NVSHMEM.
-        let module = unsafe {
-            let m = drv::module::load_data(cubin.as_ptr() as *const c_void)
-                .map_err(|e| cuda_err("cuModuleLoadData (nvshmem kernels)", format!("{e:?}")))?;
-            let st = (api.cumodule_init)(m as *mut c_void);
-            if st != 0 {
-                return Err(nv_err(format!(
-                    "nvshmemx_cumodule_init failed ({st}): the device library's NVSHMEM version must match the host \
-                     library's ({})",
-                    api.path.display()
-                )));
-            }
-            let get = |s: &str| {
-                drv::module::get_function(
-                    m,
-                    std::ffi::CString::new(device_code::kernel_name(s)).expect("name"),
-                )
-                .map(Function)
-                .map_err(|e| cuda_err(format!("kernel {}", device_code::kernel_name(s)), format!("{e:?}")))
-            };
-            Module {
-                module: m,
-                f32: get("f32")?,
-                bf16: get("bf16")?,
-                f16: get("f16")?,
-                atomic: get("atomic")?,
-                nop: get("nop")?,
-                nop8: get("nop8")?,
-            }
-        };
-
-        // Symmetric allocations: the same sizes in the same order on every PE.
-        let slot_bytes = match opts.chunk_bytes {
-            0 => (64usize << 20).min((256usize << 20) / world),
-            b => b,
-        } / 16
-            * 16;
-        let slot_bytes = slot_bytes.max(16);
-        // Low-latency lines carry 8 data bytes in 16.
-        let ll_slot_bytes = 2 * opts.ll_max_bytes.clamp(64 << 10, 16 << 20).next_multiple_of(16);
-        let signal_array = MAX_BLOCKS as u64 * world as u64 * 8;
-        let stream = CommStream::new(ordinal)?;
-        let node_of = |pe: usize| pe / per_node;
-        let remote = |pe: usize| node_of(pe) != node_of(rank);
-        let (signals, teams) = unsafe {
-            let signals = (api.malloc)(4 * signal_array as usize) as u64;
-            if signals == 0 {
-                return Err(nv_err("nvshmem_malloc of the signals failed: raise NVSHMEM_SYMMETRIC_SIZE"));
-            }
-            // Signals start at zero on every PE before anyone can raise one.
-            drv::memset_d8_sync(signals, 0, 4 * signal_array as usize)
-                .map_err(|e| cuda_err("zeroing the signals", format!("{e:?}")))?;
-            let everyone: Vec<usize> = (0..world).collect();
-            let mut teams: [Option<Team>; 4] = [None, None, None, None];
-            if world <= MAX_PES {
-                teams[Kind::All as usize] = Some(Team::new(api, rank, everyone.clone(), remote, slot_bytes)?);
-            }
-            if per_node == world {
-                teams[Kind::Ll as usize] = Some(Team::new(api, rank, everyone, remote, ll_slot_bytes)?);
-            } else {
-                let (node, rail) = team::layout(rank, world, per_node);
-                let slot = slot_bytes.min(32 << 20);
-                teams[Kind::Node as usize] = Some(Team::new(api, rank, node, remote, slot)?);
-                teams[Kind::Rail as usize] = Some(Team::new(api, rank, rail, remote, slot)?);
-            }
-            (api.barrier_all)();
-            (signals, teams)
-        };
-        let stream_resident = resident_blocks(&device, &module)?;
-        let fault = fault::Fault::new(rank, crate::CommOptions::default().timeout)?;
-        let algorithm = opts.algorithm;
-        Ok(NvshmemCommunicator {
-            rank,
-            world,
-            stream,
-            opts,
-            module,
-            per_node,
-            teams,
-            signals,
-            signal_array,
-            stream_resident,
-            fault,
-            dependent_launch: device.arch() >= 90
-                && std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v != "0"),
-            state: Mutex::new(State { epoch: 0, launches: [0; 4], algorithm }),
-        })
-    }
-
     /// The stream collectives run on (see the nccl backend's `comm_stream`).
     pub fn comm_stream(&self) -> &Stream {
         &self.stream.stream
@@ -540,25 +361,6 @@ impl NvshmemCommunicator {
     pub fn is_hierarchical(&self) -> bool {
         self.per_node < self.world
     }
-}
-
-/// How many blocks of the collective kernels stay resident at once on this GPU: the streaming
-/// all-reduce's pushers and reducers wait on each other across GPUs, so all of its blocks must
-/// run together.
-fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -> Result<u32> {
-    let sms = device
-        .context()
-        .attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|e| cuda_err("reading the SM count", format!("{e:?}")))?;
-    let mut per_sm = i32::MAX;
-    for f in [module.f32, module.bf16, module.f16] {
-        // SAFETY: a loaded kernel.
-        let n =
-            unsafe { drv::occupancy::max_active_block_per_multiprocessor(f.0, kernels::THREADS as i32, 0) }
-                .map_err(|e| cuda_err("reading the collective kernel's occupancy", format!("{e:?}")))?;
-        per_sm = per_sm.min(n);
-    }
-    Ok((sms.max(1) * per_sm.max(1)) as u32)
 }
 
 impl Drop for NvshmemCommunicator {

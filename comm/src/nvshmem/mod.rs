@@ -161,16 +161,27 @@ impl NvshmemCommunicator {
         })
     }
 
-    /// Runs one collective of `kind`'s team as kernel launches over windows of its staging
-    /// slots, ordered after the caller's stream. `base` carries everything but the window,
-    /// buffers, team and epoch.
-    fn launch(&self, f: Function, esz: usize, base: CollArgs, kind: Kind, blocking: bool) -> Result<Work> {
+    /// Runs collective `op` as `stages` in turn, each on its team (`Kind`) as kernel launches
+    /// over windows of that team's staging slots, all ordered after the caller's stream. Each
+    /// stage's `CollArgs` carries everything but the window, buffers, team and epoch.
+    fn launch(
+        &self,
+        op: &'static str,
+        f: Function,
+        esz: usize,
+        stages: &[(CollArgs, Kind)],
+        blocking: bool,
+    ) -> Result<Work> {
+        // A kernel that gave up earlier left the ranks out of step: nothing more is queued.
+        self.fault.check(op)?;
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.stream.bind()?;
         let caller = self.stream.begin()?;
-        self.enqueue(&mut state, f, esz, base, kind)?;
+        for &(base, kind) in stages {
+            self.enqueue(&mut state, f, esz, base, kind)?;
+        }
         drop(state);
-        Ok(self.fault.checked("nvshmem collective", self.stream.finish(caller, blocking)?))
+        Ok(self.fault.checked(op, self.stream.finish(caller, blocking)?))
     }
 
     fn team(&self, kind: Kind) -> Result<&Team> {
@@ -186,7 +197,6 @@ impl NvshmemCommunicator {
     /// Queues the launches of one collective (the caller holds the state and has ordered the
     /// stream).
     fn enqueue(&self, state: &mut State, f: Function, esz: usize, base: CollArgs, kind: Kind) -> Result<()> {
-        self.fault.check("nvshmem collective")?;
         let team = self.team(kind)?;
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
@@ -212,7 +222,7 @@ impl NvshmemCommunicator {
             a.done = self.signals + self.signal_array;
             a.npes = team.members.len() as i32;
             a.me = team.me as i32;
-            a.pes = team.pes();
+            a.pes = team.pes;
             a.sig_stride = self.world as i32;
             a.put_mask = team.put_mask;
             a.fault = self.fault.device_ptr();
@@ -257,15 +267,13 @@ impl NvshmemCommunicator {
         let esz = v.dtype.size_in_bytes();
         let (local, nodes) = (self.rank % self.per_node, self.world / self.per_node);
         let shard = shard_range(v.len, self.per_node, local);
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.stream.bind()?;
-        let caller = self.stream.begin()?;
+        let mut stages = Vec::with_capacity(3);
         if self.per_node > 1 {
             let mut rs = Self::base_args(v, op);
             rs.mode = kernels::ONESHOT;
             rs.src = kernels::SRC_REDUCE;
             rs.out = kernels::OUT_SHARD;
-            self.enqueue(&mut state, f, esz, rs, Kind::Node)?;
+            stages.push((rs, Kind::Node));
         }
         if nodes > 1 {
             let part = CudaView { ptr: v.ptr + (shard.start * esz) as u64, len: shard.len(), dtype: v.dtype };
@@ -273,7 +281,7 @@ impl NvshmemCommunicator {
             ar.mode = kernels::ONESHOT;
             ar.src = kernels::SRC_REDUCE;
             ar.out = kernels::OUT_ALL;
-            self.enqueue(&mut state, f, esz, ar, Kind::Rail)?;
+            stages.push((ar, Kind::Rail));
         }
         if self.per_node > 1 {
             let mut ag = Self::base_args(v, ReduceOp::Sum);
@@ -283,10 +291,9 @@ impl NvshmemCommunicator {
             ag.mode = kernels::ONESHOT;
             ag.src = kernels::SRC_OWNER;
             ag.out = kernels::OUT_ALL;
-            self.enqueue(&mut state, f, esz, ag, Kind::Node)?;
+            stages.push((ag, Kind::Node));
         }
-        drop(state);
-        Ok(self.fault.checked("nvshmem all_reduce", self.stream.finish(caller, false)?))
+        self.launch("nvshmem all_reduce", f, esz, &stages, false)
     }
 
     /// Streaming all-reduce of `bytes`: pusher and reducer blocks, packs per chunk and ring

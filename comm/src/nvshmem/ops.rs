@@ -33,7 +33,7 @@ impl Communicator for NvshmemCommunicator {
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ALL;
         let kind = if a.mode == kernels::LL { Kind::Ll } else { Kind::All };
-        self.launch(f, v.dtype.size_in_bytes(), a, kind, false)
+        self.launch("nvshmem all_reduce", f, v.dtype.size_in_bytes(), &[(a, kind)], false)
     }
 
     fn reduce(&self, tensor: &Tensor, dst: usize, op: ReduceOp) -> Result<Work> {
@@ -45,7 +45,7 @@ impl Communicator for NvshmemCommunicator {
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ROOT;
         a.root = dst as i32;
-        self.launch(f, v.dtype.size_in_bytes(), a, Kind::All, false)
+        self.launch("nvshmem reduce", f, v.dtype.size_in_bytes(), &[(a, Kind::All)], false)
     }
 
     fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
@@ -61,7 +61,7 @@ impl Communicator for NvshmemCommunicator {
         a.mode = kernels::ONESHOT;
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_SHARD;
-        self.launch(f, esz, a, Kind::All, false)
+        self.launch("nvshmem reduce_scatter", f, esz, &[(a, Kind::All)], false)
     }
 
     fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
@@ -78,7 +78,7 @@ impl Communicator for NvshmemCommunicator {
         a.mode = kernels::ONESHOT;
         a.src = kernels::SRC_OWNER;
         a.out = kernels::OUT_ALL;
-        self.launch(f, esz, a, Kind::All, false)
+        self.launch("nvshmem all_gather", f, esz, &[(a, Kind::All)], false)
     }
 
     fn broadcast(&self, tensor: &Tensor, src: usize) -> Result<Work> {
@@ -93,23 +93,22 @@ impl Communicator for NvshmemCommunicator {
         a.src = kernels::SRC_ROOT;
         a.out = kernels::OUT_NOT_ROOT;
         a.root = src as i32;
-        self.launch(f, v.dtype.size_in_bytes(), a, Kind::All, false)
+        self.launch("nvshmem broadcast", f, v.dtype.size_in_bytes(), &[(a, Kind::All)], false)
     }
 
     fn barrier(&self) -> Result<Work> {
         let a = CollArgs { mode: kernels::ONESHOT, ..CollArgs::default() };
         if self.teams[Kind::All as usize].is_some() {
-            return self.launch(self.module.f32, 4, a, Kind::All, true);
+            return self.launch("nvshmem barrier", self.module.f32, 4, &[(a, Kind::All)], true);
         }
         // Across nodes with no team of everyone: the node, the rail, the node again (every PE
         // has then heard, through its node, from every rail).
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.stream.bind()?;
-        let caller = self.stream.begin()?;
-        for kind in [Kind::Node, Kind::Rail, Kind::Node] {
-            self.enqueue(&mut state, self.module.f32, 4, a, kind)?;
-        }
-        drop(state);
-        Ok(self.fault.checked("nvshmem barrier", self.stream.finish(caller, true)?))
+        self.launch(
+            "nvshmem barrier",
+            self.module.f32,
+            4,
+            &[(a, Kind::Node), (a, Kind::Rail), (a, Kind::Node)],
+            true,
+        )
     }
 }

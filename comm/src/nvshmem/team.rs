@@ -34,6 +34,8 @@ pub(crate) struct Team {
     pub members: Vec<usize>,
     /// This PE's index in `members`.
     pub me: usize,
+    /// `members` as the kernels take them.
+    pub pes: [i32; MAX_PES],
     /// Bit i: member i is on another node (reached by puts).
     pub put_mask: i32,
     /// Symmetric base of the two sets (parity 0 then 1).
@@ -91,16 +93,11 @@ impl Team {
                 row[i] = a;
             }
         }
-        Ok(Team { members, me, put_mask, base, sets, slot_bytes })
-    }
-
-    /// Global PE of every member, for the kernel arguments.
-    pub fn pes(&self) -> [i32; MAX_PES] {
-        let mut p = [0i32; MAX_PES];
-        for (slot, &pe) in p.iter_mut().zip(&self.members) {
+        let mut pes = [0i32; MAX_PES];
+        for (slot, &pe) in pes.iter_mut().zip(&members) {
             *slot = pe as i32;
         }
-        p
+        Ok(Team { members, me, pes, put_mask, base, sets, slot_bytes })
     }
 
     /// Frees the staging (collective, in the order of allocation).

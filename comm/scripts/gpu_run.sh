@@ -27,6 +27,8 @@ export OXTRAIN_KERNEL_CACHE="${OXTRAIN_KERNEL_CACHE:-/tmp/oxtrain-kernel-cache}"
 # No NVLink multicast objects on the lent machines; no InfiniBand probing for NVSHMEM.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export OXTRAIN_COMM_TIMEOUT=60
+# The heap holds the staging (512 MiB on 2 GPUs) and comm-bench's symmetric buffer (up to 1 GiB).
+export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-3G}
 echo "nvidia packages: $nv"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -4

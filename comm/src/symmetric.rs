@@ -54,6 +54,18 @@ impl<T> SymBuffer<T> {
         SymBuffer::new(self.offset + range.start * std::mem::size_of::<T>(), range.len())
     }
 
+    /// The same bytes seen as elements of `U` (as `Tensor.view(dtype)`); panics when the
+    /// byte length is not a whole number of `U`s or the offset is not aligned for `U`.
+    pub fn cast<U>(&self) -> SymBuffer<U> {
+        let (bytes, size) = (self.len * std::mem::size_of::<T>(), std::mem::size_of::<U>().max(1));
+        assert!(
+            bytes.is_multiple_of(size) && self.offset.is_multiple_of(std::mem::align_of::<U>()),
+            "SymBuffer::cast: {bytes} bytes at offset {} are not a whole, aligned number of {size}-byte elements",
+            self.offset
+        );
+        SymBuffer::new(self.offset, bytes / size)
+    }
+
     /// One element, as the target of an atomic or a signal.
     pub fn at(&self, index: usize) -> SymBuffer<T> {
         self.slice(index..index + 1)
@@ -200,5 +212,31 @@ pub trait SymmetricMemory: Send + Sync {
         self.read_local(buf, &mut v)?;
         Tensor::from_vec(v, shape.to_vec(), oxtrain_tensor::Device::Cpu)
             .map_err(|e| crate::CommError::Unsupported(format!("to_tensor: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SymBuffer;
+
+    #[test]
+    fn cast_keeps_the_bytes_and_slices_stay_in_place() {
+        let bytes = SymBuffer::<u8>::new(64, 48);
+        let f = bytes.cast::<f32>();
+        assert_eq!((f.offset_bytes(), f.len()), (64, 12));
+        let h = f.slice(2..6).cast::<u16>();
+        assert_eq!((h.offset_bytes(), h.len()), (72, 8));
+    }
+
+    #[test]
+    #[should_panic(expected = "not a whole, aligned number")]
+    fn cast_refuses_a_partial_element() {
+        let _ = SymBuffer::<u8>::new(0, 6).cast::<f32>();
+    }
+
+    #[test]
+    #[should_panic(expected = "not a whole, aligned number")]
+    fn cast_refuses_a_misaligned_offset() {
+        let _ = SymBuffer::<u8>::new(2, 8).cast::<f32>();
     }
 }

@@ -211,8 +211,17 @@ __device__ __forceinline__ void ox_copy_packs(uint4* dst, const uint4* src, long
     for (; k < q1; k += bd) dst[k] = __ldcv(src + k);
 }
 
-// Two-shot reduce of packs [s0, s1): the reduced pack goes to every peer's slot `me` and to the
-// output, OX_UNROLL packs in flight per thread.
+// Where the reduced packs go on member p: its slot `me`; or, for a buffer on the symmetric heap
+// (OX_SYMM_PUSH), p's copy of the buffer itself, at the same offset from p's staging set as ours
+// is from our set (the heap is mapped linearly; the host checked it against nvshmem_ptr).
+template <typename R>
+__device__ __forceinline__ uint4* ox_result_dst(const CollArgs& a, int p) {
+    if (a.mode == OX_SYMM_PUSH) return (uint4*)(a.out_base + a.win_lo * sizeof(R) + (a.bufs[p] - a.bufs[a.me]));
+    return (uint4*)ox_remote_slot<R>(a, p);
+}
+
+// Two-shot reduce of packs [s0, s1): the reduced pack goes to every peer (ox_result_dst) and to
+// the output, OX_UNROLL packs in flight per thread.
 template <typename E>
 __device__ __forceinline__ void ox_reduce_packs(const CollArgs& a, long long s0, long long s1) {
     typedef typename E::raw R;
@@ -226,14 +235,14 @@ __device__ __forceinline__ void ox_reduce_packs(const CollArgs& a, long long s0,
 #pragma unroll
         for (int j = 0; j < OX_UNROLL; ++j) {
             for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) ((uint4*)ox_remote_slot<R>(a, p))[k + j * bd] = v[j];
+                if (p != a.me) ox_result_dst<R>(a, p)[k + j * bd] = v[j];
             out[k + j * bd] = v[j];
         }
     }
     for (; k < s1; k += bd) {
         uint4 v = ox_reduce_pack<E>(a, k);
         for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) ((uint4*)ox_remote_slot<R>(a, p))[k] = v;
+            if (p != a.me) ox_result_dst<R>(a, p)[k] = v;
         out[k] = v;
     }
 }
@@ -243,9 +252,9 @@ __device__ void ox_collective(const CollArgs& a) {
     typedef typename E::raw R;
     const long long EPP = 16 / sizeof(R);
     const long long npacks = (a.win_hi - a.win_lo + EPP - 1) / EPP;
-    // This block's packs: shard_range(npacks, gridDim.x, blockIdx.x), the same on every PE.
-    const long long p0 = ox_shard_start(npacks, gridDim.x, blockIdx.x);
-    const long long p1 = ox_shard_start(npacks, gridDim.x, blockIdx.x + 1);
+    // This block's packs (whole 512-byte units, see ox_pack_split), the same on every PE.
+    const long long p0 = ox_pack_split(npacks, gridDim.x, blockIdx.x);
+    const long long p1 = ox_pack_split(npacks, gridDim.x, blockIdx.x + 1);
 
     if (a.mode == OX_ONESHOT) {
         for (int p = 0; p < a.npes; ++p)
@@ -258,24 +267,27 @@ __device__ void ox_collective(const CollArgs& a) {
         return;
     }
 
-    // Two-shot all_reduce (input and output are the whole window). PE q owns the sub-shard
-    // [sub(q), sub(q + 1)) of the block's packs.
+    // Two-shot all_reduce (input and output are the whole window; OX_SYMM_PUSH: a buffer on the
+    // symmetric heap, whole aligned packs only). PE q owns the sub-shard [sub(q), sub(q + 1)) of
+    // the block's packs.
     const long long len = p1 - p0;
     if (a.aligned && (a.win_hi - a.win_lo) % EPP == 0) {
         // Every pack whole and 16-byte aligned: the bulk loops, several packs in flight.
         const uint4* in = (const uint4*)(a.in_base + a.win_lo * sizeof(R));
         for (int p = 0; p < a.npes; ++p) {
             if (p == a.me) continue;
-            const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
+            const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
             ox_copy_packs((uint4*)ox_remote_slot<R>(a, p), in, q0, q1);
         }
         if (!ox_exchange(a, a.ready)) return;
-        const long long s0 = p0 + ox_shard_start(len, a.npes, a.me), s1 = p0 + ox_shard_start(len, a.npes, a.me + 1);
+        const long long s0 = p0 + ox_pack_split(len, a.npes, a.me), s1 = p0 + ox_pack_split(len, a.npes, a.me + 1);
         ox_reduce_packs<E>(a, s0, s1);
         if (!ox_exchange(a, a.done)) return;
+        // A symmetric buffer already holds the peers' reduced sub-shards: they stored them here.
+        if (a.mode == OX_SYMM_PUSH) return;
         for (int p = 0; p < a.npes; ++p) {
             if (p == a.me) continue;
-            const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
+            const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
             ox_copy_packs((uint4*)(a.out_base + a.win_lo * sizeof(R)),
                           (const uint4*)(a.bufs[a.me] + (unsigned long long)p * a.slot_bytes), q0, q1);
         }
@@ -283,13 +295,13 @@ __device__ void ox_collective(const CollArgs& a) {
     }
     for (int p = 0; p < a.npes; ++p) {
         if (p == a.me) continue;
-        const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
+        const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
         for (long long k = q0 + threadIdx.x; k < q1; k += blockDim.x) ox_push<E>(a, p, k);
     }
     if (!ox_exchange(a, a.ready)) return;
     // Reduce this PE's sub-shard; push the result into the same slot `me` of every peer
     // (its sub-shard part of that slot is unused in this epoch).
-    const long long s0 = p0 + ox_shard_start(len, a.npes, a.me), s1 = p0 + ox_shard_start(len, a.npes, a.me + 1);
+    const long long s0 = p0 + ox_pack_split(len, a.npes, a.me), s1 = p0 + ox_pack_split(len, a.npes, a.me + 1);
     R* out = (R*)a.out_base;
     for (long long k = s0 + threadIdx.x; k < s1; k += blockDim.x) {
         long long i0, i1;
@@ -313,7 +325,7 @@ __device__ void ox_collective(const CollArgs& a) {
     // The peers' reduced sub-shards are in our slots.
     for (int p = 0; p < a.npes; ++p) {
         if (p == a.me) continue;
-        const long long q0 = p0 + ox_shard_start(len, a.npes, p), q1 = p0 + ox_shard_start(len, a.npes, p + 1);
+        const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
         for (long long k = q0 + threadIdx.x; k < q1; k += blockDim.x) {
             long long i0, i1;
             bool whole = ox_pack_range<R>(a, k, &i0, &i1);

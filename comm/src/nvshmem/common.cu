@@ -12,13 +12,15 @@ namespace std { using namespace cuda::std; }
 #include <nvshmemx.h>
 
 #define OX_MAX_PES 8
-#define OX_MAX_BLOCKS 128
+#define OX_MAX_BLOCKS 256
 
 // Algorithm.
 #define OX_ONESHOT 0
 #define OX_TWOSHOT 1
 #define OX_LL 2     // all_reduce of small messages: data and flag in each 8-byte word (ll.cu)
 #define OX_STREAM 3 // all_reduce of large messages: pipelined pushes through rings (stream.cu)
+#define OX_SYMM 4   // all_reduce in place of a buffer on the symmetric heap, no staging (symmetric.cu)
+#define OX_SYMM_PUSH 5 // the same as two-shot pushes: results stored into the peers' copies (collectives.cu)
 // Where output element i comes from.
 #define OX_SRC_REDUCE 0 // the reduction over every PE's input (all_reduce, reduce, reduce_scatter)
 #define OX_SRC_ROOT 1   // PE `root`'s input (broadcast)
@@ -179,6 +181,15 @@ __device__ __forceinline__ float ox_combine(int op, float a, float v) {
 __device__ __forceinline__ long long ox_shard_start(long long len, int n, int rank) {
     long long base = len / n, extra = len % n;
     return rank * base + (rank < extra ? rank : extra);
+}
+
+// Where part `i` of `n` packs split `parts` ways starts, in whole units of 32 packs (512 bytes,
+// one warp's 16-byte accesses): block and PE boundaries then fall on cache lines, so no warp
+// access straddles one (with 132 blocks, unaligned parts cost two-shot 6% of its bandwidth).
+#define OX_UNIT_PACKS 32
+__device__ __forceinline__ long long ox_pack_split(long long n, int parts, int i) {
+    const long long units = (n + OX_UNIT_PACKS - 1) / OX_UNIT_PACKS;
+    return min(ox_shard_start(units, parts, i) * OX_UNIT_PACKS, n);
 }
 
 // The PE whose shard_range(count, n, .) holds element i.

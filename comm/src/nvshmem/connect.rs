@@ -135,7 +135,7 @@ impl NvshmemCommunicator {
 
         // Symmetric allocations: the same sizes in the same order on every PE.
         let slot_bytes = match opts.chunk_bytes {
-            0 => (64usize << 20).min((256usize << 20) / world),
+            0 => (128usize << 20).min((256usize << 20) / world),
             b => b,
         } / 16
             * 16;
@@ -171,6 +171,10 @@ impl NvshmemCommunicator {
             (signals, teams)
         };
         let stream_resident = resident_blocks(&device, &module)?;
+        // Block b waits only for block b of the peers; with more blocks than fit at once that
+        // could wait on a block that is never scheduled. So at most one wave: all SMs.
+        let mut opts = opts;
+        opts.max_blocks = opts.max_blocks.min(stream_resident);
         let fault = fault::Fault::new(rank, crate::CommOptions::default().timeout)?;
         let algorithm = opts.algorithm;
         Ok(NvshmemCommunicator {

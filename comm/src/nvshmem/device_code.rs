@@ -30,6 +30,7 @@ pub const SOURCE: &str = concat!(
     include_str!("collectives.cu"),
     include_str!("ll.cu"),
     include_str!("stream.cu"),
+    include_str!("symmetric.cu"),
     include_str!("atomics.cu"),
     include_str!("entry.cu")
 );

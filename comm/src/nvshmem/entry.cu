@@ -1,4 +1,4 @@
-// The kernels' entry points (appended last to collectives.cu, ll.cu and stream.cu by
+// The kernels' entry points (appended last to collectives.cu, ll.cu, stream.cu and symmetric.cu by
 // device_code.rs): one per dtype, dispatching on the mode.
 
 // Programmatic dependent launch (Hopper): launched with that attribute, a collective may be
@@ -17,6 +17,7 @@ __device__ void ox_entry(const CollArgs& a) {
     ox_dependent_launch();
     if (a.mode == OX_LL) ox_ll_all_reduce<E>(a);
     else if (a.mode == OX_STREAM) ox_stream_all_reduce<E>(a);
+    else if (a.mode == OX_SYMM) ox_symm_all_reduce<E>(a);
     else ox_collective<E>(a);
 }
 

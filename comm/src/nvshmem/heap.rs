@@ -7,10 +7,14 @@
 //! Signals are watched by polling this PE's word, so `wait_until` times out like every wait.
 
 use super::host::{self, OneSided};
+use super::team::Kind;
 use super::{kernels, NvshmemCommunicator};
+use crate::element::ReduceElement;
 use crate::error::{CommError, Result};
 use crate::gpu::cuda_err;
+use crate::op::ReduceOp;
 use crate::symmetric::{AtomicElement, Cmp, Signal, SignalOp, SymBuffer, SymmetricMemory};
+use crate::work::Work;
 use cudarc::driver::result as drv;
 use oxtrain_tensor::cuda::Stream;
 use std::ffi::c_void;
@@ -135,6 +139,66 @@ impl NvshmemHeap<'_> {
         unsafe { drv::memcpy_dtoh_sync(&mut old, self.scratch) }
             .map_err(|e| cuda_err("reading an atomic's old value", format!("{e:?}")))?;
         Ok(old[0])
+    }
+
+    /// All-reduces `buf` in place over every PE, with no staging copy: the kernel reads every
+    /// PE's copy and writes the result into every copy over NVLink (`symmetric.cu`). This is
+    /// the fastest all-reduce of the backend for large messages; keep buffers that are reduced
+    /// every step (gradient buckets) on the heap to use it. Collective: every PE calls it with
+    /// the same buffer. Like the [`Communicator`](crate::Communicator) ops, it is ordered after
+    /// the caller's current stream and returns at once; wait on the [`Work`] before reading the
+    /// buffer (`Work::synchronize` before `read_local`, which does not wait for streams).
+    /// Needs every PE on this node (reachable by load/store). Two kernels: whole 16-byte packs
+    /// go as two-shot pushes whose results land straight in the peers' copies; other buffers
+    /// (or `OXTRAIN_NVSHMEM_SYMM=pull`) in one pass that loads the peers' copies.
+    pub fn all_reduce<T: ReduceElement>(&self, buf: SymBuffer<T>, op: ReduceOp) -> Result<Work> {
+        let comm = self.comm;
+        let f = comm.function("symmetric all_reduce", T::DTYPE, true)?;
+        let team = comm.team(Kind::All)?;
+        if team.put_mask != 0 || comm.is_hierarchical() {
+            return Err(CommError::Unsupported(
+                "nvshmem symmetric all_reduce: the PEs span nodes, and it needs every PE's heap reachable by \
+                 load/store; use NvshmemCommunicator::all_reduce on a tensor"
+                    .into(),
+            ));
+        }
+        let api = host::api()?;
+        let addr = self.addr(buf);
+        let esz = std::mem::size_of::<T>();
+        let mut a = kernels::CollArgs {
+            in_base: addr,
+            out_base: addr,
+            count: buf.len as i64,
+            in_lo: 0,
+            in_hi: buf.len as i64,
+            op: op as i32,
+            mode: kernels::SYMM,
+            src: kernels::SRC_REDUCE,
+            out: kernels::OUT_ALL,
+            ..kernels::CollArgs::default()
+        };
+        for (m, &pe) in team.members.iter().enumerate() {
+            // SAFETY: addr is a symmetric address inside this heap.
+            let peer = unsafe { (api.ptr)(addr as *const c_void, pe as i32) } as u64;
+            if peer == 0 {
+                return Err(CommError::Unsupported(format!(
+                    "nvshmem symmetric all_reduce: PE {pe}'s heap is not reachable by load/store from PE {} \
+                     (nvshmem_ptr is null)",
+                    comm.rank
+                )));
+            }
+            a.bufs[m] = peer;
+        }
+        // Pushes (two-shot into the peers' copies) need whole 16-byte packs, and the peers'
+        // copies where the kernel computes them: at our offset from their staging sets.
+        let linear = team.sets.iter().all(|set| {
+            (0..team.members.len()).all(|m| set[m].wrapping_sub(set[team.me]) == a.bufs[m].wrapping_sub(addr))
+        });
+        if comm.opts.symmetric_push && linear && addr.is_multiple_of(16) && (buf.len * esz).is_multiple_of(16)
+        {
+            a.mode = kernels::SYMM_PUSH;
+        }
+        comm.launch("nvshmem symmetric all_reduce", f, esz, &[(a, Kind::All)], false)
     }
 
     fn check_pe(&self, pe: usize) {

@@ -6,13 +6,15 @@ use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
 
 pub(crate) const MAX_PES: usize = 8;
-pub(crate) const MAX_BLOCKS: u32 = 128;
+pub(crate) const MAX_BLOCKS: u32 = 256;
 pub(crate) const THREADS: u32 = 512;
 
 pub(crate) const ONESHOT: i32 = 0;
 pub(crate) const TWOSHOT: i32 = 1;
 pub(crate) const LL: i32 = 2;
 pub(crate) const STREAM: i32 = 3;
+pub(crate) const SYMM: i32 = 4;
+pub(crate) const SYMM_PUSH: i32 = 5;
 pub(crate) const SRC_REDUCE: i32 = 0;
 pub(crate) const SRC_ROOT: i32 = 1;
 pub(crate) const SRC_OWNER: i32 = 2;

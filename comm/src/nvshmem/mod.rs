@@ -201,8 +201,9 @@ impl NvshmemCommunicator {
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
         let window = match base.mode {
-            // The rings take a tensor of any length in one launch.
-            kernels::STREAM => count.max(1),
+            // The rings take a tensor of any length in one launch; a symmetric buffer needs no
+            // staging.
+            kernels::STREAM | kernels::SYMM => count.max(1),
             kernels::LL => team.slot_bytes / 2 / esz,
             _ => team.slot_bytes / esz,
         };
@@ -216,7 +217,9 @@ impl NvshmemCommunicator {
             a.win_lo = lo as i64;
             a.win_hi = hi as i64;
             a.epoch = state.epoch;
-            a.bufs = team.sets[parity];
+            if base.mode != kernels::SYMM {
+                a.bufs = team.sets[parity];
+            }
             a.slot_bytes = team.slot_bytes as u64;
             a.ready = self.signals;
             a.done = self.signals + self.signal_array;

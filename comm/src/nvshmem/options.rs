@@ -6,8 +6,8 @@ use super::kernels;
 /// Which all-reduce algorithm runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
-    /// Low-latency up to `ll_max_bytes`, one-shot up to `oneshot_max_bytes`, then streaming
-    /// on two GPUs (16-byte aligned tensors) and two-shot otherwise.
+    /// Low-latency up to `ll_max_bytes`, one-shot up to `oneshot_max_bytes`, then two-shot
+    /// (streaming from `stream_min_bytes` on two GPUs with 16-byte aligned tensors, when set).
     Auto,
     /// Data and flags in every 8-byte word, one NVLink crossing, no signals (`ll.cu`).
     LowLatency,
@@ -36,7 +36,8 @@ impl Algorithm {
 /// Tuning of the nvshmem backend; `Default` reads the `OXTRAIN_NVSHMEM_*` variables.
 #[derive(Debug, Clone)]
 pub struct NvshmemOptions {
-    /// Most blocks a collective kernel uses (1..=128); fewer SMs taken from compute.
+    /// Most blocks a collective kernel uses (1..=256, and at most one per SM); fewer SMs taken
+    /// from compute.
     pub max_blocks: u32,
     /// All-reduces of at most this many bytes run low-latency under `Algorithm::Auto`; it
     /// also sizes the low-latency slots (2 x world x 2 x this on the heap).
@@ -46,7 +47,9 @@ pub struct NvshmemOptions {
     pub oneshot_max_bytes: usize,
     pub algorithm: Algorithm,
     /// Bytes of one staging slot: larger messages run in windows of this size. The heap
-    /// holds 2 x world x this (0: 64 MiB, at most 256 MiB / world).
+    /// holds 2 x world x this (0: 128 MiB, at most 256 MiB / world: 512 MiB of heap). On
+    /// 2xH200 128 MiB windows took two-shot from 323 to 329 GB/s at 256 MiB and the symmetric
+    /// all-reduce from 342 to 351 against 64 MiB (each window costs about 10 us).
     pub chunk_bytes: usize,
     /// All-reduces of at least this many bytes stream under `Algorithm::Auto` (two GPUs);
     /// between `oneshot_max_bytes` and this they run two-shot.
@@ -57,6 +60,10 @@ pub struct NvshmemOptions {
     pub stream_depth: usize,
     /// Streaming all-reduce: pusher blocks per reducer block.
     pub stream_pushers_per_reducer: usize,
+    /// `NvshmemHeap::all_reduce` of whole 16-byte packs as pushes (two-shot, results stored into
+    /// the peers' copies); false: one pass loading the peers' copies. `OXTRAIN_NVSHMEM_SYMM`:
+    /// push (default) or pull.
+    pub symmetric_push: bool,
     /// GPUs per node (PEs numbered node by node); fewer than the world makes all_reduce
     /// hierarchical (see `team.rs`). 0: `LOCAL_WORLD_SIZE` when set, else every PE on one node.
     pub ranks_per_node: usize,
@@ -88,9 +95,11 @@ impl Default for NvshmemOptions {
                 .unwrap_or(1)
                 .max(1),
             ranks_per_node: env_num("OXTRAIN_NVSHMEM_RANKS_PER_NODE").unwrap_or(0),
-            // Measured on 2xH200 (f32, 128 blocks): streaming 327-335 GB/s at 256 MiB against
-            // two-shot's 322-324; two-shot ahead at 64 MiB (320 against 298-313).
-            stream_min_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_MIN_BYTES").unwrap_or(256 << 20),
+            symmetric_push: std::env::var("OXTRAIN_NVSHMEM_SYMM").map_or(true, |v| v.trim() != "pull"),
+            // Auto does not stream unless asked: with 128 MiB windows two-shot measured 329 GB/s at
+            // 256 MiB against streaming's 316-319, and 329-330 at 1 GiB against 323-332 (2xH200,
+            // f32, 128 and 132 blocks). With 64 MiB windows streaming had been ahead at 256 MiB.
+            stream_min_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_MIN_BYTES").unwrap_or(usize::MAX),
         }
     }
 }
@@ -137,6 +146,7 @@ mod tests {
             stream_depth: 2,
             stream_pushers_per_reducer: 1,
             ranks_per_node: 0,
+            symmetric_push: true,
         }
     }
 

@@ -118,14 +118,14 @@ __device__ __forceinline__ void ox_stream_reduce(const CollArgs& a, int b, long 
     }
 }
 
-// Range g of the packs: shard_range(npacks, pushers, g), and its chunk count.
+// Range g of the packs (ox_pack_split(npacks, pushers, g)), and its chunk count.
 struct OxRange {
     long long r0, r1, nchunks;
 };
 __device__ __forceinline__ OxRange ox_range(const CollArgs& a, long long npacks, int pushers, int g) {
     OxRange r;
-    r.r0 = ox_shard_start(npacks, pushers, g);
-    r.r1 = ox_shard_start(npacks, pushers, g + 1);
+    r.r0 = ox_pack_split(npacks, pushers, g);
+    r.r1 = ox_pack_split(npacks, pushers, g + 1);
     r.nchunks = (r.r1 - r.r0 + a.chunk_packs - 1) / a.chunk_packs;
     return r;
 }

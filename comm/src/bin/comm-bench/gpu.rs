@@ -3,6 +3,8 @@
 //! checked, and with `--compare nccl` the NVSHMEM-vs-NCCL entries of the results file.
 
 use super::{fail, print_header, run_rank, short, write_json_with, Config, Row};
+
+mod symmetric;
 use oxtrain_comm::bootstrap::store_from_env;
 use oxtrain_comm::nccl::NcclCommunicator;
 use oxtrain_comm::nvshmem::{Algorithm, NvshmemCommunicator, NvshmemOptions};
@@ -137,19 +139,25 @@ fn nvshmem_options(cfg: &Config) -> NvshmemOptions {
 }
 
 /// The all-reduce algorithms `--algo` names (a comma-separated list, or `all`), with the
-/// label of their rows.
-fn algorithms(cfg: &Config) -> Vec<(Algorithm, String)> {
-    const ALL: [&str; 5] = ["auto", "ll", "oneshot", "twoshot", "stream"];
+/// label of their rows. `symm` (None here) is the in-place all-reduce of a buffer on the
+/// symmetric heap (`NvshmemHeap::all_reduce`), not an algorithm of `all_reduce` on tensors.
+fn algorithms(cfg: &Config) -> Vec<(Option<Algorithm>, String)> {
+    const ALL: [&str; 6] = ["auto", "ll", "oneshot", "twoshot", "stream", "symm"];
     let names: Vec<&str> = if cfg.algo == "all" { ALL.to_vec() } else { cfg.algo.split(',').collect() };
     names
         .into_iter()
         .map(|n| {
-            let algo = Algorithm::parse(n.trim()).unwrap_or_else(|| {
-                fail(&format!("--algo {n}: expected all or a list of auto, ll, oneshot, twoshot, stream"))
+            let n = n.trim();
+            if n == "symm" {
+                return (None, "nvshmem-symm".to_string());
+            }
+            let algo = Algorithm::parse(n).unwrap_or_else(|| {
+                fail(&format!(
+                    "--algo {n}: expected all or a list of auto, ll, oneshot, twoshot, stream, symm"
+                ))
             });
-            let label =
-                if algo == Algorithm::Auto { "nvshmem".to_string() } else { format!("nvshmem-{}", n.trim()) };
-            (algo, label)
+            let label = if algo == Algorithm::Auto { "nvshmem".to_string() } else { format!("nvshmem-{n}") };
+            (Some(algo), label)
         })
         .collect()
 }
@@ -227,13 +235,19 @@ pub fn child(cfg: &Config) -> i32 {
                 if comm.is_hierarchical() { "; PEs span nodes: hierarchical all_reduce" } else { "" }
             );
         }
-        for (i, (algo, label)) in algorithms(cfg).into_iter().enumerate() {
+        let mut first = true;
+        for (algo, label) in algorithms(cfg) {
+            let Some(algo) = algo else {
+                rows.extend(symmetric::sweep(&comm, cfg, &label));
+                continue;
+            };
             comm.set_algorithm(algo);
             let mut c = cfg.clone();
-            if i > 0 {
+            if !first {
                 // The algorithm only changes all_reduce.
                 c.ops = vec!["all_reduce".into()];
             }
+            first = false;
             rows.extend(sweep(&comm, comm.comm_stream(), &c, device, &label));
         }
         let bad = symmetric_self_check(&comm).unwrap_or_else(|e| fail(&format!("symmetric memory: {e}")));
@@ -257,7 +271,7 @@ pub fn child(cfg: &Config) -> i32 {
             let notes = format!(
                 "comm-bench GPU: {world} processes, one GPU each; CUDA events around back-to-back calls on the \
                  communication stream, averaged; algbw = size/time, busbw with nccl-tests' factors; every element \
-                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels (auto algorithm unless labelled)."
+                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels on tensors (auto algorithm unless labelled); nvshmem-symm = the in-place all-reduce of a buffer on NVSHMEM's symmetric heap (NvshmemHeap::all_reduce, no staging copy)."
             );
             write_json_with(p, &rows, extra, Some(format!("{world}x {name}")), Some(notes));
         }
@@ -270,7 +284,9 @@ pub fn child(cfg: &Config) -> i32 {
 /// must fail at once. Returns the exit code.
 fn timeout_check(comm: &NvshmemCommunicator, cfg: &Config, device: Device) -> i32 {
     let timeout = oxtrain_comm::CommOptions::default().timeout;
-    let (algo, label) = algorithms(cfg).into_iter().next().unwrap_or((Algorithm::Auto, "nvshmem".into()));
+    let (algo, label) =
+        algorithms(cfg).into_iter().next().unwrap_or((Some(Algorithm::Auto), "nvshmem".into()));
+    let algo = algo.unwrap_or_else(|| fail("--timeout-check: symm is not an all_reduce algorithm"));
     comm.set_algorithm(algo);
     let _current = comm.comm_stream().make_current();
     if comm.rank() != 0 {
@@ -362,7 +378,10 @@ fn comparison(rows: &[Row], dtype: DType) -> Vec<serde_json::Value> {
             .find(|r| r.backend == backend && r.op == "all_reduce" && r.dtype == dtype && r.bytes == bytes)
     };
     let mut out = vec![];
-    println!("# nvshmem vs {peer_name}, all_reduce {}:", short(dtype));
+    println!(
+        "# nvshmem vs {peer_name}, all_reduce {} (_symmetric: a buffer on the symmetric heap):",
+        short(dtype)
+    );
     // One entry: printed, and in the results file (figures to 3 decimals).
     let mut entry = |name: &str, unit: &str, o: f64, p: f64, ratio: f64, goal: f64, method: Option<&str>| {
         println!("  {name:<34} nvshmem {o:>10.2} {unit:<4}  nccl {p:>10.2} {unit:<4}  ratio {ratio:.3} (goal {goal})");
@@ -381,13 +400,22 @@ fn comparison(rows: &[Row], dtype: DType) -> Vec<serde_json::Value> {
         }
         out.push(e);
     };
-    for (name, bytes, latency) in [
-        ("allreduce_latency_8KB", 8usize << 10, true),
-        ("allreduce_latency_64KB", 64 << 10, true),
-        ("allreduce_busbw_64MB", 64 << 20, false),
-        ("allreduce_busbw_256MB", 256 << 20, false),
-    ] {
-        let (Some(ours), Some(peer)) = (find("nvshmem", bytes), find("nccl", bytes)) else {
+    // Bandwidth of the tensor all-reduce ("nvshmem", auto) and of the in-place all-reduce of a
+    // buffer on the symmetric heap ("nvshmem-symm", with --algo symm), each against NCCL on
+    // the same sizes.
+    let mut cases = vec![("allreduce_latency_8KB".to_string(), "nvshmem", 8usize << 10, true)];
+    cases.push(("allreduce_latency_64KB".into(), "nvshmem", 64 << 10, true));
+    for (backend, suffix) in [("nvshmem", ""), ("nvshmem-symm", "_symmetric")] {
+        for (mb, bytes) in [(64, 64usize << 20), (256, 256 << 20), (512, 512 << 20), (1024, 1 << 30)] {
+            let size = if mb == 1024 { "1GB".to_string() } else { format!("{mb}MB") };
+            if backend == "nvshmem" || find(backend, bytes).is_some() {
+                cases.push((format!("allreduce_busbw_{size}{suffix}"), backend, bytes, false));
+            }
+        }
+    }
+    for (name, backend, bytes, latency) in cases {
+        let name = name.as_str();
+        let (Some(ours), Some(peer)) = (find(backend, bytes), find("nccl", bytes)) else {
             eprintln!(
                 "comm-bench: {name}: no rows at {bytes} B for both backends (widen --min-bytes/--max-bytes)"
             );

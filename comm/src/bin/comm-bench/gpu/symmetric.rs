@@ -1,0 +1,102 @@
+//! `--algo symm`: the in-place all-reduce of a buffer on NVSHMEM's symmetric heap
+//! (`NvshmemHeap::all_reduce`, no staging copy), swept and checked like the tensor rows.
+
+use super::super::{bus_factor, fail, print_header, print_row, value, Config, Row};
+use super::time_on_stream;
+use oxtrain_comm::nvshmem::{NvshmemCommunicator, NvshmemHeap};
+use oxtrain_comm::{Communicator, ReduceElement, ReduceOp, SymBuffer, SymmetricMemory};
+use oxtrain_tensor::half::{bf16, f16};
+use oxtrain_tensor::{DType, Element};
+
+/// One row per dtype and size, all_reduce only (the other ops have no symmetric form).
+pub fn sweep(comm: &NvshmemCommunicator, cfg: &Config, label: &str) -> Vec<Row> {
+    if !cfg.ops.iter().any(|o| o == "all_reduce") {
+        return vec![];
+    }
+    if comm.rank() == 0 {
+        print_header(label, comm.world_size());
+    }
+    let largest = sizes(cfg, 1).into_iter().max().unwrap_or(16);
+    let heap = comm.symmetric_heap(largest).unwrap_or_else(|e| fail(&e.to_string()));
+    // Every size in turn at the start of one buffer.
+    let whole = heap.alloc::<u8>(largest.div_ceil(16) * 16).unwrap_or_else(|e| fail(&e.to_string()));
+    let _current = comm.comm_stream().make_current();
+    let mut rows = vec![];
+    for &dtype in &cfg.dtypes {
+        for bytes in sizes(cfg, dtype.size_in_bytes()) {
+            let row = match dtype {
+                DType::F32 => measure::<f32>(comm, &heap, whole, cfg, bytes),
+                DType::BF16 => measure::<bf16>(comm, &heap, whole, cfg, bytes),
+                DType::F16 => measure::<f16>(comm, &heap, whole, cfg, bytes),
+                other => fail(&format!("--algo symm: no {other} all_reduce")),
+            };
+            let mut row = row;
+            row.backend = label.to_string();
+            if comm.rank() == 0 {
+                print_row(&row);
+            }
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+fn sizes(cfg: &Config, esz: usize) -> Vec<usize> {
+    cfg.sizes.clone().unwrap_or_else(|| {
+        std::iter::successors(Some(cfg.min_bytes.max(esz)), |b| Some(b * 2))
+            .take_while(|&b| b <= cfg.max_bytes)
+            .collect()
+    })
+}
+
+fn measure<T: ReduceElement + Element>(
+    comm: &NvshmemCommunicator,
+    heap: &NvshmemHeap<'_>,
+    whole: SymBuffer<u8>,
+    cfg: &Config,
+    bytes: usize,
+) -> Row {
+    let (rank, n) = (heap.rank(), heap.world_size());
+    let ok = |r: oxtrain_comm::Result<()>| r.unwrap_or_else(|e| fail(&e.to_string()));
+    let esz = std::mem::size_of::<T>();
+    let count = (bytes / esz).max(1);
+    let buf = whole.slice(0..count * esz).cast::<T>();
+    let mine: Vec<T> = (0..count).map(|i| T::from_f64(value(rank, i))).collect();
+    ok(heap.write_local(buf, &mine));
+    let call = || ok(heap.all_reduce(buf, ReduceOp::Sum).and_then(|w| w.wait()));
+    let iters =
+        if cfg.iters_set { cfg.iters.max(1) } else { 100usize.min((6usize << 30) / bytes.max(1)).max(10) };
+    for _ in 0..cfg.warmup.min(iters) {
+        call();
+    }
+    ok(heap.barrier_all());
+    let s = comm.comm_stream();
+    let (secs, host) = time_on_stream(s, iters, call);
+    // One more call on fresh inputs, checked element by element.
+    ok(heap.write_local(buf, &mine));
+    ok(heap.barrier_all());
+    ok(heap.all_reduce(buf, ReduceOp::Sum).and_then(|w| w.synchronize()));
+    let mut got = vec![T::zero(); count];
+    ok(heap.read_local(buf, &mut got));
+    let wrong = got
+        .iter()
+        .enumerate()
+        .filter(|(i, g)| g.to_f64() != (0..n).map(|r| value(r, *i)).sum::<f64>())
+        .count();
+    ok(heap.barrier_all());
+    let algbw = (count * esz) as f64 / secs / 1e9;
+    Row {
+        backend: String::new(),
+        ranks: n,
+        op: "all_reduce".into(),
+        dtype: <T as Element>::DTYPE,
+        bytes: count * esz,
+        count,
+        time_us: secs * 1e6,
+        algbw,
+        busbw: algbw * bus_factor("all_reduce", n),
+        wrong,
+        host_us: Some(host * 1e6),
+        ahead_us: None,
+    }
+}

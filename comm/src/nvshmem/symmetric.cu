@@ -1,0 +1,97 @@
+// Zero-copy all-reduce of a buffer on the symmetric heap (`NvshmemHeap::all_reduce`): every
+// PE's copy of the buffer is reachable by load/store through nvshmem_ptr, so no staging slot
+// and no local copy is needed. One pass per element, in place:
+//   1. `ready` exchange: every peer's kernel has started, so its stream's earlier work (which
+//      wrote its input) is complete;
+//   2. PE q owns the sub-shard q of each block's packs: it loads that part of every PE's copy
+//      (its own from HBM, the peers' over NVLink), reduces in PE order, and stores the result
+//      into every copy (its own and, over NVLink, the peers');
+//   3. `done` exchange: the peers' stores into this copy are visible before the kernel ends.
+// Each element is read and written by one thread of one PE, which reads every copy before it
+// writes any, so in place is safe. Two-shot with user buffers moves the same NVLink bytes but
+// also copies the peers' sub-shards out of the staging slots and runs in windows; this does
+// neither. (After common.cu and collectives.cu: ox_exchange.)
+//
+// `bufs[p]` is member p's copy as seen here (bufs[me] the local one), `count` its elements.
+
+// Packs in flight per thread per member: several 16-byte loads issued before they are combined
+// (two for 16-bit types, whose 8 accumulators per pack would otherwise spill registers).
+template <typename R>
+struct OxSymmUnroll {
+    static const int n = sizeof(R) == 4 ? 4 : 2;
+};
+#define OX_SYMM_UNROLL (OxSymmUnroll<typename E::raw>::n)
+
+// Packs [k, k + OX_SYMM_UNROLL * bd) (stride bd) reduced over every member's copy, in PE order.
+template <typename E>
+__device__ __forceinline__ void ox_symm_reduce(const CollArgs& a, long long k, long long bd, uint4* v) {
+    typedef typename E::raw R;
+    const int EPP = 16 / sizeof(R);
+    float acc[OX_SYMM_UNROLL][16 / sizeof(R)];
+    for (int p = 0; p < a.npes; ++p) {
+        const uint4* src = (const uint4*)a.bufs[p];
+        uint4 w[OX_SYMM_UNROLL];
+#pragma unroll
+        for (int j = 0; j < OX_SYMM_UNROLL; ++j) w[j] = __ldcv(src + k + j * bd);
+#pragma unroll
+        for (int j = 0; j < OX_SYMM_UNROLL; ++j) {
+            const R* s = (const R*)&w[j];
+#pragma unroll
+            for (int e = 0; e < EPP; ++e) acc[j][e] = p == 0 ? E::to_f(s[e]) : ox_combine(a.op, acc[j][e], E::to_f(s[e]));
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < OX_SYMM_UNROLL; ++j) {
+        R* o = (R*)&v[j];
+#pragma unroll
+        for (int e = 0; e < EPP; ++e) o[e] = E::from_f(a.op == OX_AVG ? acc[j][e] / (float)a.npes : acc[j][e]);
+    }
+}
+
+// Element i reduced over every member's copy (the scalar path: unaligned or partial packs).
+template <typename E>
+__device__ __forceinline__ typename E::raw ox_symm_element(const CollArgs& a, long long i) {
+    typedef typename E::raw R;
+    float acc = E::to_f(((volatile const R*)a.bufs[0])[i]);
+    for (int p = 1; p < a.npes; ++p) acc = ox_combine(a.op, acc, E::to_f(((volatile const R*)a.bufs[p])[i]));
+    return E::from_f(a.op == OX_AVG ? acc / (float)a.npes : acc);
+}
+
+template <typename E>
+__device__ void ox_symm_all_reduce(const CollArgs& a) {
+    typedef typename E::raw R;
+    const long long EPP = 16 / sizeof(R);
+    const long long npacks = (a.count + EPP - 1) / EPP;
+    const long long p0 = ox_pack_split(npacks, gridDim.x, blockIdx.x);
+    const long long p1 = ox_pack_split(npacks, gridDim.x, blockIdx.x + 1);
+    if (!ox_exchange(a, a.ready)) return;
+    const long long len = p1 - p0;
+    const long long s0 = p0 + ox_pack_split(len, a.npes, a.me), s1 = p0 + ox_pack_split(len, a.npes, a.me + 1);
+    const long long bd = blockDim.x;
+    if (a.aligned && a.count % EPP == 0) {
+        long long k = s0 + threadIdx.x;
+        for (; k + (OX_SYMM_UNROLL - 1) * bd < s1; k += OX_SYMM_UNROLL * bd) {
+            uint4 v[OX_SYMM_UNROLL];
+            ox_symm_reduce<E>(a, k, bd, v);
+            for (int p = 0; p < a.npes; ++p) {
+                uint4* dst = (uint4*)a.bufs[p];
+#pragma unroll
+                for (int j = 0; j < OX_SYMM_UNROLL; ++j) dst[k + j * bd] = v[j];
+            }
+        }
+        for (; k < s1; k += bd) {
+            for (long long i = k * EPP; i < (k + 1) * EPP; ++i) {
+                R v = ox_symm_element<E>(a, i);
+                for (int p = 0; p < a.npes; ++p) ((R*)a.bufs[p])[i] = v;
+            }
+        }
+    } else {
+        for (long long k = s0 + threadIdx.x; k < s1; k += bd) {
+            for (long long i = k * EPP; i < min((k + 1) * EPP, a.count); ++i) {
+                R v = ox_symm_element<E>(a, i);
+                for (int p = 0; p < a.npes; ++p) ((R*)a.bufs[p])[i] = v;
+            }
+        }
+    }
+    ox_exchange(a, a.done);
+}

@@ -23,8 +23,8 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 /// The kernel source, embedded in the binary: the shared pieces, the one-shot/two-shot
-/// collectives, the low-latency all-reduce, the streaming all-reduce, the heap's atomics, then
-/// the collectives' entry points.
+/// collectives, the low-latency all-reduce, the streaming all-reduce, the symmetric buffers'
+/// all-reduce, the heap's atomics, then the collectives' entry points.
 pub const SOURCE: &str = concat!(
     include_str!("common.cu"),
     include_str!("collectives.cu"),

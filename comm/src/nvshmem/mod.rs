@@ -11,7 +11,8 @@
 //!   `stream.cu`): all-reduce is low-latency (flags in the data, `ll.cu`) up to
 //!   `ll_max_bytes`, one-shot (push every input to every peer, reduce locally) up to
 //!   `oneshot_max_bytes`, then two-shot (reduce-scatter then all-gather by pushes), or on two
-//!   GPUs from `stream_min_bytes` streaming (pushers and reducers pipelined through rings); see
+//!   GPUs from `stream_min_bytes` (unset by default) streaming (pushers and reducers pipelined
+//!   through rings); see
 //!   `options.rs`. Kernels use `max_blocks` blocks at most (default 32) so that compute keeps
 //!   most SMs. Messages larger than a staging slot run in windows. On sm_90 launches are
 //!   programmatic dependent launches, hiding the gap between back-to-back collectives.
@@ -35,7 +36,9 @@
 //!
 //! [`NvshmemCommunicator::symmetric_heap`] gives a [`crate::SymmetricMemory`] on NVSHMEM's
 //! heap (host-initiated, stream-ordered puts, gets and signals; atomics through a one-thread
-//! device kernel; see `heap.rs`).
+//! device kernel; see `heap.rs`), and [`NvshmemHeap::all_reduce`]: the in-place all-reduce of
+//! a heap buffer with no staging copy (two-shot pushes into the peers' copies, or one pass
+//! loading them, `symmetric.cu`), the backend's fastest for large messages.
 
 mod connect;
 pub mod device_code;

@@ -32,6 +32,26 @@ impl Tensor {
         }
     }
 
+    /// A contiguous tensor over CUDA memory that oxtrain did not allocate, as `torch.from_blob`
+    /// (a communication library's symmetric heap, another framework's buffer). `owner` is
+    /// kept alive as long as any tensor or view shares the storage, and dropped after.
+    ///
+    /// # Safety
+    /// `ptr` holds `shape`'s element count of `dtype` on GPU `ordinal`, valid for reads and
+    /// writes as long as `owner` lives.
+    pub unsafe fn from_cuda_blob(
+        ptr: u64,
+        dtype: DType,
+        shape: impl Into<Shape>,
+        ordinal: usize,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Tensor> {
+        let shape = shape.into();
+        let dev = crate::cuda::device(ordinal)?;
+        let s = crate::cuda::CudaStorage::from_external(&dev, ptr, dtype, shape.elem_count(), owner);
+        Ok(Tensor::from_storage(Storage::Cuda(s), shape))
+    }
+
     pub(crate) fn from_cpu(storage: CpuStorage, shape: impl Into<Shape>) -> Tensor {
         Tensor::from_storage(Storage::Cpu(storage), shape)
     }

@@ -44,6 +44,56 @@ __device__ bool ox_exchange(const CollArgs& a, unsigned long long sig_base, bool
     return ox_block_ok(ok);
 }
 
+// The all-reduce of a buffer on the symmetric heap stores into the peers' copies at this PE's
+// offset, so every PE must have passed the same buffer: a PE that passed another would have
+// one of its other buffers overwritten. Each block therefore publishes what it was given (the
+// buffer's offset from the signal array, a symmetric object, and its length) to every peer
+// before its first signal, and compares what the peers published after it. The descriptors
+// are a fifth array after the four signal arrays (connect.rs); a descriptor is rewritten only
+// in the next call, after the peer's `done` signal, raised after its comparison.
+__device__ __forceinline__ unsigned long long ox_desc_of(const CollArgs& a) {
+    return ((a.out_base - a.ready) << 20) ^ (unsigned long long)a.count ^ ((unsigned long long)a.count << 44);
+}
+__device__ __forceinline__ uint64_t* ox_desc(const CollArgs& a, int block, int m) {
+    return ox_sig(a, a.ready + 4 * (a.done - a.ready), block, m);
+}
+// The members' global PEs, a byte each (the symmetric modes run on one node of at most 8).
+__device__ __forceinline__ unsigned long long ox_pes8(const CollArgs& a) {
+    unsigned long long r = 0;
+    for (int p = 0; p < a.npes; ++p) r |= (unsigned long long)(a.pes[p] & 0xff) << (8 * p);
+    return r;
+}
+// Out of line, taking values only (as the slow waits), to spare the hot loops' registers.
+__device__ __noinline__ void ox_desc_publish_slow(uint64_t* slot, unsigned long long v, int npes, int me,
+                                                  unsigned long long pes8) {
+    for (int p = 0; p < npes; ++p)
+        if (p != me) nvshmem_uint64_p(slot, v, (int)((pes8 >> (8 * p)) & 0xff));
+}
+__device__ __noinline__ bool ox_desc_match_slow(OxWaitCtx c, volatile const uint64_t* row, unsigned long long v,
+                                                int npes, int me, unsigned long long pes8) {
+    for (int p = 0; p < npes; ++p) {
+        const int pe = (int)((pes8 >> (8 * p)) & 0xff);
+        if (p != me && row[pe] != v) {
+            c.peer = pe;
+            ox_record_mismatch(c);
+            return false;
+        }
+    }
+    return true;
+}
+// Thread 0 stores this block's descriptor into its column on every peer (before `ready`).
+__device__ __forceinline__ void ox_desc_publish(const CollArgs& a) {
+    if (threadIdx.x == 0) ox_desc_publish_slow(ox_desc(a, blockIdx.x, a.me), ox_desc_of(a), a.npes, a.me, ox_pes8(a));
+}
+// After the `ready` exchange; false (recorded for the host) when a peer passed another buffer.
+__device__ __forceinline__ bool ox_desc_match(const CollArgs& a) {
+    bool ok = true;
+    if (threadIdx.x == 0)
+        ok = ox_desc_match_slow(ox_wait_ctx(a, a.me), ox_desc(a, blockIdx.x, 0) - a.pes[0], ox_desc_of(a), a.npes,
+                                a.me, ox_pes8(a));
+    return ox_block_ok(ok);
+}
+
 // The PEs' output ranges, in global indices.
 __device__ __forceinline__ void ox_out_range(const CollArgs& a, int p, long long* lo, long long* hi) {
     *lo = 0;
@@ -279,7 +329,9 @@ __device__ void ox_collective(const CollArgs& a) {
             const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
             ox_copy_packs((uint4*)ox_remote_slot<R>(a, p), in, q0, q1);
         }
+        if (a.mode == OX_SYMM_PUSH) ox_desc_publish(a);
         if (!ox_exchange(a, a.ready)) return;
+        if (a.mode == OX_SYMM_PUSH && !ox_desc_match(a)) return;
         const long long s0 = p0 + ox_pack_split(len, a.npes, a.me), s1 = p0 + ox_pack_split(len, a.npes, a.me + 1);
         ox_reduce_packs<E>(a, s0, s1);
         if (!ox_exchange(a, a.done)) return;

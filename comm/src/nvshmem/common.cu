@@ -69,7 +69,7 @@ static_assert(sizeof(CollArgs) == 256, "CollArgs must match the Rust side");
 
 // What a kernel that gave up leaves for the host (`FaultRecord` in fault.rs).
 struct OxFault {
-    unsigned int code; // 0: none; 1: a wait timed out
+    unsigned int code; // 0: none; 1: a wait timed out; 2: PEs passed different symmetric buffers
     unsigned int peer; // the global PE waited for
     unsigned long long epoch;
     unsigned int block, mode;
@@ -198,6 +198,18 @@ __device__ __forceinline__ int ox_owner(long long count, int n, long long i) {
     long long split = extra * (base + 1);
     if (i < split) return (int)(i / (base + 1));
     return (int)(extra + (i - split) / base);
+}
+
+// What a kernel that found the PEs passing different symmetric buffers records (code 2).
+__device__ __noinline__ void ox_record_mismatch(OxWaitCtx c) {
+    volatile OxFault* f = (volatile OxFault*)c.fault;
+    f->peer = c.peer;
+    f->epoch = c.epoch;
+    f->block = blockIdx.x;
+    f->mode = c.mode;
+    __threadfence_system();
+    f->code = 2;
+    __threadfence_system();
 }
 
 // Thread 0 of a block says whether its wait succeeded; every thread learns it (false: the

@@ -147,12 +147,14 @@ impl NvshmemCommunicator {
         let node_of = |pe: usize| pe / per_node;
         let remote = |pe: usize| node_of(pe) != node_of(rank);
         let (signals, teams) = unsafe {
-            let signals = (api.malloc)(4 * signal_array as usize) as u64;
+            // Five arrays: ready, done, the streaming all-reduce's ready and done, and the
+            // symmetric all-reduce's buffer descriptors (collectives.cu, ox_desc).
+            let signals = (api.malloc)(5 * signal_array as usize) as u64;
             if signals == 0 {
                 return Err(nv_err("nvshmem_malloc of the signals failed: raise NVSHMEM_SYMMETRIC_SIZE"));
             }
             // Signals start at zero on every PE before anyone can raise one.
-            drv::memset_d8_sync(signals, 0, 4 * signal_array as usize)
+            drv::memset_d8_sync(signals, 0, 5 * signal_array as usize)
                 .map_err(|e| cuda_err("zeroing the signals", format!("{e:?}")))?;
             let everyone: Vec<usize> = (0..world).collect();
             let mut teams: [Option<Team>; 4] = [None, None, None, None];
@@ -192,6 +194,7 @@ impl NvshmemCommunicator {
             dependent_launch: device.arch() >= 90
                 && std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v != "0"),
             state: Mutex::new(State { epoch: 0, launches: [0; 4], algorithm }),
+            tensors: Default::default(),
         })
     }
 }

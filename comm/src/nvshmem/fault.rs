@@ -79,10 +79,20 @@ impl Fault {
     }
 }
 
-/// The error a fault record stands for (None: no kernel gave up).
+/// The error a fault record stands for (None: no kernel gave up): code 1 a wait that timed out,
+/// code 2 PEs that passed different symmetric buffers.
 fn timeout_error(f: &FaultRecord, op: &str, rank: usize, timeout: Duration) -> Option<CommError> {
     if f.code == 0 {
         return None;
+    }
+    if f.code == 2 {
+        return Some(CommError::Mismatch {
+            op: op.to_string(),
+            detail: format!(
+                "rank {rank} and PE {} passed different symmetric buffers (another tensor, offset or length) to                  the same zero-copy all_reduce (launch {}, block {}); every rank must pass its copy of the same                  symmetric tensor. Nothing was written to the peers' buffers; the communicator is unusable now",
+                f.peer, f.epoch, f.block
+            ),
+        });
     }
     Some(CommError::Timeout {
         op: op.to_string(),
@@ -161,6 +171,18 @@ mod tests {
                 );
             }
             other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_mismatch_names_both_sides() {
+        let f = FaultRecord { code: 2, peer: 0, epoch: 5, block: 3, mode: 5 };
+        match timeout_error(&f, "nvshmem symmetric all_reduce", 1, Duration::from_secs(2)) {
+            Some(CommError::Mismatch { op, detail }) => {
+                assert_eq!(op, "nvshmem symmetric all_reduce");
+                assert!(detail.contains("rank 1 and PE 0 passed different symmetric buffers"), "{detail}");
+            }
+            other => panic!("expected a mismatch, got {other:?}"),
         }
     }
 }

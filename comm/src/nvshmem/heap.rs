@@ -7,7 +7,6 @@
 //! Signals are watched by polling this PE's word, so `wait_until` times out like every wait.
 
 use super::host::{self, OneSided};
-use super::team::Kind;
 use super::{kernels, NvshmemCommunicator};
 use crate::element::ReduceElement;
 use crate::error::{CommError, Result};
@@ -152,53 +151,8 @@ impl NvshmemHeap<'_> {
     /// go as two-shot pushes whose results land straight in the peers' copies; other buffers
     /// (or `OXTRAIN_NVSHMEM_SYMM=pull`) in one pass that loads the peers' copies.
     pub fn all_reduce<T: ReduceElement>(&self, buf: SymBuffer<T>, op: ReduceOp) -> Result<Work> {
-        let comm = self.comm;
-        let f = comm.function("symmetric all_reduce", T::DTYPE, true)?;
-        let team = comm.team(Kind::All)?;
-        if team.put_mask != 0 || comm.is_hierarchical() {
-            return Err(CommError::Unsupported(
-                "nvshmem symmetric all_reduce: the PEs span nodes, and it needs every PE's heap reachable by \
-                 load/store; use NvshmemCommunicator::all_reduce on a tensor"
-                    .into(),
-            ));
-        }
-        let api = host::api()?;
-        let addr = self.addr(buf);
-        let esz = std::mem::size_of::<T>();
-        let mut a = kernels::CollArgs {
-            in_base: addr,
-            out_base: addr,
-            count: buf.len as i64,
-            in_lo: 0,
-            in_hi: buf.len as i64,
-            op: op as i32,
-            mode: kernels::SYMM,
-            src: kernels::SRC_REDUCE,
-            out: kernels::OUT_ALL,
-            ..kernels::CollArgs::default()
-        };
-        for (m, &pe) in team.members.iter().enumerate() {
-            // SAFETY: addr is a symmetric address inside this heap.
-            let peer = unsafe { (api.ptr)(addr as *const c_void, pe as i32) } as u64;
-            if peer == 0 {
-                return Err(CommError::Unsupported(format!(
-                    "nvshmem symmetric all_reduce: PE {pe}'s heap is not reachable by load/store from PE {} \
-                     (nvshmem_ptr is null)",
-                    comm.rank
-                )));
-            }
-            a.bufs[m] = peer;
-        }
-        // Pushes (two-shot into the peers' copies) need whole 16-byte packs, and the peers'
-        // copies where the kernel computes them: at our offset from their staging sets.
-        let linear = team.sets.iter().all(|set| {
-            (0..team.members.len()).all(|m| set[m].wrapping_sub(set[team.me]) == a.bufs[m].wrapping_sub(addr))
-        });
-        if comm.opts.symmetric_push && linear && addr.is_multiple_of(16) && (buf.len * esz).is_multiple_of(16)
-        {
-            a.mode = kernels::SYMM_PUSH;
-        }
-        comm.launch("nvshmem symmetric all_reduce", f, esz, &[(a, Kind::All)], false)
+        let f = self.comm.function("symmetric all_reduce", <T as crate::CommElement>::DTYPE, true)?;
+        self.comm.symmetric_all_reduce(f, self.addr(buf), buf.len, std::mem::size_of::<T>(), op)
     }
 
     fn check_pe(&self, pe: usize) {

@@ -49,6 +49,7 @@ mod kernels;
 pub mod nvjitlink;
 mod ops;
 mod options;
+mod symmetric;
 mod team;
 
 use crate::error::{CommError, Result};
@@ -101,8 +102,9 @@ pub struct NvshmemCommunicator {
     /// The teams by `Kind` (`All` and `Ll` on one node, `Node` and `Rail` across nodes; `All`
     /// also across nodes of at most 8 PEs in all, for the ops other than all_reduce).
     teams: [Option<Team>; 4],
-    /// Four signal arrays of [MAX_BLOCKS][world] u64: ready, done, and the streaming
-    /// algorithm's own ready and done (its values are of another scale, see stream.cu).
+    /// Five arrays of [MAX_BLOCKS][world] u64: the signals ready, done, and the streaming
+    /// algorithm's own ready and done (its values are of another scale, see stream.cu); then
+    /// the symmetric all-reduce's buffer descriptors.
     signals: u64,
     /// Bytes of one signal array.
     signal_array: u64,
@@ -113,6 +115,8 @@ pub struct NvshmemCommunicator {
     /// Where a kernel that gave up waiting says so (device-side timeouts).
     fault: std::sync::Arc<fault::Fault>,
     state: Mutex<State>,
+    /// Tensors on the symmetric heap (`symmetric_tensor`), and the teardown they may defer.
+    tensors: symmetric::Registry,
 }
 
 fn nv_err(what: impl Into<String>) -> CommError {
@@ -380,18 +384,31 @@ impl Drop for NvshmemCommunicator {
     fn drop(&mut self) {
         let Ok(api) = host::api() else { return };
         let _ = self.stream.stream.synchronize();
-        // SAFETY: every PE drops its communicator in the same order (collective frees); the
-        // module was registered in `connect`.
-        unsafe {
-            (api.barrier_all)();
-            // In the order of allocation, as every PE does.
-            (api.free)(self.signals as *mut c_void);
-            for t in self.teams.iter().flatten() {
-                t.free(api);
+        let signals = self.signals;
+        let teams = std::mem::take(&mut self.teams);
+        let module = symmetric::SendModule(self.module.module);
+        let ordinal = self.stream.ordinal;
+        // Runs now, or when the last symmetric tensor is dropped: they live on the heap that
+        // finalising NVSHMEM releases.
+        let teardown = move || {
+            let module = module;
+            if let Ok(d) = oxtrain_tensor::cuda::device(ordinal) {
+                let _ = d.context().bind_to_thread();
             }
-            let _ = (api.cumodule_finalize)(self.module.module as *mut c_void);
-            let _ = drv::module::unload(self.module.module);
-            (api.hostlib_finalize)();
-        }
+            // SAFETY: every PE tears down in the same order (collective frees); the module was
+            // registered in `connect`; no kernel of this communicator is queued any more.
+            unsafe {
+                (api.barrier_all)();
+                // In the order of allocation, as every PE does.
+                (api.free)(signals as *mut c_void);
+                for t in teams.iter().flatten() {
+                    t.free(api);
+                }
+                let _ = (api.cumodule_finalize)(module.0 as *mut c_void);
+                let _ = drv::module::unload(module.0);
+                (api.hostlib_finalize)();
+            }
+        };
+        symmetric::teardown_when_unused(&self.tensors, Box::new(teardown));
     }
 }

@@ -3,7 +3,7 @@
 
 use super::kernels::{self, CollArgs};
 use super::team::Kind;
-use super::NvshmemCommunicator;
+use super::{Algorithm, NvshmemCommunicator};
 use crate::communicator::Communicator;
 use crate::error::Result;
 use crate::gpu::{check_root, check_shards};
@@ -28,12 +28,20 @@ impl Communicator for NvshmemCommunicator {
         if self.is_hierarchical() {
             return self.hierarchical_all_reduce(f, &v, op);
         }
+        let esz = v.dtype.size_in_bytes();
+        // A tensor on the symmetric heap (symmetric_tensor) needs no staging copy.
+        if self.algorithm() == Algorithm::Auto
+            && v.bytes() >= super::symmetric::SYMMETRIC_MIN_BYTES
+            && self.is_symmetric(v.ptr, v.bytes())
+        {
+            return self.symmetric_all_reduce(f, v.ptr, v.len, esz, op);
+        }
         let mut a = Self::base_args(&v, op);
         a.mode = self.all_reduce_mode(&v);
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ALL;
         let kind = if a.mode == kernels::LL { Kind::Ll } else { Kind::All };
-        self.launch("nvshmem all_reduce", f, v.dtype.size_in_bytes(), &[(a, kind)], false)
+        self.launch("nvshmem all_reduce", f, esz, &[(a, kind)], false)
     }
 
     fn reduce(&self, tensor: &Tensor, dst: usize, op: ReduceOp) -> Result<Work> {

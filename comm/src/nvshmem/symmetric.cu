@@ -2,7 +2,7 @@
 // PE's copy of the buffer is reachable by load/store through nvshmem_ptr, so no staging slot
 // and no local copy is needed. One pass per element, in place:
 //   1. `ready` exchange: every peer's kernel has started, so its stream's earlier work (which
-//      wrote its input) is complete;
+//      wrote its input) is complete; the peers passed the same buffer (ox_desc_match);
 //   2. PE q owns the sub-shard q of each block's packs: it loads that part of every PE's copy
 //      (its own from HBM, the peers' over NVLink), reduces in PE order, and stores the result
 //      into every copy (its own and, over NVLink, the peers');
@@ -64,7 +64,9 @@ __device__ void ox_symm_all_reduce(const CollArgs& a) {
     const long long npacks = (a.count + EPP - 1) / EPP;
     const long long p0 = ox_pack_split(npacks, gridDim.x, blockIdx.x);
     const long long p1 = ox_pack_split(npacks, gridDim.x, blockIdx.x + 1);
+    ox_desc_publish(a);
     if (!ox_exchange(a, a.ready)) return;
+    if (!ox_desc_match(a)) return;
     const long long len = p1 - p0;
     const long long s0 = p0 + ox_pack_split(len, a.npes, a.me), s1 = p0 + ox_pack_split(len, a.npes, a.me + 1);
     const long long bd = blockDim.x;

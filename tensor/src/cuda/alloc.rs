@@ -133,7 +133,7 @@ impl CachingAllocator {
             len_bytes: bytes,
             stream,
             other_streams: Vec::new(),
-            allocator: self.clone(),
+            owner: Owner::Cache(self.clone()),
         })
     }
 
@@ -218,7 +218,15 @@ pub struct CudaBuffer {
     len_bytes: usize,
     stream: StreamId,
     other_streams: Vec<StreamId>,
-    allocator: Arc<CachingAllocator>,
+    owner: Owner,
+}
+
+/// Who takes a block back when its buffer drops.
+enum Owner {
+    /// The caching allocator (the block returns to its cache).
+    Cache(Arc<CachingAllocator>),
+    /// Memory oxtrain did not allocate; dropping this reference is all the buffer does.
+    External(#[allow(dead_code)] Arc<dyn std::any::Any + Send + Sync>),
 }
 
 // SAFETY: a device pointer is a plain handle; the allocator is thread-safe.
@@ -226,6 +234,28 @@ unsafe impl Send for CudaBuffer {}
 unsafe impl Sync for CudaBuffer {}
 
 impl CudaBuffer {
+    /// Device memory that the caching allocator did not hand out, such as a communication
+    /// library's symmetric heap (as `torch.from_blob` wraps foreign memory): `owner` is kept
+    /// alive while the buffer lives and dropped with it; nothing is freed otherwise.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len_bytes` is device memory of the device the buffer is used on, valid for
+    /// reads and writes as long as `owner` lives, and not used otherwise meanwhile.
+    pub unsafe fn external(
+        ptr: sys::CUdeviceptr,
+        len_bytes: usize,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> CudaBuffer {
+        CudaBuffer {
+            ptr,
+            size: len_bytes,
+            len_bytes,
+            stream: 0,
+            other_streams: Vec::new(),
+            owner: Owner::External(owner),
+        }
+    }
+
     pub fn device_ptr(&self) -> sys::CUdeviceptr {
         self.ptr
     }
@@ -251,14 +281,30 @@ impl CudaBuffer {
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
-        let allocator = self.allocator.clone();
-        allocator.free(self);
+        // External memory: the owner reference drops with the buffer; its holder decides when
+        // the memory may go (after the streams that used it are done, as it must ensure).
+        if let Owner::Cache(allocator) = &self.owner {
+            let allocator = allocator.clone();
+            allocator.free(self);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::round_size;
+    use super::{round_size, CudaBuffer};
+    use std::sync::Arc;
+
+    #[test]
+    fn an_external_buffer_keeps_its_owner_alive_and_frees_nothing() {
+        let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(7u32);
+        // SAFETY: the pointer is never dereferenced (no device here): only ownership is checked.
+        let buf = unsafe { CudaBuffer::external(0x1000, 256, owner.clone()) };
+        assert_eq!((buf.device_ptr(), buf.len_bytes()), (0x1000, 256));
+        assert_eq!(Arc::strong_count(&owner), 2);
+        drop(buf);
+        assert_eq!(Arc::strong_count(&owner), 1);
+    }
 
     #[test]
     fn sizes_round_to_their_class() {

@@ -34,6 +34,22 @@ impl CudaStorage {
         Ok(CudaStorage { buf, dtype, len, device: device.clone() })
     }
 
+    /// Storage over device memory that oxtrain did not allocate (see [`CudaBuffer::external`]).
+    ///
+    /// # Safety
+    /// As [`CudaBuffer::external`]: `ptr` holds `len` elements of `dtype` on `device`, valid as
+    /// long as `owner` lives.
+    pub unsafe fn from_external(
+        device: &Arc<CudaDevice>,
+        ptr: u64,
+        dtype: DType,
+        len: usize,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> CudaStorage {
+        let buf = CudaBuffer::external(ptr, len * dtype.size_in_bytes(), owner);
+        CudaStorage { buf, dtype, len, device: device.clone() }
+    }
+
     /// `len` zero elements (all-zero bits is zero for every dtype).
     pub fn zeros(device: &Arc<CudaDevice>, dtype: DType, len: usize) -> Result<CudaStorage> {
         let s = CudaStorage::alloc(device, dtype, len)?;

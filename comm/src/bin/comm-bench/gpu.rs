@@ -139,17 +139,18 @@ fn nvshmem_options(cfg: &Config) -> NvshmemOptions {
 }
 
 /// The all-reduce algorithms `--algo` names (a comma-separated list, or `all`), with the
-/// label of their rows. `symm` (None here) is the in-place all-reduce of a buffer on the
-/// symmetric heap (`NvshmemHeap::all_reduce`), not an algorithm of `all_reduce` on tensors.
+/// label of their rows. `symm` and `symm-tensor` (None here) are not algorithms: the in-place
+/// all-reduce of a buffer on the symmetric heap (`NvshmemHeap::all_reduce`), and `all_reduce`
+/// (auto) of tensors made by `NvshmemCommunicator::symmetric_tensor`.
 fn algorithms(cfg: &Config) -> Vec<(Option<Algorithm>, String)> {
-    const ALL: [&str; 6] = ["auto", "ll", "oneshot", "twoshot", "stream", "symm"];
+    const ALL: [&str; 7] = ["auto", "ll", "oneshot", "twoshot", "stream", "symm", "symm-tensor"];
     let names: Vec<&str> = if cfg.algo == "all" { ALL.to_vec() } else { cfg.algo.split(',').collect() };
     names
         .into_iter()
         .map(|n| {
             let n = n.trim();
-            if n == "symm" {
-                return (None, "nvshmem-symm".to_string());
+            if n == "symm" || n == "symm-tensor" {
+                return (None, format!("nvshmem-{n}"));
             }
             let algo = Algorithm::parse(n).unwrap_or_else(|| {
                 fail(&format!(
@@ -218,6 +219,9 @@ pub fn child(cfg: &Config) -> i32 {
         if cfg.timeout_check {
             return timeout_check(&comm, cfg, device);
         }
+        if cfg.mismatch_check {
+            return symmetric::mismatch_check(&comm);
+        }
         if rank == 0 {
             let (full, small) = comm.launch_probe(2000).unwrap_or_else(|e| fail(&e.to_string()));
             println!(
@@ -238,7 +242,12 @@ pub fn child(cfg: &Config) -> i32 {
         let mut first = true;
         for (algo, label) in algorithms(cfg) {
             let Some(algo) = algo else {
-                rows.extend(symmetric::sweep(&comm, cfg, &label));
+                comm.set_algorithm(Algorithm::Auto);
+                rows.extend(if label == "nvshmem-symm" {
+                    symmetric::sweep(&comm, cfg, &label)
+                } else {
+                    symmetric::tensor_sweep(&comm, cfg, device, &label)
+                });
                 continue;
             };
             comm.set_algorithm(algo);
@@ -271,7 +280,7 @@ pub fn child(cfg: &Config) -> i32 {
             let notes = format!(
                 "comm-bench GPU: {world} processes, one GPU each; CUDA events around back-to-back calls on the \
                  communication stream, averaged; algbw = size/time, busbw with nccl-tests' factors; every element \
-                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels on tensors (auto algorithm unless labelled); nvshmem-symm = the in-place all-reduce of a buffer on NVSHMEM's symmetric heap (NvshmemHeap::all_reduce, no staging copy)."
+                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels on tensors (auto algorithm unless labelled); nvshmem-symm = the in-place all-reduce of a buffer on NVSHMEM's symmetric heap (NvshmemHeap::all_reduce, no staging copy); nvshmem-symm-tensor = all_reduce (auto) of tensors made by NvshmemCommunicator::symmetric_tensor (zero-copy from 4 MiB); the _symmetric comparison entries are from symm-tensor when swept, else symm."
             );
             write_json_with(p, &rows, extra, Some(format!("{world}x {name}")), Some(notes));
         }
@@ -405,7 +414,13 @@ fn comparison(rows: &[Row], dtype: DType) -> Vec<serde_json::Value> {
     // the same sizes.
     let mut cases = vec![("allreduce_latency_8KB".to_string(), "nvshmem", 8usize << 10, true)];
     cases.push(("allreduce_latency_64KB".into(), "nvshmem", 64 << 10, true));
-    for (backend, suffix) in [("nvshmem", ""), ("nvshmem-symm", "_symmetric")] {
+    // The symmetric entries from tensors (the Communicator API) when swept, else heap buffers.
+    let symm = if rows.iter().any(|r| r.backend == "nvshmem-symm-tensor") {
+        "nvshmem-symm-tensor"
+    } else {
+        "nvshmem-symm"
+    };
+    for (backend, suffix) in [("nvshmem", ""), (symm, "_symmetric")] {
         for (mb, bytes) in [(64, 64usize << 20), (256, 256 << 20), (512, 512 << 20), (1024, 1 << 30)] {
             let size = if mb == 1024 { "1GB".to_string() } else { format!("{mb}MB") };
             if backend == "nvshmem" || find(backend, bytes).is_some() {

@@ -1,12 +1,13 @@
 //! `--algo symm`: the in-place all-reduce of a buffer on NVSHMEM's symmetric heap
-//! (`NvshmemHeap::all_reduce`, no staging copy), swept and checked like the tensor rows.
+//! (`NvshmemHeap::all_reduce`, no staging copy); `--algo symm-tensor`: `all_reduce` of tensors
+//! made by `NvshmemCommunicator::symmetric_tensor`. Swept and checked like the tensor rows.
 
-use super::super::{bus_factor, fail, print_header, print_row, value, Config, Row};
+use super::super::{bus_factor, count_wrong, fail, print_header, print_row, tensor, value, Config, Row};
 use super::time_on_stream;
 use oxtrain_comm::nvshmem::{NvshmemCommunicator, NvshmemHeap};
 use oxtrain_comm::{Communicator, ReduceElement, ReduceOp, SymBuffer, SymmetricMemory};
 use oxtrain_tensor::half::{bf16, f16};
-use oxtrain_tensor::{DType, Element};
+use oxtrain_tensor::{DType, Device, Element};
 
 /// One row per dtype and size, all_reduce only (the other ops have no symmetric form).
 pub fn sweep(comm: &NvshmemCommunicator, cfg: &Config, label: &str) -> Vec<Row> {
@@ -99,4 +100,99 @@ fn measure<T: ReduceElement + Element>(
         host_us: Some(host * 1e6),
         ahead_us: None,
     }
+}
+
+/// `all_reduce` (auto) of views of one symmetric tensor per dtype, as large as the sweep's
+/// largest size (symmetric memory returns only when the communicator goes).
+pub fn tensor_sweep(comm: &NvshmemCommunicator, cfg: &Config, device: Device, label: &str) -> Vec<Row> {
+    if !cfg.ops.iter().any(|o| o == "all_reduce") {
+        return vec![];
+    }
+    if comm.rank() == 0 {
+        print_header(label, comm.world_size());
+    }
+    let _current = comm.comm_stream().make_current();
+    let ok = |r: oxtrain_comm::Result<()>| r.unwrap_or_else(|e| fail(&e.to_string()));
+    let (rank, n) = (comm.rank(), comm.world_size());
+    let mut rows = vec![];
+    for &dtype in &cfg.dtypes {
+        let esz = dtype.size_in_bytes();
+        let sizes = sizes(cfg, esz);
+        let largest = sizes.iter().max().copied().unwrap_or(esz) / esz;
+        let big = comm.symmetric_tensor(largest.max(1), dtype).unwrap_or_else(|e| fail(&e.to_string()));
+        for bytes in sizes {
+            let count = (bytes / esz).max(1);
+            let t = big.narrow(0, 0, count);
+            let mine: Vec<f64> = (0..count).map(|i| value(rank, i)).collect();
+            let input = tensor(dtype, &mine, device);
+            t.copy_(&input);
+            let call = || ok(comm.all_reduce(&t, ReduceOp::Sum).and_then(|w| w.wait()));
+            let iters = if cfg.iters_set {
+                cfg.iters.max(1)
+            } else {
+                100usize.min((6usize << 30) / bytes.max(1)).max(10)
+            };
+            for _ in 0..cfg.warmup.min(iters) {
+                call();
+            }
+            ok(comm.barrier().and_then(|w| w.wait()));
+            let (secs, host) = time_on_stream(comm.comm_stream(), iters, call);
+            // One more call on fresh inputs, checked element by element.
+            t.copy_(&input);
+            ok(comm.barrier().and_then(|w| w.wait()));
+            ok(comm.all_reduce(&t, ReduceOp::Sum).and_then(|w| w.synchronize()));
+            let wrong = count_wrong(&t, |i| (0..n).map(|r| value(r, i)).sum::<f64>());
+            let algbw = (count * esz) as f64 / secs / 1e9;
+            let row = Row {
+                backend: label.to_string(),
+                ranks: n,
+                op: "all_reduce".into(),
+                dtype,
+                bytes: count * esz,
+                count,
+                time_us: secs * 1e6,
+                algbw,
+                busbw: algbw * bus_factor("all_reduce", n),
+                wrong,
+                host_us: Some(host * 1e6),
+                ahead_us: None,
+            };
+            if rank == 0 {
+                print_row(&row);
+            }
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+/// Rank 0 reduces the first of two symmetric tensors, the other ranks the second: every rank
+/// must get `CommError::Mismatch` (from the kernels' buffer check), with neither tensor of any
+/// rank changed. Returns the exit code.
+pub fn mismatch_check(comm: &NvshmemCommunicator) -> i32 {
+    let count = 8usize << 20; // 32 MiB of f32: the zero-copy path
+    let make = |v: f32| {
+        let t = comm.symmetric_tensor(count, DType::F32).unwrap_or_else(|e| fail(&e.to_string()));
+        let _current = comm.comm_stream().make_current();
+        t.copy_(
+            &oxtrain_tensor::Tensor::full(count, f64::from(v), DType::F32, t.device())
+                .unwrap_or_else(|e| fail(&e.to_string())),
+        );
+        t
+    };
+    let (a, b) = (make(1.0), make(2.0));
+    let _current = comm.comm_stream().make_current();
+    let mine = if comm.rank() == 0 { &a } else { &b };
+    let got = comm.all_reduce(mine, ReduceOp::Sum).and_then(|w| w.synchronize());
+    let unchanged = |t: &oxtrain_tensor::Tensor, v: f32| t.to_vec::<f32>().iter().all(|&x| x == v);
+    let ok = matches!(&got, Err(oxtrain_comm::CommError::Mismatch { .. }))
+        && unchanged(&a, 1.0)
+        && unchanged(&b, 2.0);
+    println!(
+        "# mismatch check (rank {}): {}: {}",
+        comm.rank(),
+        if ok { "ok" } else { "FAILED" },
+        got.err().map(|e| e.to_string()).unwrap_or_else(|| "no error".into())
+    );
+    i32::from(!ok)
 }

@@ -48,11 +48,15 @@ __device__ bool ox_exchange(const CollArgs& a, unsigned long long sig_base, bool
 // offset, so every PE must have passed the same buffer: a PE that passed another would have
 // one of its other buffers overwritten. Each block therefore publishes what it was given (the
 // buffer's offset from the signal array, a symmetric object, and its length) to every peer
-// before its first signal, and compares what the peers published after it. The descriptors
+// before its first signal, and compares what the peers published after it (a peer that ran an
+// ordinary all-reduce instead published nothing for this epoch). The descriptors
 // are a fifth array after the four signal arrays (connect.rs); a descriptor is rewritten only
 // in the next call, after the peer's `done` signal, raised after its comparison.
+// The descriptor also carries the epoch, so a descriptor left by an earlier call never matches
+// (a peer running an ordinary all-reduce meanwhile publishes none).
 __device__ __forceinline__ unsigned long long ox_desc_of(const CollArgs& a) {
-    return ((a.out_base - a.ready) << 20) ^ (unsigned long long)a.count ^ ((unsigned long long)a.count << 44);
+    return (((a.out_base - a.ready) << 20) ^ (unsigned long long)a.count ^ ((unsigned long long)a.count << 44)) +
+           a.epoch * 0x9E3779B97F4A7C15ull;
 }
 __device__ __forceinline__ uint64_t* ox_desc(const CollArgs& a, int block, int m) {
     return ox_sig(a, a.ready + 4 * (a.done - a.ready), block, m);

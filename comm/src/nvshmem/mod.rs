@@ -30,7 +30,8 @@
 //! `OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES`, `OXTRAIN_NVSHMEM_STREAM_MIN_BYTES`,
 //! `OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES`, `OXTRAIN_NVSHMEM_STREAM_DEPTH`,
 //! `OXTRAIN_NVSHMEM_STREAM_PUSHERS_PER_REDUCER`, `OXTRAIN_NVSHMEM_CHUNK_BYTES`,
-//! `OXTRAIN_NVSHMEM_RANKS_PER_NODE`, `OXTRAIN_NVSHMEM_PDL`; NVSHMEM's own
+//! `OXTRAIN_NVSHMEM_RANKS_PER_NODE`, `OXTRAIN_NVSHMEM_PDL`, `OXTRAIN_NVSHMEM_SYMM` (push, pull);
+//! NVSHMEM's own
 //! (`NVSHMEM_SYMMETRIC_SIZE`, `NVSHMEM_REMOTE_TRANSPORT=none` without InfiniBand,
 //! `NVSHMEM_DISABLE_NVLS=1`).
 //!
@@ -39,6 +40,8 @@
 //! device kernel; see `heap.rs`), and [`NvshmemHeap::all_reduce`]: the in-place all-reduce of
 //! a heap buffer with no staging copy (two-shot pushes into the peers' copies, or one pass
 //! loading them, `symmetric.cu`), the backend's fastest for large messages.
+//! [`NvshmemCommunicator::symmetric_tensor`] makes tensors on the heap whose `all_reduce` takes
+//! that path (`symmetric.rs`).
 
 mod connect;
 pub mod device_code;

@@ -219,8 +219,8 @@ pub fn child(cfg: &Config) -> i32 {
         if cfg.timeout_check {
             return timeout_check(&comm, cfg, device);
         }
-        if cfg.mismatch_check {
-            return symmetric::mismatch_check(&comm);
+        if cfg.mismatch_check > 0 {
+            return symmetric::mismatch_check(&comm, cfg.mismatch_check);
         }
         if rank == 0 {
             let (full, small) = comm.launch_probe(2000).unwrap_or_else(|e| fail(&e.to_string()));

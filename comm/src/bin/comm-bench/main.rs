@@ -20,8 +20,9 @@ const USAGE: &str = "comm-bench [--backend local|shm|mpi|nccl|nvshmem|all] [--ra
 [--sizes B1,B2,..] (instead of the doubling sweep)
 GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,stream] [--blocks N] [--oneshot-max B] [--chunk B]
   [--compare nccl] [--compare-dtype f32|bf16] [--host-ahead-max B]
-  --mismatch-check 1 (nvshmem): the ranks pass different symmetric tensors (another offset) to one all_reduce;
-  every rank must get an error naming the mismatch, and the tensors must be left as they were
+  --mismatch-check 1|2 (nvshmem): the ranks pass different symmetric tensors (1), or rank 0 a symmetric and the
+  others an ordinary tensor (2), to one all_reduce; the ranks must fail (rank 0 naming the mismatch) and no
+  symmetric tensor may change
   --timeout-check 1 (nvshmem): rank 1 skips an all_reduce (of the --algo algorithm); rank 0 must get a timeout
   error naming it within OXTRAIN_COMM_TIMEOUT plus a second, and fail at once afterwards
   --host-ahead-max B: rows up to B bytes also get the GPU's own time per call, measured with the host
@@ -43,8 +44,9 @@ struct Config {
     iters_set: bool,
     host_ahead_max: usize,
     timeout_check: bool,
-    /// `--mismatch-check 1`: ranks pass different symmetric tensors to one all_reduce.
-    mismatch_check: bool,
+    /// `--mismatch-check 1|2`: ranks pass different symmetric tensors (1), or a symmetric and
+    /// an ordinary one (2), to one all_reduce.
+    mismatch_check: u32,
     warmup: usize,
     json: Option<String>,
     /// nvshmem: auto, oneshot, twoshot, or all (one sweep each).
@@ -87,7 +89,7 @@ fn parse_args() -> Config {
         iters_set: false,
         host_ahead_max: 0,
         timeout_check: false,
-        mismatch_check: false,
+        mismatch_check: 0,
         warmup: 5,
         json: None,
         algo: "auto".into(),
@@ -137,7 +139,7 @@ fn parse_args() -> Config {
             "--chunk" => c.chunk = Some(parse_bytes(&val())),
             "--host-ahead-max" => c.host_ahead_max = parse_bytes(&val()),
             "--timeout-check" => c.timeout_check = val() == "1",
-            "--mismatch-check" => c.mismatch_check = val() == "1",
+            "--mismatch-check" => c.mismatch_check = val().parse().unwrap_or(0),
             "--compare" => c.compare = Some(val()),
             "--sizes" => c.sizes = Some(val().split(',').map(parse_bytes).collect()),
             "--compare-dtype" => {

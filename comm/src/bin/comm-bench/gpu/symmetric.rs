@@ -166,30 +166,40 @@ pub fn tensor_sweep(comm: &NvshmemCommunicator, cfg: &Config, device: Device, la
     rows
 }
 
-/// Rank 0 reduces the first of two symmetric tensors, the other ranks the second: every rank
-/// must get `CommError::Mismatch` (from the kernels' buffer check), with neither tensor of any
-/// rank changed. Returns the exit code.
-pub fn mismatch_check(comm: &NvshmemCommunicator) -> i32 {
+/// `--mismatch-check 1`: rank 0 reduces the first of two symmetric tensors, the other ranks
+/// the second; every rank must get `CommError::Mismatch` (from the kernels' buffer check).
+/// `--mismatch-check 2`: rank 0 reduces a symmetric tensor, the others an ordinary one; rank 0
+/// must get the mismatch and the others an error (their peer left). Either way no rank's
+/// symmetric tensors may change. Returns the exit code.
+pub fn mismatch_check(comm: &NvshmemCommunicator, mode: u32) -> i32 {
     let count = 8usize << 20; // 32 MiB of f32: the zero-copy path
+    let _current = comm.comm_stream().make_current();
+    let full = |v: f32| {
+        oxtrain_tensor::Tensor::full(count, f64::from(v), DType::F32, oxtrain_tensor::Device::Cpu)
+            .unwrap_or_else(|e| fail(&e.to_string()))
+    };
     let make = |v: f32| {
         let t = comm.symmetric_tensor(count, DType::F32).unwrap_or_else(|e| fail(&e.to_string()));
-        let _current = comm.comm_stream().make_current();
-        t.copy_(
-            &oxtrain_tensor::Tensor::full(count, f64::from(v), DType::F32, t.device())
-                .unwrap_or_else(|e| fail(&e.to_string())),
-        );
+        t.copy_(&full(v).to_device(t.device()).unwrap_or_else(|e| fail(&e.to_string())));
         t
     };
     let (a, b) = (make(1.0), make(2.0));
-    let _current = comm.comm_stream().make_current();
-    let mine = if comm.rank() == 0 { &a } else { &b };
+    let ordinary = full(3.0).to_device(a.device()).unwrap_or_else(|e| fail(&e.to_string()));
+    let mine = match (comm.rank(), mode) {
+        (0, _) => &a,
+        (_, 1) => &b,
+        _ => &ordinary,
+    };
     let got = comm.all_reduce(mine, ReduceOp::Sum).and_then(|w| w.synchronize());
     let unchanged = |t: &oxtrain_tensor::Tensor, v: f32| t.to_vec::<f32>().iter().all(|&x| x == v);
-    let ok = matches!(&got, Err(oxtrain_comm::CommError::Mismatch { .. }))
-        && unchanged(&a, 1.0)
-        && unchanged(&b, 2.0);
+    let expected = match &got {
+        Err(oxtrain_comm::CommError::Mismatch { .. }) => comm.rank() == 0 || mode == 1,
+        Err(_) => comm.rank() != 0 && mode == 2,
+        Ok(()) => false,
+    };
+    let ok = expected && unchanged(&a, 1.0) && unchanged(&b, 2.0);
     println!(
-        "# mismatch check (rank {}): {}: {}",
+        "# mismatch check {mode} (rank {}): {}: {}",
         comm.rank(),
         if ok { "ok" } else { "FAILED" },
         got.err().map(|e| e.to_string()).unwrap_or_else(|| "no error".into())

@@ -4,7 +4,7 @@ bench/results JSON: per log and backend label, how many results were checked and
 elements were wrong, with the ops, dtypes and sizes covered.
 
     python3 bench/tools/comm_checks.py OUT.json --commit C --machine M --notes N NAME=LOG ... \
-        [--timeout-logs LOG ...]
+        [--timeout-logs LOG ...] [--mismatch-logs LOG ...]
 """
 import argparse
 import json
@@ -21,6 +21,18 @@ def timeouts(path):
             secs = float(line.split(" after ", 1)[1].split(" s", 1)[0])
             limit = float(line.split("(timeout ", 1)[1].split(" s)", 1)[0])
             out.append((label, ok, secs, limit))
+    return out
+
+
+def mismatches(path):
+    """[(mode, rank, ok, message)] from comm-bench --mismatch-check lines."""
+    out = []
+    for line in open(path):
+        if line.startswith("# mismatch check "):
+            head, _, msg = line.partition("): ")
+            mode = int(head.split()[3])
+            rank = int(head.split("(rank ")[1])
+            out.append((mode, rank, msg.startswith("ok:"), msg.split(": ", 1)[-1].strip()))
     return out
 
 
@@ -46,6 +58,7 @@ def main():
     ap.add_argument("--machine", required=True)
     ap.add_argument("--notes", default="")
     ap.add_argument("--timeout-logs", nargs="*", help="logs with comm-bench --timeout-check lines")
+    ap.add_argument("--mismatch-logs", nargs="*", help="logs with comm-bench --mismatch-check lines")
     a = ap.parse_args()
     benchmarks = []
     for spec in a.logs:
@@ -71,6 +84,22 @@ def main():
                 "what": "rank 1 skips an all_reduce; rank 0's kernel gives up after the timeout and the call fails "
                         "naming rank 1; the next call fails at once",
             })
+    what = {
+        1: "the ranks pass different symmetric tensors to one all_reduce: each must fail with a mismatch "
+           "error and no symmetric tensor may change",
+        2: "rank 0 passes a symmetric tensor, rank 1 an ordinary one: rank 0 must fail with a mismatch error, "
+           "rank 1 with an error, and no symmetric tensor may change",
+    }
+    for spec in a.mismatch_logs or []:
+        for mode, rank, ok, msg in mismatches(spec):
+            benchmarks.append({
+                "name": f"mismatch{mode}_rank{rank}",
+                "unit": "ok",
+                "oxtrain": int(ok),
+                "ok": ok,
+                "error": msg,
+                "what": what.get(mode, ""),
+            })
     doc = {
         "date": datetime.date.today().isoformat(),
         "commit": a.commit,
@@ -84,7 +113,7 @@ def main():
     results = sum(b["results_checked"] for b in checks)
     timed = [b for b in benchmarks if "ok" in b]
     print(f"{len(checks)} runs, {results} results, {bad} wrong elements; "
-          f"{sum(b['ok'] for b in timed)} of {len(timed)} timeout checks ok")
+          f"{sum(b['ok'] for b in timed)} of {len(timed)} timeout and mismatch checks ok")
 
 
 if __name__ == "__main__":

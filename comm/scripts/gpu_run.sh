@@ -27,8 +27,9 @@ export OXTRAIN_KERNEL_CACHE="${OXTRAIN_KERNEL_CACHE:-/tmp/oxtrain-kernel-cache}"
 # No NVLink multicast objects on the lent machines; no InfiniBand probing for NVSHMEM.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export OXTRAIN_COMM_TIMEOUT=60
-# The heap holds the staging (512 MiB on 2 GPUs) and comm-bench's symmetric buffer (up to 1 GiB).
-export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-3G}
+# The heap holds the staging (512 MiB on 2 GPUs), comm-bench's symmetric buffer and its
+# symmetric tensor (up to 1 GiB each).
+export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
 echo "nvidia packages: $nv"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -4
@@ -51,6 +52,10 @@ run check-nccl 150 --backend nccl --ranks 2 --sizes $odd,8,4096,1M --iters 3 --w
   --dtypes f32,bf16,f16 --json "$OUT/check-nccl.json"
 run check-nvshmem 180 --backend nvshmem --algo all --ranks 2 --sizes $odd,8,4096,1M --iters 3 --warmup 1 \
   --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem.json"
+# The zero-copy all-reduce of symmetric buffers and tensors, past its 4 MiB threshold: odd sizes
+# (one pass loading the peers' copies) and whole packs (two-shot pushes into them).
+run check-nvshmem-symm 150 --backend nvshmem --algo symm,symm-tensor --ranks 2 --sizes $odd,16777222,16M,64M \
+  --iters 3 --warmup 1 --dtypes f32,bf16,f16 > /dev/null
 # Windows: a 1 MiB staging slot makes several launches per call (and odd windows at the end);
 # 4 KiB streaming chunks in rings of 2 wrap thousands of times; 64 KiB low-latency slots.
 run check-nvshmem-windows 120 --backend nvshmem --algo all --chunk 1M --ranks 2 --sizes 4194310,8M \
@@ -67,6 +72,11 @@ OXTRAIN_NVSHMEM_RANKS_PER_NODE=1 run check-nvshmem-hier 150 --backend nvshmem --
 #     OXTRAIN_COMM_TIMEOUT (2 s here) and the call fail naming rank 1; then every call fails.
 for algo in ll twoshot stream; do
   OXTRAIN_COMM_TIMEOUT=2 run timeout-$algo 60 --backend nvshmem --ranks 2 --timeout-check 1 --algo $algo
+done
+# 1c. Ranks that pass different symmetric tensors (1), or a symmetric and an ordinary one (2),
+#     must fail instead of storing into another of the peer's tensors.
+for m in 1 2; do
+  OXTRAIN_COMM_TIMEOUT=3 run mismatch-$m 60 --backend nvshmem --ranks 2 --mismatch-check $m
 done
 
 # 2. The comparison: all_reduce, 8 B .. 1 GiB, NCCL beside NVSHMEM: f32 (nccl-tests' default)

@@ -185,3 +185,43 @@ impl NvshmemCommunicator {
         self.launch("nvshmem symmetric all_reduce", f, esz, &[(a, Kind::All)], false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn counter() -> (Arc<AtomicUsize>, Box<dyn FnOnce() + Send>) {
+        let n = Arc::new(AtomicUsize::new(0));
+        let m = n.clone();
+        (
+            n,
+            Box::new(move || {
+                m.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+    }
+
+    #[test]
+    fn teardown_runs_at_once_without_symmetric_tensors() {
+        let r = Registry::default();
+        let (ran, f) = counter();
+        teardown_when_unused(&r, f);
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn teardown_waits_for_the_last_symmetric_tensor() {
+        let r = Registry::default();
+        lock(&r).alive = 2;
+        let (a, b) = (Owner { registry: r.clone() }, Owner { registry: r.clone() });
+        let (ran, f) = counter();
+        teardown_when_unused(&r, f);
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "a tensor still lives on the heap");
+        drop(a);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        drop(b);
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "the last tensor runs the teardown, once");
+        assert!(lock(&r).deferred.is_none());
+    }
+}

@@ -78,6 +78,44 @@ fn caching_allocator_reuses_blocks_in_a_steady_loop() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn a_foreign_buffer_is_a_tensor_and_its_owner_goes_with_the_last_view() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    // Memory the caching allocator knows nothing of, freed by its owner.
+    struct Foreign(u64, Arc<AtomicBool>);
+    impl Drop for Foreign {
+        fn drop(&mut self) {
+            // SAFETY: allocated below, used by no queued work any more (the test synchronised).
+            unsafe { cudarc::driver::result::free_sync(self.0).unwrap() };
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+    let dev = device(0).unwrap();
+    dev.context().bind_to_thread().unwrap();
+    // SAFETY: a plain allocation of 16 f32 in the bound context.
+    let ptr = unsafe { cudarc::driver::result::malloc_sync(64) }.unwrap();
+    let freed = Arc::new(AtomicBool::new(false));
+    let owner = Arc::new(Foreign(ptr, freed.clone()));
+    let before = dev.allocator().stats();
+    // SAFETY: ptr holds 16 f32 on GPU 0 while `owner` lives.
+    let t = unsafe { Tensor::from_cuda_blob(ptr, DType::F32, [4, 4], 0, owner) }.unwrap();
+    assert_eq!(t.dims(), &[4, 4]);
+    let values: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    t.copy_(&Tensor::from_vec(values.clone(), [4, 4], Device::Cuda(0)).unwrap());
+    let row = t.narrow(0, 1, 1);
+    drop(t);
+    let doubled = row.add(&row).to_vec::<f32>();
+    assert_eq!(doubled, vec![8.0, 10.0, 12.0, 14.0]);
+    assert!(!freed.load(Ordering::SeqCst), "a view still shares the storage");
+    dev.default_stream().synchronize().unwrap();
+    drop(row);
+    assert!(freed.load(Ordering::SeqCst), "the owner goes with the last view");
+    // The caching allocator neither took nor gave back the foreign block.
+    assert_eq!(dev.allocator().stats().driver_frees, before.driver_frees);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn blocks_used_by_another_stream_wait_for_it() {
     let dev = device(0).unwrap();
     let alloc = alloc::CachingAllocator::new(dev.context().clone());

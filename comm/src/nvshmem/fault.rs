@@ -89,7 +89,9 @@ fn timeout_error(f: &FaultRecord, op: &str, rank: usize, timeout: Duration) -> O
         return Some(CommError::Mismatch {
             op: op.to_string(),
             detail: format!(
-                "rank {rank} and PE {} passed different symmetric buffers (another tensor, offset or length) to                  the same zero-copy all_reduce (launch {}, block {}); every rank must pass its copy of the same                  symmetric tensor. Nothing was written to the peers' buffers; the communicator is unusable now",
+                "rank {rank} and PE {} passed different symmetric buffers (another tensor, offset or length) to the \
+                 same zero-copy all_reduce (launch {}, block {}); every rank must pass its copy of the same symmetric \
+                 tensor. Nothing was stored into the peers' tensors; the communicator is unusable now",
                 f.peer, f.epoch, f.block
             ),
         });

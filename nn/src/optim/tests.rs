@@ -5,7 +5,7 @@ use super::*;
 use crate::amp::{GradScaler, GradScalerConfig};
 use oxtrain_autograd::Var;
 use oxtrain_tensor::testing::{assert_close, Fixtures};
-use oxtrain_tensor::{device_test, DType, Device, Tensor};
+use oxtrain_tensor::{device_test, DType, Device, Generator, Tensor};
 
 fn fixtures() -> Fixtures {
     Fixtures::parse(include_str!("fixtures.json"), "nn/src/optim/fixtures.json")
@@ -86,18 +86,25 @@ fn run_steps(opt: &mut dyn Optimizer, grads: &[Vec<Tensor>], range: std::ops::Ra
     }
 }
 
+// Generators of their own, not the process-wide one: tests run in parallel, and another test
+// drawing from it between a seed and these draws made two "fresh" parameter sets differ.
 fn random_grads(params: &[Var], steps: usize) -> Vec<Vec<Tensor>> {
-    oxtrain_tensor::manual_seed(11);
+    let mut gen = Generator::new(11);
     (0..steps)
-        .map(|_| params.iter().map(|p| Tensor::randn(p.dims(), DType::F32, p.device()).unwrap()).collect())
+        .map(|_| {
+            params
+                .iter()
+                .map(|p| Tensor::randn_with(&mut gen, p.dims(), DType::F32, p.device()).unwrap())
+                .collect()
+        })
         .collect()
 }
 
 fn fresh_params(dev: Device) -> Vec<Var> {
-    oxtrain_tensor::manual_seed(5);
+    let mut gen = Generator::new(5);
     vec![
-        Var::parameter(Tensor::randn((3, 4), DType::F32, dev).unwrap()),
-        Var::parameter(Tensor::randn(4, DType::F32, dev).unwrap()),
+        Var::parameter(Tensor::randn_with(&mut gen, (3, 4), DType::F32, dev).unwrap()),
+        Var::parameter(Tensor::randn_with(&mut gen, 4, DType::F32, dev).unwrap()),
     ]
 }
 

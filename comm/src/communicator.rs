@@ -6,7 +6,7 @@ use crate::engine::CpuEngine;
 use crate::error::{CommError, Result};
 use crate::op::{shard_range, ReduceOp};
 use crate::work::Work;
-use oxtrain_tensor::{CpuStorage, Device, Storage, Tensor};
+use oxtrain_tensor::{CpuStorage, DType, Device, Shape, Storage, Tensor};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -35,6 +35,18 @@ pub trait Communicator: Send + Sync {
     /// Every rank's `tensor` becomes rank `src`'s.
     fn broadcast(&self, tensor: &Tensor, src: usize) -> Result<Work>;
     fn barrier(&self) -> Result<Work>;
+
+    /// A zeroed tensor for a buffer this communicator reduces again and again, such as a
+    /// gradient bucket (PyTorch's `symm_mem.empty`): on the nvshmem backend it lives on the
+    /// symmetric heap, where `all_reduce` needs no staging copy, and allocating it is
+    /// collective (every rank, same shape and dtype, same order; `device` must be the
+    /// communicator's GPU). Other backends give an ordinary tensor on `device`.
+    fn symmetric_tensor(&self, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::zeros(shape, dtype, device).map_err(|e| CommError::Io {
+            what: format!("allocating a {dtype} buffer for {} collectives", self.backend()),
+            message: e.to_string(),
+        })
+    }
 }
 
 /// A collective call, as data: what the worker thread executes and what checking mode

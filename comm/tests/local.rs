@@ -44,3 +44,18 @@ fn default_group_works() {
         h.join().unwrap();
     }
 }
+
+#[test]
+fn symmetric_tensors_are_ordinary_zeroed_tensors_off_nvshmem() {
+    use oxtrain_comm::ReduceOp;
+    use oxtrain_tensor::{DType, Device, Tensor};
+    run_local(2, 4096, |c| {
+        // Code that allocates its gradient buckets this way runs on every backend.
+        let bucket = c.symmetric_tensor([3, 5].into(), DType::F32, Device::Cpu).unwrap();
+        assert_eq!((bucket.dims(), bucket.dtype()), (&[3usize, 5][..], DType::F32));
+        assert!(bucket.to_vec::<f32>().iter().all(|&x| x == 0.0));
+        bucket.copy_(&Tensor::full([3, 5], (c.rank() + 1) as f64, DType::F32, Device::Cpu).unwrap());
+        c.all_reduce(&bucket, ReduceOp::Sum).unwrap().wait().unwrap();
+        assert!(bucket.to_vec::<f32>().iter().all(|&x| x == 3.0));
+    });
+}

@@ -40,8 +40,8 @@
 //! device kernel; see `heap.rs`), and [`NvshmemHeap::all_reduce`]: the in-place all-reduce of
 //! a heap buffer with no staging copy (two-shot pushes into the peers' copies, or one pass
 //! loading them, `symmetric.cu`), the backend's fastest for large messages.
-//! [`NvshmemCommunicator::symmetric_tensor`] makes tensors on the heap whose `all_reduce` takes
-//! that path (`symmetric.rs`).
+//! `Communicator::symmetric_tensor` makes tensors on the heap whose `all_reduce` takes that path
+//! (`symmetric.rs`).
 
 mod connect;
 pub mod device_code;

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::gpu::{check_root, check_shards};
 use crate::op::{shard_range, ReduceOp};
 use crate::work::Work;
-use oxtrain_tensor::Tensor;
+use oxtrain_tensor::{DType, Device, Shape, Tensor};
 
 impl Communicator for NvshmemCommunicator {
     fn rank(&self) -> usize {
@@ -102,6 +102,10 @@ impl Communicator for NvshmemCommunicator {
         a.out = kernels::OUT_NOT_ROOT;
         a.root = src as i32;
         self.launch("nvshmem broadcast", f, v.dtype.size_in_bytes(), &[(a, Kind::All)], false)
+    }
+
+    fn symmetric_tensor(&self, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+        self.alloc_symmetric(shape, dtype, device)
     }
 
     fn barrier(&self) -> Result<Work> {

@@ -1,7 +1,7 @@
 //! Buffers on the symmetric heap and their zero-copy all-reduce.
 //!
-//! [`NvshmemCommunicator::symmetric_tensor`] allocates a tensor on NVSHMEM's heap (PyTorch's
-//! `symm_mem.empty`). `all_reduce` on such a tensor, and [`NvshmemHeap::all_reduce`] on a heap
+//! `Communicator::symmetric_tensor` on this backend allocates a tensor on NVSHMEM's heap
+//! (PyTorch's `symm_mem.empty`). `all_reduce` on such a tensor, and [`NvshmemHeap::all_reduce`] on a heap
 //! buffer, need no staging copy: every PE's copy is reachable by load/store, so each PE
 //! reduces its shard and stores the result straight into every copy (two-shot pushes,
 //! `collectives.cu`, or one pass loading the peers' copies, `symmetric.cu`). The kernels check
@@ -25,7 +25,7 @@ use crate::gpu::cuda_err;
 use crate::op::ReduceOp;
 use crate::work::Work;
 use cudarc::driver::{result as drv, sys as cu};
-use oxtrain_tensor::{DType, Shape, Tensor};
+use oxtrain_tensor::{DType, Device, Shape, Tensor};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
@@ -87,13 +87,19 @@ impl Drop for Owner {
 pub(crate) const SYMMETRIC_MIN_BYTES: usize = 4 << 20;
 
 impl NvshmemCommunicator {
-    /// A zeroed tensor on NVSHMEM's symmetric heap, as PyTorch's `symm_mem.empty`: `all_reduce`
-    /// of it (from 4 MiB, `Algorithm::Auto`) runs with no staging copy, the backend's fastest.
-    /// Collective: every rank calls it with the same shape and dtype in the same order. Its
-    /// memory returns when the communicator is dropped, not with the tensor (see the module
-    /// notes); the heap must be large enough (`NVSHMEM_SYMMETRIC_SIZE`).
-    pub fn symmetric_tensor(&self, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
-        let shape = shape.into();
+    /// `Communicator::symmetric_tensor` here: a zeroed tensor on NVSHMEM's symmetric heap, as
+    /// PyTorch's `symm_mem.empty`; `all_reduce` of it (from 4 MiB, `Algorithm::Auto`) runs with
+    /// no staging copy, the backend's fastest. Collective: every rank calls it with the same
+    /// shape and dtype in the same order. Its memory returns when the communicator is dropped,
+    /// not with the tensor (see the module notes); the heap must be large enough
+    /// (`NVSHMEM_SYMMETRIC_SIZE`).
+    pub(crate) fn alloc_symmetric(&self, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+        if device != Device::Cuda(self.stream.ordinal) {
+            return Err(CommError::Unsupported(format!(
+                "symmetric_tensor on {device:?}: this nvshmem communicator's heap is on cuda:{}",
+                self.stream.ordinal
+            )));
+        }
         let bytes = (shape.elem_count() * dtype.size_in_bytes()).max(1).next_multiple_of(512);
         let api = host::api()?;
         self.bind()?;

@@ -119,7 +119,9 @@ pub fn tensor_sweep(comm: &NvshmemCommunicator, cfg: &Config, device: Device, la
         let esz = dtype.size_in_bytes();
         let sizes = sizes(cfg, esz);
         let largest = sizes.iter().max().copied().unwrap_or(esz) / esz;
-        let big = comm.symmetric_tensor(largest.max(1), dtype).unwrap_or_else(|e| fail(&e.to_string()));
+        let big = comm
+            .symmetric_tensor(largest.max(1).into(), dtype, device)
+            .unwrap_or_else(|e| fail(&e.to_string()));
         for bytes in sizes {
             let count = (bytes / esz).max(1);
             let t = big.narrow(0, 0, count);
@@ -179,7 +181,13 @@ pub fn mismatch_check(comm: &NvshmemCommunicator, mode: u32) -> i32 {
             .unwrap_or_else(|e| fail(&e.to_string()))
     };
     let make = |v: f32| {
-        let t = comm.symmetric_tensor(count, DType::F32).unwrap_or_else(|e| fail(&e.to_string()));
+        let t = comm
+            .symmetric_tensor(
+                count.into(),
+                DType::F32,
+                oxtrain_tensor::Device::Cuda(comm.comm_stream().ordinal()),
+            )
+            .unwrap_or_else(|e| fail(&e.to_string()));
         t.copy_(&full(v).to_device(t.device()).unwrap_or_else(|e| fail(&e.to_string())));
         t
     };

@@ -147,9 +147,9 @@ impl NvshmemHeap<'_> {
     /// the same buffer. Like the [`Communicator`](crate::Communicator) ops, it is ordered after
     /// the caller's current stream and returns at once; wait on the [`Work`] before reading the
     /// buffer (`Work::synchronize` before `read_local`, which does not wait for streams).
-    /// Needs every PE on this node (reachable by load/store). Two kernels: whole 16-byte packs
-    /// go as two-shot pushes whose results land straight in the peers' copies; other buffers
-    /// (or `OXTRAIN_NVSHMEM_SYMM=pull`) in one pass that loads the peers' copies.
+    /// Needs every PE on this node (reachable by load/store). Two kernels: two-shot pushes whose
+    /// results land straight in the peers' copies (whole 16-byte packs), or one pass that loads
+    /// the peers' copies; see `symmetric_pushes` in options.rs for the choice.
     pub fn all_reduce<T: ReduceElement>(&self, buf: SymBuffer<T>, op: ReduceOp) -> Result<Work> {
         let f = self.comm.function("symmetric all_reduce", <T as crate::CommElement>::DTYPE, true)?;
         self.comm.symmetric_all_reduce(f, self.addr(buf), buf.len, std::mem::size_of::<T>(), op)

@@ -60,10 +60,11 @@ pub struct NvshmemOptions {
     pub stream_depth: usize,
     /// Streaming all-reduce: pusher blocks per reducer block.
     pub stream_pushers_per_reducer: usize,
-    /// `NvshmemHeap::all_reduce` of whole 16-byte packs as pushes (two-shot, results stored into
-    /// the peers' copies); false: one pass loading the peers' copies. `OXTRAIN_NVSHMEM_SYMM`:
-    /// push (default) or pull.
-    pub symmetric_push: bool,
+    /// The zero-copy all-reduce of symmetric memory: Some(true) pushes (two-shot, results
+    /// stored into the peers' copies; whole 16-byte packs only), Some(false) one pass loading
+    /// the peers' copies, None picks by blocks and size ([`symmetric_pushes`]).
+    /// `OXTRAIN_NVSHMEM_SYMM`: push, pull or auto (default).
+    pub symmetric_push: Option<bool>,
     /// GPUs per node (PEs numbered node by node); fewer than the world makes all_reduce
     /// hierarchical (see `team.rs`). 0: `LOCAL_WORLD_SIZE` when set, else every PE on one node.
     pub ranks_per_node: usize,
@@ -95,13 +96,27 @@ impl Default for NvshmemOptions {
                 .unwrap_or(1)
                 .max(1),
             ranks_per_node: env_num("OXTRAIN_NVSHMEM_RANKS_PER_NODE").unwrap_or(0),
-            symmetric_push: std::env::var("OXTRAIN_NVSHMEM_SYMM").map_or(true, |v| v.trim() != "pull"),
+            symmetric_push: match std::env::var("OXTRAIN_NVSHMEM_SYMM").as_deref().map(str::trim) {
+                Ok("push") => Some(true),
+                Ok("pull") => Some(false),
+                _ => None,
+            },
             // Auto does not stream unless asked: with 128 MiB windows two-shot measured 329 GB/s at
             // 256 MiB against streaming's 316-319, and 329-330 at 1 GiB against 323-332 (2xH200,
             // f32, 128 and 132 blocks). With 64 MiB windows streaming had been ahead at 256 MiB.
             stream_min_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_MIN_BYTES").unwrap_or(usize::MAX),
         }
     }
+}
+
+/// Whether the zero-copy all-reduce of `bytes` of symmetric memory pushes (two-shot) rather
+/// than loads the peers' copies in one pass; `packs`: the buffer is whole aligned 16-byte packs,
+/// which pushing needs. Measured on 2xH200 (f32, GB/s at 64 MiB / 256 MiB / 1 GiB): with 32
+/// blocks pull 286/300/306 against push 253/257/257; with 64 push 321/330/330 against
+/// 308/324/330; with 128 push 340/349/350 against 319/335/340; at 8 MiB push leads with 32 too
+/// (231 against 220).
+pub(crate) fn symmetric_pushes(opts: &NvshmemOptions, bytes: usize, packs: bool) -> bool {
+    packs && opts.symmetric_push.unwrap_or(opts.max_blocks >= 64 || bytes < (64 << 20))
 }
 
 /// The kernel mode of an all-reduce of `bytes` on `world` GPUs of one node (`aligned`: the
@@ -146,8 +161,23 @@ mod tests {
             stream_depth: 2,
             stream_pushers_per_reducer: 1,
             ranks_per_node: 0,
-            symmetric_push: true,
+            symmetric_push: None,
         }
+    }
+
+    #[test]
+    fn symmetric_memory_pulls_with_few_blocks_and_large_messages() {
+        let big = 256 << 20;
+        assert!(!symmetric_pushes(&opts(32), big, true));
+        assert!(symmetric_pushes(&opts(32), 8 << 20, true));
+        assert!(symmetric_pushes(&opts(64), big, true));
+        assert!(symmetric_pushes(&opts(128), big, true));
+        // Pushing needs whole packs; a forced choice wins otherwise.
+        assert!(!symmetric_pushes(&opts(128), big, false));
+        let forced = NvshmemOptions { symmetric_push: Some(true), ..opts(32) };
+        assert!(symmetric_pushes(&forced, big, true));
+        let pull = NvshmemOptions { symmetric_push: Some(false), ..opts(128) };
+        assert!(!symmetric_pushes(&pull, 8 << 20, true));
     }
 
     #[test]

@@ -70,29 +70,24 @@ __device__ void ox_symm_all_reduce(const CollArgs& a) {
     const long long len = p1 - p0;
     const long long s0 = p0 + ox_pack_split(len, a.npes, a.me), s1 = p0 + ox_pack_split(len, a.npes, a.me + 1);
     const long long bd = blockDim.x;
-    if (a.aligned && a.count % EPP == 0) {
-        long long k = s0 + threadIdx.x;
-        for (; k + (OX_SYMM_UNROLL - 1) * bd < s1; k += OX_SYMM_UNROLL * bd) {
-            uint4 v[OX_SYMM_UNROLL];
-            ox_symm_reduce<E>(a, k, bd, v);
-            for (int p = 0; p < a.npes; ++p) {
-                uint4* dst = (uint4*)a.bufs[p];
+    // Whole 16-byte packs go vectorised; only a last partial pack (or an unaligned buffer)
+    // goes element by element.
+    const long long whole = a.aligned ? a.count / EPP : 0;
+    const long long v1 = min(s1, max(s0, whole));
+    long long k = s0 + threadIdx.x;
+    for (; k + (OX_SYMM_UNROLL - 1) * bd < v1; k += OX_SYMM_UNROLL * bd) {
+        uint4 v[OX_SYMM_UNROLL];
+        ox_symm_reduce<E>(a, k, bd, v);
+        for (int p = 0; p < a.npes; ++p) {
+            uint4* dst = (uint4*)a.bufs[p];
 #pragma unroll
-                for (int j = 0; j < OX_SYMM_UNROLL; ++j) dst[k + j * bd] = v[j];
-            }
+            for (int j = 0; j < OX_SYMM_UNROLL; ++j) dst[k + j * bd] = v[j];
         }
-        for (; k < s1; k += bd) {
-            for (long long i = k * EPP; i < (k + 1) * EPP; ++i) {
-                R v = ox_symm_element<E>(a, i);
-                for (int p = 0; p < a.npes; ++p) ((R*)a.bufs[p])[i] = v;
-            }
-        }
-    } else {
-        for (long long k = s0 + threadIdx.x; k < s1; k += bd) {
-            for (long long i = k * EPP; i < min((k + 1) * EPP, a.count); ++i) {
-                R v = ox_symm_element<E>(a, i);
-                for (int p = 0; p < a.npes; ++p) ((R*)a.bufs[p])[i] = v;
-            }
+    }
+    for (; k < s1; k += bd) {
+        for (long long i = k * EPP; i < min((k + 1) * EPP, a.count); ++i) {
+            R v = ox_symm_element<E>(a, i);
+            for (int p = 0; p < a.npes; ++p) ((R*)a.bufs[p])[i] = v;
         }
     }
     ox_exchange(a, a.done);

@@ -185,7 +185,8 @@ impl NvshmemCommunicator {
         let linear = team.sets.iter().all(|set| {
             (0..team.members.len()).all(|m| set[m].wrapping_sub(set[team.me]) == a.bufs[m].wrapping_sub(addr))
         });
-        if self.opts.symmetric_push && linear && addr.is_multiple_of(16) && (len * esz).is_multiple_of(16) {
+        let packs = linear && addr.is_multiple_of(16) && (len * esz).is_multiple_of(16);
+        if super::options::symmetric_pushes(&self.opts, len * esz, packs) {
             a.mode = kernels::SYMM_PUSH;
         }
         self.launch("nvshmem symmetric all_reduce", f, esz, &[(a, Kind::All)], false)

@@ -141,7 +141,7 @@ fn nvshmem_options(cfg: &Config) -> NvshmemOptions {
 /// The all-reduce algorithms `--algo` names (a comma-separated list, or `all`), with the
 /// label of their rows. `symm` and `symm-tensor` (None here) are not algorithms: the in-place
 /// all-reduce of a buffer on the symmetric heap (`NvshmemHeap::all_reduce`), and `all_reduce`
-/// (auto) of tensors made by `NvshmemCommunicator::symmetric_tensor`.
+/// (auto) of tensors made by `Communicator::symmetric_tensor` (on the nvshmem backend).
 fn algorithms(cfg: &Config) -> Vec<(Option<Algorithm>, String)> {
     const ALL: [&str; 7] = ["auto", "ll", "oneshot", "twoshot", "stream", "symm", "symm-tensor"];
     let names: Vec<&str> = if cfg.algo == "all" { ALL.to_vec() } else { cfg.algo.split(',').collect() };
@@ -280,7 +280,7 @@ pub fn child(cfg: &Config) -> i32 {
             let notes = format!(
                 "comm-bench GPU: {world} processes, one GPU each; CUDA events around back-to-back calls on the \
                  communication stream, averaged; algbw = size/time, busbw with nccl-tests' factors; every element \
-                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels on tensors (auto algorithm unless labelled); nvshmem-symm = the in-place all-reduce of a buffer on NVSHMEM's symmetric heap (NvshmemHeap::all_reduce, no staging copy); nvshmem-symm-tensor = all_reduce (auto) of tensors made by NvshmemCommunicator::symmetric_tensor (zero-copy from 4 MiB); the _symmetric comparison entries are from symm-tensor when swept, else symm."
+                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels on tensors (auto algorithm unless labelled); nvshmem-symm = the in-place all-reduce of a buffer on NVSHMEM's symmetric heap (NvshmemHeap::all_reduce, no staging copy); nvshmem-symm-tensor = all_reduce (auto) of tensors made by Communicator::symmetric_tensor on this backend (zero-copy from 4 MiB); the _symmetric comparison entries are from symm-tensor when swept, else symm."
             );
             write_json_with(p, &rows, extra, Some(format!("{world}x {name}")), Some(notes));
         }

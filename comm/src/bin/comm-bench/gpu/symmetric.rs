@@ -1,6 +1,6 @@
 //! `--algo symm`: the in-place all-reduce of a buffer on NVSHMEM's symmetric heap
 //! (`NvshmemHeap::all_reduce`, no staging copy); `--algo symm-tensor`: `all_reduce` of tensors
-//! made by `NvshmemCommunicator::symmetric_tensor`. Swept and checked like the tensor rows.
+//! made by `Communicator::symmetric_tensor` (nvshmem). Swept and checked like the tensor rows.
 
 use super::super::{bus_factor, count_wrong, fail, print_header, print_row, tensor, value, Config, Row};
 use super::time_on_stream;

@@ -79,7 +79,7 @@ __device__ __noinline__ bool ox_desc_match_slow(OxWaitCtx c, volatile const uint
         const int pe = (int)((pes8 >> (8 * p)) & 0xff);
         if (p != me && row[pe] != v) {
             c.peer = pe;
-            ox_record_mismatch(c);
+            ox_record_fault(c, OX_FAULT_MISMATCH);
             return false;
         }
     }

@@ -98,15 +98,19 @@ __device__ __forceinline__ OxWaitCtx ox_wait_ctx(const CollArgs& a, int m) {
     return c;
 }
 
-// Records that a wait timed out (several threads may: they write alike).
-__device__ __noinline__ void ox_record_fault(OxWaitCtx c) {
+// Fault codes for the host (fault.rs).
+#define OX_FAULT_TIMEOUT 1  // a wait timed out
+#define OX_FAULT_MISMATCH 2 // the PEs passed different symmetric buffers (collectives.cu)
+
+// Records a fault (several threads may: they write alike).
+__device__ __noinline__ void ox_record_fault(OxWaitCtx c, unsigned int code) {
     volatile OxFault* f = (volatile OxFault*)c.fault;
     f->peer = c.peer;
     f->epoch = c.epoch;
     f->block = blockIdx.x;
     f->mode = c.mode;
     __threadfence_system();
-    f->code = 1;
+    f->code = code;
     __threadfence_system();
 }
 
@@ -118,7 +122,7 @@ __device__ __noinline__ bool ox_wait_ge_slow(OxWaitCtx c, volatile const uint64_
     const unsigned long long t0 = ox_now();
     for (unsigned n = 1; *s < v; ++n) {
         if ((n & 1023) == 0 && ox_now() - t0 > c.timeout_ns) {
-            ox_record_fault(c);
+            ox_record_fault(c, OX_FAULT_TIMEOUT);
             return false;
         }
     }
@@ -198,18 +202,6 @@ __device__ __forceinline__ int ox_owner(long long count, int n, long long i) {
     long long split = extra * (base + 1);
     if (i < split) return (int)(i / (base + 1));
     return (int)(extra + (i - split) / base);
-}
-
-// What a kernel that found the PEs passing different symmetric buffers records (code 2).
-__device__ __noinline__ void ox_record_mismatch(OxWaitCtx c) {
-    volatile OxFault* f = (volatile OxFault*)c.fault;
-    f->peer = c.peer;
-    f->epoch = c.epoch;
-    f->block = blockIdx.x;
-    f->mode = c.mode;
-    __threadfence_system();
-    f->code = 2;
-    __threadfence_system();
 }
 
 // Thread 0 of a block says whether its wait succeeded; every thread learns it (false: the

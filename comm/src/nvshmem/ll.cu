@@ -62,7 +62,7 @@ __device__ __noinline__ bool ox_ll_take_slow(OxWaitCtx c, unsigned long long lin
         ox_ll_read(line, &d0, &f0, &d1, &f1);
         if (f0 == flag && f1 == flag) break;
         if ((n & 1023) == 0 && ox_now() - t0 > c.timeout_ns) {
-            ox_record_fault(c);
+            ox_record_fault(c, OX_FAULT_TIMEOUT);
             return false;
         }
     }

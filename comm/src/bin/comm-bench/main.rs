@@ -181,6 +181,37 @@ struct Row {
     ahead_us: Option<f64>,
 }
 
+impl Row {
+    /// A row for `count` elements of `dtype` reduced or moved in `secs` per call, with
+    /// nccl-tests' algbw and busbw; no host timings.
+    fn timed(
+        backend: &str,
+        ranks: usize,
+        op: &str,
+        dtype: DType,
+        count: usize,
+        secs: f64,
+        wrong: usize,
+    ) -> Row {
+        let bytes = count * dtype.size_in_bytes();
+        let algbw = bytes as f64 / secs / 1e9;
+        Row {
+            backend: backend.to_string(),
+            ranks,
+            op: op.to_string(),
+            dtype,
+            bytes,
+            count,
+            time_us: secs * 1e6,
+            algbw,
+            busbw: algbw * bus_factor(op, ranks),
+            wrong,
+            host_us: None,
+            ahead_us: None,
+        }
+    }
+}
+
 /// nccl-tests' bus-bandwidth factor: what each rank must move per byte of the op's size.
 fn bus_factor(op: &str, n: usize) -> f64 {
     let n = n as f64;
@@ -300,22 +331,7 @@ fn measure(
             value((0..n).find(|&r| shard_range(count, n, r).contains(&i)).unwrap_or(0), i)
         }),
     };
-    let size = count * esz;
-    let algbw = size as f64 / secs / 1e9;
-    Row {
-        backend: comm.backend().to_string(),
-        ranks: n,
-        op: op.to_string(),
-        dtype,
-        bytes: size,
-        count,
-        time_us: secs * 1e6,
-        algbw,
-        busbw: algbw * bus_factor(op, n),
-        wrong,
-        host_us,
-        ahead_us,
-    }
+    Row { host_us, ahead_us, ..Row::timed(comm.backend(), n, op, dtype, count, secs, wrong) }
 }
 
 /// Runs the whole sweep on one rank; returns the rows (every rank measures; rank 0 reports).

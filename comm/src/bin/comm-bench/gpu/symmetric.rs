@@ -2,7 +2,7 @@
 //! (`NvshmemHeap::all_reduce`, no staging copy); `--algo symm-tensor`: `all_reduce` of tensors
 //! made by `Communicator::symmetric_tensor` (nvshmem). Swept and checked like the tensor rows.
 
-use super::super::{bus_factor, count_wrong, fail, print_header, print_row, tensor, value, Config, Row};
+use super::super::{count_wrong, fail, print_header, print_row, tensor, value, Config, Row};
 use super::time_on_stream;
 use oxtrain_comm::nvshmem::{NvshmemCommunicator, NvshmemHeap};
 use oxtrain_comm::{Communicator, ReduceElement, ReduceOp, SymBuffer, SymmetricMemory};
@@ -85,20 +85,9 @@ fn measure<T: ReduceElement + Element>(
         .filter(|(i, g)| g.to_f64() != (0..n).map(|r| value(r, *i)).sum::<f64>())
         .count();
     ok(heap.barrier_all());
-    let algbw = (count * esz) as f64 / secs / 1e9;
     Row {
-        backend: String::new(),
-        ranks: n,
-        op: "all_reduce".into(),
-        dtype: <T as Element>::DTYPE,
-        bytes: count * esz,
-        count,
-        time_us: secs * 1e6,
-        algbw,
-        busbw: algbw * bus_factor("all_reduce", n),
-        wrong,
         host_us: Some(host * 1e6),
-        ahead_us: None,
+        ..Row::timed("", n, "all_reduce", <T as Element>::DTYPE, count, secs, wrong)
     }
 }
 
@@ -144,20 +133,9 @@ pub fn tensor_sweep(comm: &NvshmemCommunicator, cfg: &Config, device: Device, la
             ok(comm.barrier().and_then(|w| w.wait()));
             ok(comm.all_reduce(&t, ReduceOp::Sum).and_then(|w| w.synchronize()));
             let wrong = count_wrong(&t, |i| (0..n).map(|r| value(r, i)).sum::<f64>());
-            let algbw = (count * esz) as f64 / secs / 1e9;
             let row = Row {
-                backend: label.to_string(),
-                ranks: n,
-                op: "all_reduce".into(),
-                dtype,
-                bytes: count * esz,
-                count,
-                time_us: secs * 1e6,
-                algbw,
-                busbw: algbw * bus_factor("all_reduce", n),
-                wrong,
                 host_us: Some(host * 1e6),
-                ahead_us: None,
+                ..Row::timed(label, n, "all_reduce", dtype, count, secs, wrong)
             };
             if rank == 0 {
                 print_row(&row);

@@ -33,9 +33,9 @@ __device__ bool ox_exchange(const CollArgs& a, unsigned long long sig_base, bool
         __threadfence_system();
         for (int p = 0; p < a.npes; ++p)
             if (p != a.me && !(puts_signalled && ox_by_put(a, p)))
-                nvshmemx_signal_op(ox_sig(a, sig_base, blockIdx.x, a.me), (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, a.pes[p]);
+                nvshmemx_signal_op(ox_sig(a, sig_base, blockIdx.x, a.me), (uint64_t)ox_epoch(), NVSHMEM_SIGNAL_SET, a.pes[p]);
         for (int p = 0; p < a.npes && ok; ++p)
-            if (p != a.me) ok = ox_wait_ge(a, ox_sig(a, sig_base, blockIdx.x, p), (uint64_t)a.epoch, p);
+            if (p != a.me) ok = ox_wait_ge(a, ox_sig(a, sig_base, blockIdx.x, p), (uint64_t)ox_epoch(), p);
         // Our own puts read the input in the background: they must be done before an in-place
         // output overwrites it.
         if (puts_signalled && a.put_mask) nvshmem_quiet();
@@ -56,7 +56,7 @@ __device__ bool ox_exchange(const CollArgs& a, unsigned long long sig_base, bool
 // (a peer running an ordinary all-reduce meanwhile publishes none).
 __device__ __forceinline__ unsigned long long ox_desc_of(const CollArgs& a) {
     return (((a.out_base - a.ready) << 20) ^ (unsigned long long)a.count ^ ((unsigned long long)a.count << 44)) +
-           a.epoch * 0x9E3779B97F4A7C15ull;
+           ox_epoch() * 0x9E3779B97F4A7C15ull;
 }
 __device__ __forceinline__ uint64_t* ox_desc(const CollArgs& a, int block, int m) {
     return ox_sig(a, a.ready + 4 * (a.done - a.ready), block, m);
@@ -122,23 +122,23 @@ __device__ void ox_put_block(const CollArgs& a, int p, long long p0, long long p
     uint64_t* sig = ox_sig(a, a.ready, blockIdx.x, a.me);
     if (lo < hi) {
         // Our slot on p, by its symmetric address (the same as ours).
-        R* dst = (R*)(a.bufs[a.me] + (unsigned long long)a.me * a.slot_bytes) + (lo - a.win_lo);
+        R* dst = (R*)(ox_buf(a, a.me) + (unsigned long long)a.me * a.slot_bytes) + (lo - a.win_lo);
         nvshmemx_putmem_signal_nbi_block(dst, (const R*)a.in_base + lo, (size_t)(hi - lo) * sizeof(R), sig,
-                                         (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, a.pes[p]);
+                                         (uint64_t)ox_epoch(), NVSHMEM_SIGNAL_SET, a.pes[p]);
     } else if (threadIdx.x == 0) {
-        nvshmemx_signal_op(sig, (uint64_t)a.epoch, NVSHMEM_SIGNAL_SET, a.pes[p]);
+        nvshmemx_signal_op(sig, (uint64_t)ox_epoch(), NVSHMEM_SIGNAL_SET, a.pes[p]);
     }
 }
 
 // This PE's slot `src` (the data PE `src` pushed here), as a typed pointer indexed by window offset.
 template <typename R>
 __device__ __forceinline__ volatile R* ox_local_slot(const CollArgs& a, int src) {
-    return (volatile R*)(a.bufs[a.me] + (unsigned long long)src * a.slot_bytes);
+    return (volatile R*)(ox_buf(a, a.me) + (unsigned long long)src * a.slot_bytes);
 }
 // PE p's slot `me` (where this PE pushes), as seen from here.
 template <typename R>
 __device__ __forceinline__ R* ox_remote_slot(const CollArgs& a, int p) {
-    return (R*)(a.bufs[p] + (unsigned long long)a.me * a.slot_bytes);
+    return (R*)(ox_buf(a, p) + (unsigned long long)a.me * a.slot_bytes);
 }
 
 // PE p's contribution to element i: this PE's input, or what p pushed into our slot p.
@@ -170,7 +170,7 @@ __device__ __forceinline__ typename E::raw ox_source(const CollArgs& a, long lon
 template <typename R>
 __device__ __forceinline__ uint4 ox_pack_of(const CollArgs& a, int p, long long k) {
     if (p == a.me) return ((const uint4*)(a.in_base + a.win_lo * sizeof(R)))[k];
-    return __ldcv((const uint4*)(a.bufs[a.me] + (unsigned long long)p * a.slot_bytes) + k);
+    return __ldcv((const uint4*)(ox_buf(a, a.me) + (unsigned long long)p * a.slot_bytes) + k);
 }
 
 // Window pack k reduced over all PEs.
@@ -345,7 +345,7 @@ __device__ void ox_collective(const CollArgs& a) {
             if (p == a.me) continue;
             const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
             ox_copy_packs((uint4*)(a.out_base + a.win_lo * sizeof(R)),
-                          (const uint4*)(a.bufs[a.me] + (unsigned long long)p * a.slot_bytes), q0, q1);
+                          (const uint4*)(ox_buf(a, a.me) + (unsigned long long)p * a.slot_bytes), q0, q1);
         }
         return;
     }

@@ -36,7 +36,7 @@ namespace std { using namespace cuda::std; }
 #define OX_MAX 2
 #define OX_MIN 3
 
-// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (256 bytes, checked on both sides).
+// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (264 bytes, checked on both sides).
 // A launch runs over a team of PEs (all of them, or one node's, or one per node for the
 // hierarchical all-reduce): `npes`, `me`, `bufs`, slots and shards are indexed by member, and
 // `pes` names each member's global PE for NVSHMEM calls and signal columns.
@@ -45,11 +45,12 @@ namespace std { using namespace cuda::std; }
 struct CollArgs {
     unsigned long long in_base;  // input element i at in_base + i * size
     unsigned long long out_base; // output element i at out_base + i * size
-    unsigned long long bufs[OX_MAX_PES]; // this epoch's staging set of every member, as seen here
-                                         // (members reached by puts: only bufs[me] is used)
+    unsigned long long bufs[OX_MAX_PES]; // staging set 0 of every member, as seen here (set 1
+                                         // follows it; members reached by puts: only bufs[me] is
+                                         // used); OX_SYMM: every member's copy of the buffer
     unsigned long long ready;    // this PE's ready signals: [OX_MAX_BLOCKS][sig_stride] u64
     unsigned long long done;     // this PE's done signals, same shape
-    unsigned long long epoch;
+    unsigned long long counters; // this PE's launch counters, in device memory (see entry.cu)
     unsigned long long slot_bytes; // a staging set holds npes slots of this many bytes
     long long count;             // elements in the whole tensor
     long long win_lo, win_hi;    // this launch's window
@@ -64,8 +65,24 @@ struct CollArgs {
                                  // by stores through nvshmem_ptr (one-shot mode only)
     unsigned long long fault;    // an OxFault in host memory mapped here (fault.rs)
     unsigned long long timeout_ns; // how long any wait may take before the kernel gives up
+    int kind;                    // the team (kernels.rs Kind): its launches pick the staging set
+    int unused;
 };
-static_assert(sizeof(CollArgs) == 256, "CollArgs must match the Rust side");
+static_assert(sizeof(CollArgs) == 264, "CollArgs must match the Rust side");
+
+// This launch's epoch and staging set, read from the device counters by ox_entry (entry.cu)
+// rather than passed by the host: a launch captured in a CUDA graph replays with the same
+// arguments, yet must use a new epoch each time.
+__shared__ unsigned long long ox_s_epoch;
+// Every member's staging set of this launch, as seen here: loaded where used, as the
+// arguments are, so the hot loops hold no extra register for it.
+__shared__ unsigned long long ox_s_bufs[OX_MAX_PES];
+// Volatile reads: read again at every use, as an argument would be, instead of being kept in a
+// register across the hot loops (which made the bf16 and f16 kernels spill).
+__device__ __forceinline__ unsigned long long ox_epoch() { return *(volatile unsigned long long*)&ox_s_epoch; }
+__device__ __forceinline__ unsigned long long ox_buf(const CollArgs& a, int m) {
+    return ((volatile unsigned long long*)ox_s_bufs)[m];
+}
 
 // What a kernel that gave up leaves for the host (`FaultRecord` in fault.rs).
 struct OxFault {
@@ -92,7 +109,7 @@ __device__ __forceinline__ OxWaitCtx ox_wait_ctx(const CollArgs& a, int m) {
     OxWaitCtx c;
     c.fault = a.fault;
     c.timeout_ns = a.timeout_ns;
-    c.epoch = a.epoch;
+    c.epoch = ox_epoch();
     c.peer = a.pes[m];
     c.mode = a.mode;
     return c;

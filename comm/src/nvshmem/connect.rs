@@ -122,11 +122,19 @@ impl NvshmemCommunicator {
                 .map(Function)
                 .map_err(|e| cuda_err(format!("kernel {}", device_code::kernel_name(s)), format!("{e:?}")))
             };
+            let kernels = |dtype: &str| -> Result<kernels::Kernels> {
+                Ok(kernels::Kernels {
+                    coll: get(dtype)?,
+                    ll: get(&format!("ll_{dtype}"))?,
+                    stream: get(&format!("stream_{dtype}"))?,
+                    symm: get(&format!("symm_{dtype}"))?,
+                })
+            };
             Module {
                 module: m,
-                f32: get("f32")?,
-                bf16: get("bf16")?,
-                f16: get("f16")?,
+                f32: kernels("f32")?,
+                bf16: kernels("bf16")?,
+                f16: kernels("f16")?,
                 atomic: get("atomic")?,
                 nop: get("nop")?,
                 nop8: get("nop8")?,
@@ -172,6 +180,14 @@ impl NvshmemCommunicator {
             (api.barrier_all)();
             (signals, teams)
         };
+        // SAFETY: the context is current; freed in the communicator's teardown.
+        let counters = unsafe {
+            let c = drv::malloc_sync(kernels::COUNTER_BYTES)
+                .map_err(|e| cuda_err("allocating the launch counters", format!("{e:?}")))?;
+            drv::memset_d8_sync(c, 0, kernels::COUNTER_BYTES)
+                .map_err(|e| cuda_err("zeroing the launch counters", format!("{e:?}")))?;
+            c
+        };
         let stream_resident = resident_blocks(&device, &module)?;
         // Block b waits only for block b of the peers; with more blocks than fit at once that
         // could wait on a block that is never scheduled. So at most one wave: all SMs.
@@ -189,11 +205,12 @@ impl NvshmemCommunicator {
             teams,
             signals,
             signal_array,
+            counters,
             stream_resident,
             fault,
             dependent_launch: device.arch() >= 90
                 && std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v != "0"),
-            state: Mutex::new(State { epoch: 0, launches: [0; 4], algorithm }),
+            state: Mutex::new(State { algorithm }),
             tensors: Default::default(),
         })
     }
@@ -208,7 +225,7 @@ fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -
         .attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| cuda_err("reading the SM count", format!("{e:?}")))?;
     let mut per_sm = i32::MAX;
-    for f in [module.f32, module.bf16, module.f16] {
+    for f in [module.f32, module.bf16, module.f16].iter().flat_map(|k| k.all()) {
         // SAFETY: a loaded kernel.
         let n =
             unsafe { drv::occupancy::max_active_block_per_multiprocessor(f.0, kernels::THREADS as i32, 0) }

@@ -12,21 +12,77 @@ __device__ __forceinline__ void ox_dependent_launch() {
 #endif
 }
 
-template <typename E>
-__device__ void ox_entry(const CollArgs& a) {
+// The launch counters (`counters`, device memory of this PE): row 0 counts every launch (the
+// epoch: the same on every PE, as every PE makes the same launches), row 1 + k the launches on
+// team k (their parity picks the staging set: see collectives.cu on why two sets suffice).
+// Each row has a column per block, so no block waits for another or shares an atomic: block b
+// reads its own column at the start and stores it advanced at the end, and block 0 also
+// advances the columns of the blocks this launch does not have. Every column of a row thus
+// holds the same count between launches, and the next launch reads them only once this one is
+// complete (stream order, or griddepcontrol.wait under dependent launch). Counting on the
+// device, not passing the epoch from the host, is what lets a CUDA graph replay a collective.
+__device__ __forceinline__ unsigned long long* ox_counter(unsigned long long counters, int row, int block) {
+    return (unsigned long long*)counters + (size_t)row * OX_MAX_BLOCKS + block;
+}
+__shared__ unsigned long long ox_s_launches; // this launch's count on its team
+
+// Out of line and reading the shared values again: nothing of the prologue stays live in a
+// register across the collective (which made the bf16 and f16 kernels spill).
+__device__ __noinline__ void ox_counters_advance(unsigned long long counters, int kind) {
+    const unsigned long long epoch = *(volatile unsigned long long*)&ox_s_epoch;
+    const unsigned long long launches = *(volatile unsigned long long*)&ox_s_launches;
+    unsigned long long* epoch_row = ox_counter(counters, 0, 0);
+    unsigned long long* team_row = ox_counter(counters, 1 + kind, 0);
+    if (threadIdx.x == 0) {
+        epoch_row[blockIdx.x] = epoch;
+        team_row[blockIdx.x] = launches;
+    }
+    if (blockIdx.x == 0)
+        for (unsigned b = gridDim.x + threadIdx.x; b < OX_MAX_BLOCKS; b += blockDim.x) {
+            epoch_row[b] = epoch;
+            team_row[b] = launches;
+        }
+}
+
+// One kernel per algorithm family and dtype (mode M: OX_LL, OX_STREAM, OX_SYMM, or any other for
+// ox_collective): compiled apart, each gets the registers it needs alone; in one kernel the
+// families' register needs added up and the bf16 and f16 kernels spilled.
+template <typename E, int M>
+__device__ __forceinline__ void ox_entry(const CollArgs& a) {
     ox_dependent_launch();
-    if (a.mode == OX_LL) ox_ll_all_reduce<E>(a);
-    else if (a.mode == OX_STREAM) ox_stream_all_reduce<E>(a);
-    else if (a.mode == OX_SYMM) ox_symm_all_reduce<E>(a);
+    if (threadIdx.x < OX_MAX_PES) {
+        // Through L2 (__ldcg): an SM's L1 may still hold what an earlier launch read here.
+        const unsigned long long n = __ldcg(ox_counter(a.counters, 1 + a.kind, blockIdx.x)) + 1;
+        // Set 1 follows set 0. A symmetric buffer (OX_SYMM) is read in place: bufs are its copies.
+        const unsigned long long set = M == OX_SYMM ? 0 : (n & 1) * a.slot_bytes * (unsigned long long)a.npes;
+        ox_s_bufs[threadIdx.x] = a.bufs[threadIdx.x] + set;
+        if (threadIdx.x == 0) {
+            ox_s_epoch = __ldcg(ox_counter(a.counters, 0, blockIdx.x)) + 1;
+            ox_s_launches = n;
+        }
+    }
+    __syncthreads();
+    if (M == OX_LL) ox_ll_all_reduce<E>(a);
+    else if (M == OX_STREAM) ox_stream_all_reduce<E>(a);
+    else if (M == OX_SYMM) ox_symm_all_reduce<E>(a);
     else ox_collective<E>(a);
+    // Also after a wait gave up: the communicator is unusable then anyway.
+    ox_counters_advance(a.counters, a.kind);
 }
 
 // Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register
-// count low enough for that block size.
+// count low enough for that block size. Names: oxtrain_nvshmem_coll_[ll_|stream_|symm_]<dtype>.
 #define OX_THREADS 512
-extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f32(CollArgs a) { ox_entry<F32>(a); }
-extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_bf16(CollArgs a) { ox_entry<BF16>(a); }
-extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_f16(CollArgs a) { ox_entry<F16>(a); }
+#define OX_KERNEL(name, E, M) \
+    extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_##name(CollArgs a) { ox_entry<E, M>(a); }
+#define OX_KERNELS(dtype, E)                    \
+    OX_KERNEL(dtype, E, OX_ONESHOT)             \
+    OX_KERNEL(ll_##dtype, E, OX_LL)             \
+    OX_KERNEL(stream_##dtype, E, OX_STREAM)     \
+    OX_KERNEL(symm_##dtype, E, OX_SYMM)
+OX_KERNELS(f32, F32)
+OX_KERNELS(bf16, BF16)
+OX_KERNELS(f16, F16)
 
 // Empty kernels for `NvshmemCommunicator::launch_probe`: the driver's cost of a launch with the
 // collectives' argument block, and with one pointer.

@@ -32,7 +32,9 @@ pub(crate) struct CollArgs {
     pub bufs: [u64; MAX_PES],
     pub ready: u64,
     pub done: u64,
-    pub epoch: u64,
+    /// This PE's launch counters (`Counters`), which give each launch its epoch and staging
+    /// set on the device.
+    pub counters: u64,
     pub slot_bytes: u64,
     pub count: i64,
     pub win_lo: i64,
@@ -60,9 +62,17 @@ pub(crate) struct CollArgs {
     pub fault: u64,
     /// How long any wait in the kernel may take.
     pub timeout_ns: u64,
+    /// The team (`Kind`), whose launch counter picks the staging set.
+    pub kind: i32,
+    pub unused: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 256);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 264);
+
+/// Rows of the launch counters: every launch (the epoch), then one per team kind.
+pub(crate) const COUNTER_ROWS: usize = 5;
+/// Bytes of the launch counters: a u64 per row and block (see `entry.cu`).
+pub(crate) const COUNTER_BYTES: usize = COUNTER_ROWS * MAX_BLOCKS as usize * 8;
 
 /// `struct AtomicArgs` of `atomics.cu`.
 #[repr(C)]
@@ -133,6 +143,33 @@ pub(crate) struct Function(pub sys::CUfunction);
 // SAFETY: function handles are process-wide and immutable once loaded.
 unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
+
+/// The collective kernels of one dtype, one per algorithm family (see entry.cu: apart, each is
+/// register-allocated for its own code).
+#[derive(Clone, Copy)]
+pub(crate) struct Kernels {
+    /// One-shot, two-shot (also of symmetric buffers), and the non-reducing ops and barrier.
+    pub coll: Function,
+    pub ll: Function,
+    pub stream: Function,
+    pub symm: Function,
+}
+
+impl Kernels {
+    /// The kernel that runs `mode`.
+    pub fn for_mode(&self, mode: i32) -> Function {
+        match mode {
+            LL => self.ll,
+            STREAM => self.stream,
+            SYMM => self.symm,
+            _ => self.coll,
+        }
+    }
+
+    pub fn all(&self) -> [Function; 4] {
+        [self.coll, self.ll, self.stream, self.symm]
+    }
+}
 
 /// Launches `f` with `args` on `stream`; `dependent`: with programmatic dependent launch
 /// (sm_90+, see `entry.cu`), so it may be scheduled while the previous collective finishes.

@@ -89,12 +89,12 @@ __device__ void ox_ll_all_reduce(const CollArgs& a) {
     const long long lines = (a.win_hi - a.win_lo + EPL - 1) / EPL;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    const unsigned flag = (unsigned)a.epoch;
+    const unsigned flag = (unsigned)ox_epoch();
     // 1. Push: line k of this PE's input to line k of slot `me` on every peer.
     for (long long k = first; k < lines; k += stride) {
         uint2 v = ox_ll_load<R>(a, a.in_base, k);
         for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) ox_ll_put(a.bufs[p] + (unsigned long long)a.me * a.slot_bytes + k * 16, v, flag);
+            if (p != a.me) ox_ll_put(ox_buf(a, p) + (unsigned long long)a.me * a.slot_bytes + k * 16, v, flag);
     }
     // 2. Reduce the same lines in PE order once every peer's have landed.
     for (long long k = first; k < lines; k += stride) {
@@ -102,7 +102,7 @@ __device__ void ox_ll_all_reduce(const CollArgs& a) {
         for (int p = 0; p < a.npes; ++p) {
             uint2 v;
             if (p == a.me) v = ox_ll_load<R>(a, a.in_base, k);
-            else if (!ox_ll_take(a, a.bufs[a.me] + (unsigned long long)p * a.slot_bytes + k * 16, flag, p, &v)) return;
+            else if (!ox_ll_take(a, ox_buf(a, a.me) + (unsigned long long)p * a.slot_bytes + k * 16, flag, p, &v)) return;
             const R* r = (const R*)&v;
 #pragma unroll
             for (int j = 0; j < EPL; ++j) acc[j] = p == 0 ? E::to_f(r[j]) : ox_combine(a.op, acc[j], E::to_f(r[j]));

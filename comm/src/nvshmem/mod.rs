@@ -61,7 +61,7 @@ use crate::op::{shard_range, ReduceOp};
 use crate::work::Work;
 use cudarc::driver::{result as drv, sys as cu};
 pub use heap::NvshmemHeap;
-use kernels::{CollArgs, Function, MAX_PES};
+use kernels::{CollArgs, Function, Kernels, MAX_PES};
 pub use options::{Algorithm, NvshmemOptions};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Tensor};
@@ -72,9 +72,9 @@ use team::{Kind, Team};
 /// Driver handles of the loaded module.
 struct Module {
     module: cu::CUmodule,
-    f32: Function,
-    bf16: Function,
-    f16: Function,
+    f32: Kernels,
+    bf16: Kernels,
+    f16: Kernels,
     atomic: Function,
     /// Empty kernels for [`NvshmemCommunicator::launch_probe`].
     nop: Function,
@@ -86,10 +86,6 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 struct State {
-    /// The last epoch used; every launch takes the next one on every PE.
-    epoch: u64,
-    /// Launches so far per team kind: the parity of the next picks its staging set.
-    launches: [u64; 4],
     algorithm: Algorithm,
 }
 
@@ -111,6 +107,10 @@ pub struct NvshmemCommunicator {
     signals: u64,
     /// Bytes of one signal array.
     signal_array: u64,
+    /// The launch counters in device memory (`kernels::COUNTER_BYTES`, zeroed at connect):
+    /// the kernels count their launches themselves, so each launch finds its epoch and
+    /// staging set on the device and a CUDA graph can replay collectives (see entry.cu).
+    counters: u64,
     /// Collective-kernel blocks that fit on the GPU at once (SMs x occupancy).
     stream_resident: u32,
     /// Launch with programmatic dependent launch (sm_90 and newer, `OXTRAIN_NVSHMEM_PDL` not 0).
@@ -155,7 +155,7 @@ impl NvshmemCommunicator {
         self.stream.bind()
     }
 
-    fn function(&self, op: &str, dtype: DType, reduce: bool) -> Result<Function> {
+    fn function(&self, op: &str, dtype: DType, reduce: bool) -> Result<Kernels> {
         Ok(match dtype {
             DType::F32 => self.module.f32,
             DType::BF16 => self.module.bf16,
@@ -177,18 +177,20 @@ impl NvshmemCommunicator {
     fn launch(
         &self,
         op: &'static str,
-        f: Function,
+        f: Kernels,
         esz: usize,
         stages: &[(CollArgs, Kind)],
         blocking: bool,
     ) -> Result<Work> {
         // A kernel that gave up earlier left the ranks out of step: nothing more is queued.
         self.fault.check(op)?;
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Held while enqueuing: threads sharing the communicator queue whole collectives, so
+        // every PE's launches keep the same order.
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.stream.bind()?;
         let caller = self.stream.begin()?;
         for &(base, kind) in stages {
-            self.enqueue(&mut state, f, esz, base, kind)?;
+            self.enqueue(f, esz, base, kind)?;
         }
         drop(state);
         Ok(self.fault.checked(op, self.stream.finish(caller, blocking)?))
@@ -204,9 +206,9 @@ impl NvshmemCommunicator {
         })
     }
 
-    /// Queues the launches of one collective (the caller holds the state and has ordered the
+    /// Queues the launches of one collective (the caller holds the state lock and has ordered the
     /// stream).
-    fn enqueue(&self, state: &mut State, f: Function, esz: usize, base: CollArgs, kind: Kind) -> Result<()> {
+    fn enqueue(&self, f: Kernels, esz: usize, base: CollArgs, kind: Kind) -> Result<()> {
         let team = self.team(kind)?;
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
@@ -220,15 +222,14 @@ impl NvshmemCommunicator {
         let mut lo = 0usize;
         loop {
             let hi = (lo + window).min(count);
-            state.epoch += 1;
-            state.launches[kind as usize] += 1;
-            let parity = (state.launches[kind as usize] & 1) as usize;
             let mut a = base;
             a.win_lo = lo as i64;
             a.win_hi = hi as i64;
-            a.epoch = state.epoch;
+            // The epoch and the staging set's parity come from the device counters.
+            a.counters = self.counters;
+            a.kind = kind as i32;
             if base.mode != kernels::SYMM {
-                a.bufs = team.sets[parity];
+                a.bufs = team.sets[0];
             }
             a.slot_bytes = team.slot_bytes as u64;
             a.ready = self.signals;
@@ -263,7 +264,7 @@ impl NvshmemCommunicator {
             // SAFETY: the window lies inside the caller's tensors (checked by the callers'
             // sizes) and inside every member's staging slots (window <= slot); the context is
             // bound.
-            unsafe { kernels::launch(f, blocks, &a, raw as cu::CUstream, dependent)? };
+            unsafe { kernels::launch(f.for_mode(a.mode), blocks, &a, raw as cu::CUstream, dependent)? };
             lo = hi;
             if lo >= count {
                 break;
@@ -276,7 +277,7 @@ impl NvshmemCommunicator {
     /// this PE's shard over its rail (NVSHMEM puts between nodes), all-gather in the node.
     /// Partial sums are rounded to the tensor's dtype between the stages (as NCCL's rings do);
     /// `Avg` averages in the node, then over the nodes.
-    fn hierarchical_all_reduce(&self, f: Function, v: &CudaView, op: ReduceOp) -> Result<Work> {
+    fn hierarchical_all_reduce(&self, f: Kernels, v: &CudaView, op: ReduceOp) -> Result<Work> {
         let esz = v.dtype.size_in_bytes();
         let (local, nodes) = (self.rank % self.per_node, self.world / self.per_node);
         let shard = shard_range(v.len, self.per_node, local);
@@ -388,6 +389,7 @@ impl Drop for NvshmemCommunicator {
         let Ok(api) = host::api() else { return };
         let _ = self.stream.stream.synchronize();
         let signals = self.signals;
+        let counters = self.counters;
         let teams = std::mem::take(&mut self.teams);
         let module = symmetric::SendModule(self.module.module);
         let ordinal = self.stream.ordinal;
@@ -404,6 +406,7 @@ impl Drop for NvshmemCommunicator {
                 (api.barrier_all)();
                 // In the order of allocation, as every PE does.
                 (api.free)(signals as *mut c_void);
+                let _ = drv::free_sync(counters);
                 for t in teams.iter().flatten() {
                     t.free(api);
                 }

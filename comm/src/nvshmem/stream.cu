@@ -71,7 +71,7 @@ __device__ __forceinline__ void ox_stream_send(const CollArgs& a, int b, long lo
                                                const uint4* v) {
     for (int p = 0; p < a.npes; ++p) {
         if (p == a.me) continue;
-        uint4* ring = (uint4*)ox_ring(a, a.bufs[p], a.me, b, j);
+        uint4* ring = (uint4*)ox_ring(a, ox_buf(a, p), a.me, b, j);
 #pragma unroll
         for (int u = 0; u < OX_PUSH_REGS; ++u) {
             const long long k = q0 + threadIdx.x + (long long)u * blockDim.x;
@@ -91,7 +91,7 @@ __device__ __forceinline__ void ox_stream_reduce(const CollArgs& a, int b, long 
         float acc[OX_UNROLL][16 / sizeof(R)];
         for (int p = 0; p < a.npes; ++p) {
             uint4 v[OX_UNROLL];
-            const uint4* ring = (const uint4*)ox_ring(a, a.bufs[a.me], p, b, j);
+            const uint4* ring = (const uint4*)ox_ring(a, ox_buf(a, a.me), p, b, j);
 #pragma unroll
             for (int u = 0; u < OX_UNROLL; ++u) {
                 const long long k = k0 + u * bd;
@@ -139,7 +139,7 @@ __device__ void ox_stream_all_reduce(const CollArgs& a) {
     const int reducers = a.reducers;
     const int pushers = gridDim.x - reducers;
     const long long npacks = (a.count + EPP - 1) / EPP;
-    const uint64_t base = (uint64_t)a.epoch << OX_STREAM_TAG_BITS;
+    const uint64_t base = (uint64_t)ox_epoch() << OX_STREAM_TAG_BITS;
 
     if ((int)blockIdx.x < pushers) {
         const int b = blockIdx.x;

@@ -17,7 +17,7 @@
 //! [`NvshmemHeap::all_reduce`]: super::NvshmemHeap::all_reduce
 
 use super::host;
-use super::kernels::{self, CollArgs, Function};
+use super::kernels::{self, CollArgs, Kernels};
 use super::team::Kind;
 use super::{nv_err, NvshmemCommunicator};
 use crate::error::{CommError, Result};
@@ -141,7 +141,7 @@ impl NvshmemCommunicator {
     /// heap, in place, over every PE (all on this node).
     pub(crate) fn symmetric_all_reduce(
         &self,
-        f: Function,
+        f: Kernels,
         addr: u64,
         len: usize,
         esz: usize,

@@ -48,10 +48,12 @@ run() { # name, timeout seconds, args...
 #    algorithms. Sizes 4k+2 bytes with k odd give odd lengths in every dtype (the world size does
 #    not divide them, shards start unaligned), then powers of two.
 odd=6,14,102,1030,65542,1048582,4194310
-run check-nccl 150 --backend nccl --ranks 2 --sizes $odd,8,4096,1M --iters 3 --warmup 1 \
+# Every all_reduce up to 4 MiB is also captured in a CUDA graph, timed in replays and checked
+# after two replays of a captured call (--graph-max).
+run check-nccl 150 --backend nccl --ranks 2 --sizes $odd,8,4096,1M --iters 3 --warmup 1 --graph-max 4M \
   --dtypes f32,bf16,f16 --json "$OUT/check-nccl.json"
 run check-nvshmem 180 --backend nvshmem --algo all --ranks 2 --sizes $odd,8,4096,1M --iters 3 --warmup 1 \
-  --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem.json"
+  --graph-max 4M --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem.json"
 # The zero-copy all-reduce of symmetric buffers and tensors, past its 4 MiB threshold: odd sizes
 # (one pass loading the peers' copies) and whole packs (two-shot pushes into them).
 run check-nvshmem-symm 150 --backend nvshmem --algo symm,symm-tensor --ranks 2 --sizes $odd,16777222,16M,64M \
@@ -59,14 +61,14 @@ run check-nvshmem-symm 150 --backend nvshmem --algo symm,symm-tensor --ranks 2 -
 # Windows: a 1 MiB staging slot makes several launches per call (and odd windows at the end);
 # 4 KiB streaming chunks in rings of 2 wrap thousands of times; 64 KiB low-latency slots.
 run check-nvshmem-windows 120 --backend nvshmem --algo all --chunk 1M --ranks 2 --sizes 4194310,8M \
-  --iters 3 --warmup 1 --dtypes f32,bf16 > /dev/null
+  --graph-max 8M --iters 3 --warmup 1 --dtypes f32,bf16 > /dev/null
 OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES=4096 OXTRAIN_NVSHMEM_LL_MAX_BYTES=65536 run check-nvshmem-rings 120 \
-  --backend nvshmem --algo stream,ll --blocks 16 --ranks 2 --sizes $odd,33554438 --iters 3 --warmup 1 \
+  --backend nvshmem --algo stream,ll --blocks 16 --ranks 2 --sizes $odd,33554438 --iters 3 --warmup 1 --graph-max 64M \
   --dtypes f32,bf16,f16 > /dev/null
 # The multi-node path on one node: each GPU taken as a node of its own, so all_reduce runs
 # hierarchically and every op reaches the other PE by NVSHMEM puts with signals.
 OXTRAIN_NVSHMEM_RANKS_PER_NODE=1 run check-nvshmem-hier 150 --backend nvshmem --ranks 2 --sizes $odd,8,4096,1M \
-  --iters 3 --warmup 1 --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem-hier.json"
+  --graph-max 4M --iters 3 --warmup 1 --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem-hier.json"
 
 # 1b. A rank that never calls: rank 1 skips an all_reduce, rank 0's kernel must give up after
 #     OXTRAIN_COMM_TIMEOUT (2 s here) and the call fail naming rank 1; then every call fails.
@@ -81,12 +83,13 @@ done
 
 # 2. The comparison: all_reduce, 8 B .. 1 GiB, NCCL beside NVSHMEM: f32 (nccl-tests' default)
 #    with every algorithm and 128 blocks (the fastest), up to 1 MiB also timed with the host
-#    ahead of the GPU (the GPU's own time per call); then the auto choice with the default 32
+#    ahead of the GPU (the GPU's own time per call) and as CUDA-graph replays (the latency entries);
+#    then the auto choice with the default 32
 #    blocks (most SMs left to compute) in f32 and bf16.
 run compare-128 300 --backend nvshmem --compare nccl --algo all --blocks 128 --ranks 2 --ops all_reduce \
-  --dtypes f32 --min-bytes 8 --max-bytes 1G --host-ahead-max 1M --json "$OUT/comm-2xh200.json"
+  --dtypes f32 --min-bytes 8 --max-bytes 1G --host-ahead-max 1M --graph-max 1M --json "$OUT/comm-2xh200.json"
 run compare-32 300 --backend nvshmem --compare nccl --algo auto --ranks 2 --ops all_reduce --dtypes f32,bf16 \
-  --min-bytes 8 --max-bytes 1G --json "$OUT/comm-2xh200-32blocks.json"
+  --min-bytes 8 --max-bytes 1G --graph-max 1M --json "$OUT/comm-2xh200-32blocks.json"
 
 # 3. Table.
 python3 - "$OUT/comm-2xh200.json" <<'PY' || true

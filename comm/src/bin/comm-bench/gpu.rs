@@ -9,6 +9,7 @@ use oxtrain_comm::bootstrap::store_from_env;
 use oxtrain_comm::nccl::NcclCommunicator;
 use oxtrain_comm::nvshmem::{Algorithm, NvshmemCommunicator, NvshmemOptions};
 use oxtrain_comm::{Cmp, Communicator, LaunchEnv, SignalOp, SymmetricMemory};
+use cudarc::driver::{sys, CudaGraph};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Device};
 use std::time::Duration;
@@ -69,6 +70,62 @@ pub fn time_host_ahead(s: &Stream, device: Device, iters: usize, mut call: impl 
         ));
     }
     start.elapsed_ms(&end).unwrap_or_else(err) as f64 / 1e3 / iters as f64
+}
+
+/// `calls` captured in one CUDA graph on `s` (relaxed mode: the calls' host-side bookkeeping
+/// stays allowed).
+fn capture(s: &Stream, calls: usize, call: &mut dyn FnMut()) -> CudaGraph {
+    fn err<T>(e: impl std::fmt::Debug) -> T {
+        fail(&format!("capturing a CUDA graph: {e:?}"))
+    }
+    let raw = s.raw();
+    raw.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap_or_else(err);
+    for _ in 0..calls {
+        call();
+    }
+    raw.end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap_or_else(err)
+        .unwrap_or_else(|| fail("capturing a CUDA graph: the capture recorded nothing"))
+}
+
+/// Seconds per call of `iters` calls captured in one CUDA graph and replayed `reps` times (each
+/// replay between events; the median replay), after one warm-up replay and `sync` (which lines
+/// the ranks up). The regime of nccl-tests' `-G`: no launch gaps between the calls.
+pub fn time_graph(s: &Stream, iters: usize, reps: usize, sync: &dyn Fn(), mut call: impl FnMut()) -> f64 {
+    fn err<T>(e: impl std::fmt::Debug) -> T {
+        fail(&format!("replaying a CUDA graph: {e:?}"))
+    }
+    let graph = capture(s, iters, &mut call);
+    graph.upload().unwrap_or_else(err);
+    graph.launch().unwrap_or_else(err);
+    sync();
+    let mut events = vec![s.record_event().unwrap_or_else(err)];
+    for _ in 0..reps.max(1) {
+        graph.launch().unwrap_or_else(err);
+        events.push(s.record_event().unwrap_or_else(err));
+    }
+    events.last().map(|e| e.synchronize().unwrap_or_else(err));
+    let mut per_call: Vec<f64> = events
+        .windows(2)
+        .map(|w| w[0].elapsed_ms(&w[1]).unwrap_or_else(err) as f64 / 1e3 / iters as f64)
+        .collect();
+    per_call.sort_by(f64::total_cmp);
+    per_call[per_call.len() / 2]
+}
+
+/// One call captured in a CUDA graph and replayed twice (the ranks lined up by `sync` first),
+/// with what `read` returns after each replay: a replay must run the collective again, with
+/// the launch's epoch and staging set taken afresh.
+pub fn replay_twice(s: &Stream, sync: &dyn Fn(), mut call: impl FnMut(), read: impl Fn() -> Vec<f64>) -> [Vec<f64>; 2] {
+    fn err<T>(e: impl std::fmt::Debug) -> T {
+        fail(&format!("replaying a CUDA graph: {e:?}"))
+    }
+    let graph = capture(s, 1, &mut call);
+    sync();
+    graph.launch().unwrap_or_else(err);
+    let first = read();
+    graph.launch().unwrap_or_else(err);
+    [first, read()]
 }
 
 fn free_port() -> u16 {
@@ -445,7 +502,25 @@ fn comparison(rows: &[Row], dtype: DType) -> Vec<serde_json::Value> {
                 "GPU time per call with the host ahead (a matmul queued first), events around the calls";
             entry(&format!("{name}_host_ahead"), "us", o, p, p / o, 2.0, Some(method));
         }
-        entry(name, "us", ours.time_us, peer.time_us, peer.time_us / ours.time_us, 2.0, None);
+        let eager = "back-to-back calls launched from the host, CUDA events around them, averaged";
+        match (ours.graph_us, peer.graph_us) {
+            // The latency itself: the calls captured in a CUDA graph and replayed (as nccl-tests
+            // -G 1), so that neither side's host launch cost is timed; the eager figure beside it.
+            (Some(o), Some(p)) => {
+                let method = "time per call of the calls of one timing (100) captured in one CUDA graph, median of 20 replays";
+                entry(name, "us", o, p, p / o, 2.0, Some(method));
+                entry(
+                    &format!("{name}_eager"),
+                    "us",
+                    ours.time_us,
+                    peer.time_us,
+                    peer.time_us / ours.time_us,
+                    2.0,
+                    Some(eager),
+                );
+            }
+            _ => entry(name, "us", ours.time_us, peer.time_us, peer.time_us / ours.time_us, 2.0, Some(eager)),
+        }
     }
     out
 }

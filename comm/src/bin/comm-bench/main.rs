@@ -19,7 +19,7 @@ const USAGE: &str = "comm-bench [--backend local|shm|mpi|nccl|nvshmem|all] [--ra
 [--ops all_reduce,reduce_scatter,all_gather,broadcast,reduce] [--dtypes f32,bf16,f16] [--iters N] [--warmup N] [--json PATH]
 [--sizes B1,B2,..] (instead of the doubling sweep)
 GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,stream] [--blocks N] [--oneshot-max B] [--chunk B]
-  [--compare nccl] [--compare-dtype f32|bf16] [--host-ahead-max B]
+  [--compare nccl] [--compare-dtype f32|bf16] [--host-ahead-max B] [--graph-max B]
   --mismatch-check 1|2 (nvshmem): the ranks pass different symmetric tensors (1), or rank 0 a symmetric and the
   others an ordinary tensor (2), to one all_reduce; the ranks must fail (rank 0 naming the mismatch) and no
   symmetric tensor may change
@@ -28,6 +28,9 @@ GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,stream] 
   --host-ahead-max B: rows up to B bytes also get the GPU's own time per call, measured with the host
   ahead of the GPU (a matmul queued first, so enqueuing costs nothing on the timeline: the regime of a
   training step, where the CPU runs ahead)
+  --graph-max B: rows up to B bytes also get the time per call of the calls captured in a CUDA graph and
+  replayed (nccl-tests' -G 1: no launch gaps), median over the replays; a captured call replayed twice is
+  checked too
 sizes take K, M, G suffixes (powers of 1024); defaults: all CPU backends, 2 ranks, 8 B to 1G, 20 iterations (GPU: 100,
 fewer above 64M), 5 warm-up; every element of every result is checked";
 
@@ -43,6 +46,7 @@ struct Config {
     /// Whether --iters was given (GPU runs default to more iterations).
     iters_set: bool,
     host_ahead_max: usize,
+    graph_max: usize,
     timeout_check: bool,
     /// `--mismatch-check 1|2`: ranks pass different symmetric tensors (1), or a symmetric and
     /// an ordinary one (2), to one all_reduce.
@@ -88,6 +92,7 @@ fn parse_args() -> Config {
         iters: 20,
         iters_set: false,
         host_ahead_max: 0,
+        graph_max: 0,
         timeout_check: false,
         mismatch_check: 0,
         warmup: 5,
@@ -138,6 +143,7 @@ fn parse_args() -> Config {
             "--oneshot-max" => c.oneshot_max = Some(parse_bytes(&val())),
             "--chunk" => c.chunk = Some(parse_bytes(&val())),
             "--host-ahead-max" => c.host_ahead_max = parse_bytes(&val()),
+            "--graph-max" => c.graph_max = parse_bytes(&val()),
             "--timeout-check" => c.timeout_check = val() == "1",
             "--mismatch-check" => c.mismatch_check = val().parse().unwrap_or(0),
             "--compare" => c.compare = Some(val()),
@@ -179,6 +185,8 @@ struct Row {
     host_us: Option<f64>,
     /// GPU, with --host-ahead-max: time per call on the GPU with the host ahead of it.
     ahead_us: Option<f64>,
+    /// GPU, with --graph-max: time per call of the calls replayed as a CUDA graph.
+    graph_us: Option<f64>,
 }
 
 impl Row {
@@ -208,6 +216,7 @@ impl Row {
             wrong,
             host_us: None,
             ahead_us: None,
+            graph_us: None,
         }
     }
 }
@@ -242,7 +251,11 @@ fn tensor(dtype: DType, v: &[f64], device: Device) -> Tensor {
 }
 
 fn count_wrong(got: &Tensor, want: impl Fn(usize) -> f64) -> usize {
-    got.to_f64_vec().iter().enumerate().filter(|(i, g)| **g != want(*i)).count()
+    count_wrong_in(&got.to_f64_vec(), want)
+}
+
+fn count_wrong_in(got: &[f64], want: impl Fn(usize) -> f64) -> usize {
+    got.iter().enumerate().filter(|(i, g)| **g != want(*i)).count()
 }
 
 /// Measures one op at one size; every rank calls it; the row is complete on rank 0.
@@ -288,6 +301,8 @@ fn measure(
     comm.barrier().and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
     let mut host_us = None;
     let mut ahead_us = None;
+    let mut graph_us = None;
+    let mut graph_wrong = 0;
     let secs = match gpu {
         None => {
             let start = Instant::now();
@@ -313,6 +328,19 @@ fn measure(
                     }) * 1e6,
                 );
             }
+            if bytes <= cfg.graph_max && op == "all_reduce" {
+                let sync = || {
+                    comm.barrier().and_then(|w| w.synchronize()).unwrap_or_else(|e| fail(&e.to_string()));
+                };
+                let all_reduce =
+                    |t: &Tensor| comm.all_reduce(t, ReduceOp::Sum).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
+                graph_us = Some(gpu::time_graph(s, iters, 20, &sync, || all_reduce(&input)) * 1e6);
+                // A captured all_reduce of fresh inputs, replayed twice: the sum, then n times it.
+                let fresh = tensor(dtype, &mine, device);
+                let replayed = gpu::replay_twice(s, &sync, || all_reduce(&fresh), || fresh.to_f64_vec());
+                let sum = |i: usize| (0..n).map(|r| value(r, i)).sum::<f64>();
+                graph_wrong = count_wrong_in(&replayed[0], &sum) + count_wrong_in(&replayed[1], |i| n as f64 * sum(i));
+            }
             secs
         }
     };
@@ -331,7 +359,7 @@ fn measure(
             value((0..n).find(|&r| shard_range(count, n, r).contains(&i)).unwrap_or(0), i)
         }),
     };
-    Row { host_us, ahead_us, ..Row::timed(comm.backend(), n, op, dtype, count, secs, wrong) }
+    Row { host_us, ahead_us, graph_us, ..Row::timed(comm.backend(), n, op, dtype, count, secs, wrong + graph_wrong) }
 }
 
 /// Runs the whole sweep on one rank; returns the rows (every rank measures; rank 0 reports).
@@ -368,14 +396,15 @@ fn print_header(backend: &str, ranks: usize) {
         "op", "dtype", "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong"
     );
     println!(
-        "#   (GPU rows end with the host's enqueue time per call, us, and with --host-ahead-max the GPU's time per \
-         call with the host ahead, us)"
+        "#   (GPU rows end with the host's enqueue time per call, us; with --host-ahead-max the GPU's time per \
+         call with the host ahead, us; with --graph-max the time per call replayed as a CUDA graph, us)"
     );
 }
 
 fn print_row(r: &Row) {
     let host = r.host_us.map(|h| format!(" {h:>9.2}")).unwrap_or_default()
-        + &r.ahead_us.map(|h| format!(" {h:>9.2}")).unwrap_or_default();
+        + &r.ahead_us.map(|h| format!(" {h:>9.2}")).unwrap_or_default()
+        + &r.graph_us.map(|h| format!(" g{h:>8.2}")).unwrap_or_default();
     println!(
         "  {:>14} {:>5} {:>12} {:>11} {:>12.2} {:>9.3} {:>9.3} {:>6}{host}",
         r.op,
@@ -452,6 +481,7 @@ fn write_json_with(
             "wrong": r.wrong,
             "host_enqueue_us": r.host_us,
             "gpu_us_host_ahead": r.ahead_us,
+            "graph_us": r.graph_us,
         })
     }));
     let doc = serde_json::json!({

@@ -5,11 +5,11 @@
 use super::{fail, print_header, run_rank, short, write_json_with, Config, Row};
 
 mod symmetric;
+use cudarc::driver::{sys, CudaGraph};
 use oxtrain_comm::bootstrap::store_from_env;
 use oxtrain_comm::nccl::NcclCommunicator;
 use oxtrain_comm::nvshmem::{Algorithm, NvshmemCommunicator, NvshmemOptions};
 use oxtrain_comm::{Cmp, Communicator, LaunchEnv, SignalOp, SymmetricMemory};
-use cudarc::driver::{sys, CudaGraph};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Device};
 use std::time::Duration;
@@ -104,7 +104,9 @@ pub fn time_graph(s: &Stream, iters: usize, reps: usize, sync: &dyn Fn(), mut ca
         graph.launch().unwrap_or_else(err);
         events.push(s.record_event().unwrap_or_else(err));
     }
-    events.last().map(|e| e.synchronize().unwrap_or_else(err));
+    if let Some(e) = events.last() {
+        e.synchronize().unwrap_or_else(err);
+    }
     let mut per_call: Vec<f64> = events
         .windows(2)
         .map(|w| w[0].elapsed_ms(&w[1]).unwrap_or_else(err) as f64 / 1e3 / iters as f64)
@@ -116,7 +118,12 @@ pub fn time_graph(s: &Stream, iters: usize, reps: usize, sync: &dyn Fn(), mut ca
 /// One call captured in a CUDA graph and replayed twice (the ranks lined up by `sync` first),
 /// with what `read` returns after each replay: a replay must run the collective again, with
 /// the launch's epoch and staging set taken afresh.
-pub fn replay_twice(s: &Stream, sync: &dyn Fn(), mut call: impl FnMut(), read: impl Fn() -> Vec<f64>) -> [Vec<f64>; 2] {
+pub fn replay_twice(
+    s: &Stream,
+    sync: &dyn Fn(),
+    mut call: impl FnMut(),
+    read: impl Fn() -> Vec<f64>,
+) -> [Vec<f64>; 2] {
     fn err<T>(e: impl std::fmt::Debug) -> T {
         fail(&format!("replaying a CUDA graph: {e:?}"))
     }

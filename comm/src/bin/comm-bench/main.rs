@@ -332,14 +332,18 @@ fn measure(
                 let sync = || {
                     comm.barrier().and_then(|w| w.synchronize()).unwrap_or_else(|e| fail(&e.to_string()));
                 };
-                let all_reduce =
-                    |t: &Tensor| comm.all_reduce(t, ReduceOp::Sum).and_then(|w| w.wait()).unwrap_or_else(|e| fail(&e.to_string()));
+                let all_reduce = |t: &Tensor| {
+                    comm.all_reduce(t, ReduceOp::Sum)
+                        .and_then(|w| w.wait())
+                        .unwrap_or_else(|e| fail(&e.to_string()))
+                };
                 graph_us = Some(gpu::time_graph(s, iters, 20, &sync, || all_reduce(&input)) * 1e6);
                 // A captured all_reduce of fresh inputs, replayed twice: the sum, then n times it.
                 let fresh = tensor(dtype, &mine, device);
                 let replayed = gpu::replay_twice(s, &sync, || all_reduce(&fresh), || fresh.to_f64_vec());
                 let sum = |i: usize| (0..n).map(|r| value(r, i)).sum::<f64>();
-                graph_wrong = count_wrong_in(&replayed[0], &sum) + count_wrong_in(&replayed[1], |i| n as f64 * sum(i));
+                graph_wrong =
+                    count_wrong_in(&replayed[0], sum) + count_wrong_in(&replayed[1], |i| n as f64 * sum(i));
             }
             secs
         }
@@ -359,7 +363,12 @@ fn measure(
             value((0..n).find(|&r| shard_range(count, n, r).contains(&i)).unwrap_or(0), i)
         }),
     };
-    Row { host_us, ahead_us, graph_us, ..Row::timed(comm.backend(), n, op, dtype, count, secs, wrong + graph_wrong) }
+    Row {
+        host_us,
+        ahead_us,
+        graph_us,
+        ..Row::timed(comm.backend(), n, op, dtype, count, secs, wrong + graph_wrong)
+    }
 }
 
 /// Runs the whole sweep on one rank; returns the rows (every rank measures; rank 0 reports).

@@ -26,11 +26,11 @@ __device__ __forceinline__ unsigned long long* ox_counter(unsigned long long cou
 }
 __shared__ unsigned long long ox_s_launches; // this launch's count on its team
 
-// Out of line and reading the shared values again: nothing of the prologue stays live in a
-// register across the collective (which made the bf16 and f16 kernels spill).
-__device__ __noinline__ void ox_counters_advance(unsigned long long counters, int kind) {
-    const unsigned long long epoch = *(volatile unsigned long long*)&ox_s_epoch;
-    const unsigned long long launches = *(volatile unsigned long long*)&ox_s_launches;
+// Stores the advanced counters: this block's column, and block 0 those of the blocks this launch
+// does not have. Out of line: nothing of the prologue stays live in a register across the
+// collective (in one kernel with the rest, that made the bf16 and f16 kernels spill).
+__device__ __noinline__ void ox_counters_store(unsigned long long counters, int kind, unsigned long long epoch,
+                                               unsigned long long launches) {
     unsigned long long* epoch_row = ox_counter(counters, 0, 0);
     unsigned long long* team_row = ox_counter(counters, 1 + kind, 0);
     if (threadIdx.x == 0) {
@@ -50,6 +50,14 @@ __device__ __noinline__ void ox_counters_advance(unsigned long long counters, in
 template <typename E, int M>
 __device__ __forceinline__ void ox_entry(const CollArgs& a) {
     ox_dependent_launch();
+    if (M == OX_LL) {
+        // Latency is everything here: every thread reads the counters itself, no barrier.
+        const unsigned long long epoch = __ldcg(ox_counter(a.counters, 0, blockIdx.x)) + 1;
+        const unsigned long long n = __ldcg(ox_counter(a.counters, 1 + a.kind, blockIdx.x)) + 1;
+        ox_ll_all_reduce<E>(a, epoch, (n & 1) * a.slot_bytes * (unsigned long long)a.npes);
+        ox_counters_store(a.counters, a.kind, epoch, n);
+        return;
+    }
     if (threadIdx.x < OX_MAX_PES) {
         // Through L2 (__ldcg): an SM's L1 may still hold what an earlier launch read here.
         const unsigned long long n = __ldcg(ox_counter(a.counters, 1 + a.kind, blockIdx.x)) + 1;
@@ -62,12 +70,13 @@ __device__ __forceinline__ void ox_entry(const CollArgs& a) {
         }
     }
     __syncthreads();
-    if (M == OX_LL) ox_ll_all_reduce<E>(a);
-    else if (M == OX_STREAM) ox_stream_all_reduce<E>(a);
+    if (M == OX_STREAM) ox_stream_all_reduce<E>(a);
     else if (M == OX_SYMM) ox_symm_all_reduce<E>(a);
     else ox_collective<E>(a);
-    // Also after a wait gave up: the communicator is unusable then anyway.
-    ox_counters_advance(a.counters, a.kind);
+    // Also after a wait gave up: the communicator is unusable then anyway. Read again from
+    // shared memory, volatile: not kept in registers across the collective.
+    ox_counters_store(a.counters, a.kind, *(volatile unsigned long long*)&ox_s_epoch,
+                      *(volatile unsigned long long*)&ox_s_launches);
 }
 
 // Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register

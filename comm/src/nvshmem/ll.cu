@@ -72,29 +72,36 @@ __device__ __noinline__ bool ox_ll_take_slow(OxWaitCtx c, unsigned long long lin
 
 // Waits until line carries `flag` in both halves and gives its data; false once that has
 // taken longer than the timeout (recorded for the host; see ox_wait_ge): member m never came.
-__device__ __forceinline__ bool ox_ll_take(const CollArgs& a, unsigned long long line, unsigned flag, int m, uint2* v) {
+__device__ __forceinline__ bool ox_ll_take(const CollArgs& a, unsigned long long line, unsigned long long epoch, int m,
+                                           uint2* v) {
+    const unsigned flag = (unsigned)epoch;
     unsigned d0, f0, d1, f1;
     ox_ll_read(line, &d0, &f0, &d1, &f1);
     if (f0 == flag && f1 == flag) {
         *v = make_uint2(d0, d1);
         return true;
     }
-    return ox_ll_take_slow(ox_wait_ctx(a, m), line, flag, v);
+    OxWaitCtx c = ox_wait_ctx(a, m);
+    c.epoch = epoch;
+    return ox_ll_take_slow(c, line, flag, v);
 }
 
+// `epoch` and `set` (the byte offset of this launch's staging set) are in registers: each
+// thread read the launch counters itself (entry.cu), their latency hidden behind its first
+// input loads rather than paid before them.
 template <typename E>
-__device__ void ox_ll_all_reduce(const CollArgs& a) {
+__device__ void ox_ll_all_reduce(const CollArgs& a, unsigned long long epoch, unsigned long long set) {
     typedef typename E::raw R;
     const int EPL = 8 / sizeof(R);
     const long long lines = (a.win_hi - a.win_lo + EPL - 1) / EPL;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    const unsigned flag = (unsigned)ox_epoch();
+    const unsigned flag = (unsigned)epoch;
     // 1. Push: line k of this PE's input to line k of slot `me` on every peer.
     for (long long k = first; k < lines; k += stride) {
         uint2 v = ox_ll_load<R>(a, a.in_base, k);
         for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) ox_ll_put(ox_buf(a, p) + (unsigned long long)a.me * a.slot_bytes + k * 16, v, flag);
+            if (p != a.me) ox_ll_put(a.bufs[p] + set + (unsigned long long)a.me * a.slot_bytes + k * 16, v, flag);
     }
     // 2. Reduce the same lines in PE order once every peer's have landed.
     for (long long k = first; k < lines; k += stride) {
@@ -102,7 +109,8 @@ __device__ void ox_ll_all_reduce(const CollArgs& a) {
         for (int p = 0; p < a.npes; ++p) {
             uint2 v;
             if (p == a.me) v = ox_ll_load<R>(a, a.in_base, k);
-            else if (!ox_ll_take(a, ox_buf(a, a.me) + (unsigned long long)p * a.slot_bytes + k * 16, flag, p, &v)) return;
+            else if (!ox_ll_take(a, a.bufs[a.me] + set + (unsigned long long)p * a.slot_bytes + k * 16, epoch, p, &v))
+                return;
             const R* r = (const R*)&v;
 #pragma unroll
             for (int j = 0; j < EPL; ++j) acc[j] = p == 0 ? E::to_f(r[j]) : ox_combine(a.op, acc[j], E::to_f(r[j]));

@@ -27,6 +27,10 @@ fn nvshmem_kernels_compile_and_link_with_the_device_library() {
         Err(e) => panic!("{e}"),
     };
     println!("{log}");
+    // For reading the machine code (nvdisasm) without a GPU.
+    if let Ok(path) = std::env::var("OXTRAIN_NVSHMEM_CUBIN_OUT") {
+        std::fs::write(&path, &cubin).expect("writing the cubin");
+    }
     // Every kernel fits its 512 threads per block (at most 128 registers each) with no spills;
     // only the out-of-line timeout paths (`*_slow`, run when a peer never comes) may spill.
     let mut function = "";

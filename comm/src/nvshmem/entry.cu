@@ -15,33 +15,47 @@ __device__ __forceinline__ void ox_dependent_launch() {
 // The launch counters (`counters`, device memory of this PE): row 0 counts every launch (the
 // epoch: the same on every PE, as every PE makes the same launches), row 1 + k the launches on
 // team k (their parity picks the staging set: see collectives.cu on why two sets suffice).
-// Each row has a column per block, so no block waits for another or shares an atomic: block b
-// reads its own column at the start and stores it advanced at the end, and block 0 also
-// advances the columns of the blocks this launch does not have. Every column of a row thus
-// holds the same count between launches, and the next launch reads them only once this one is
-// complete (stream order, or griddepcontrol.wait under dependent launch). Counting on the
+// Each row has a column per warp of every block, so no thread waits for another or shares an
+// atomic: a warp reads its own column and its lane 0 stores it advanced at once (no other warp
+// reads it in this launch), and block 0 also advances the columns of the blocks this launch
+// does not have. Every column of a row thus holds the same count between launches, and the
+// next launch reads them only once this one is complete (stream order, or griddepcontrol.wait
+// under dependent launch). Storing at the start keeps the stores off the launch's tail
+// (measured: storing at the end cost the low-latency path 0.2 us a call). Counting on the
 // device, not passing the epoch from the host, is what lets a CUDA graph replay a collective.
-__device__ __forceinline__ unsigned long long* ox_counter(unsigned long long counters, int row, int block) {
-    return (unsigned long long*)counters + (size_t)row * OX_MAX_BLOCKS + block;
+#define OX_COUNTER_WARPS 16 // OX_THREADS / 32 (kernels.rs COUNTER_BYTES)
+__device__ __forceinline__ unsigned long long* ox_counter(unsigned long long counters, int row, int column) {
+    return (unsigned long long*)counters + (size_t)row * OX_MAX_BLOCKS * OX_COUNTER_WARPS + column;
 }
-__shared__ unsigned long long ox_s_launches; // this launch's count on its team
 
-// Stores the advanced counters: this block's column, and block 0 those of the blocks this launch
-// does not have. Out of line: nothing of the prologue stays live in a register across the
-// collective (in one kernel with the rest, that made the bf16 and f16 kernels spill).
-__device__ __noinline__ void ox_counters_store(unsigned long long counters, int kind, unsigned long long epoch,
-                                               unsigned long long launches) {
+// Block 0's part: the columns of the blocks this launch does not have (out of line: it is not
+// on any hot path, and keeps the callers' registers free).
+__device__ __noinline__ void ox_counters_fill(unsigned long long counters, int kind, unsigned long long epoch,
+                                              unsigned long long launches) {
     unsigned long long* epoch_row = ox_counter(counters, 0, 0);
     unsigned long long* team_row = ox_counter(counters, 1 + kind, 0);
-    if (threadIdx.x == 0) {
-        epoch_row[blockIdx.x] = epoch;
-        team_row[blockIdx.x] = launches;
+    for (unsigned c = gridDim.x * OX_COUNTER_WARPS + threadIdx.x; c < OX_MAX_BLOCKS * OX_COUNTER_WARPS;
+         c += blockDim.x) {
+        epoch_row[c] = epoch;
+        team_row[c] = launches;
     }
-    if (blockIdx.x == 0)
-        for (unsigned b = gridDim.x + threadIdx.x; b < OX_MAX_BLOCKS; b += blockDim.x) {
-            epoch_row[b] = epoch;
-            team_row[b] = launches;
-        }
+}
+
+// This launch's epoch and its count on its team, read and advanced by every warp.
+__device__ __forceinline__ void ox_counters_take(const CollArgs& a, unsigned long long* epoch,
+                                                 unsigned long long* launches) {
+    const int column = blockIdx.x * OX_COUNTER_WARPS + (threadIdx.x >> 5);
+    unsigned long long* e = ox_counter(a.counters, 0, column);
+    unsigned long long* l = ox_counter(a.counters, 1 + a.kind, column);
+    // Through L2 (__ldcg): an SM's L1 may still hold what an earlier launch read here.
+    *epoch = __ldcg(e) + 1;
+    *launches = __ldcg(l) + 1;
+    __syncwarp(); // every lane has read before lane 0 stores
+    if ((threadIdx.x & 31) == 0) {
+        *e = *epoch;
+        *l = *launches;
+    }
+    if (blockIdx.x == 0) ox_counters_fill(a.counters, a.kind, *epoch, *launches);
 }
 
 // One kernel per algorithm family and dtype (mode M: OX_LL, OX_STREAM, OX_SYMM, or any other for
@@ -50,38 +64,30 @@ __device__ __noinline__ void ox_counters_store(unsigned long long counters, int 
 template <typename E, int M>
 __device__ __forceinline__ void ox_entry(const CollArgs& a) {
     ox_dependent_launch();
+    unsigned long long epoch, n;
+    ox_counters_take(a, &epoch, &n);
     if (M == OX_LL) {
-        // Latency is everything here: every thread reads the counters itself, no barrier.
-        const unsigned long long epoch = __ldcg(ox_counter(a.counters, 0, blockIdx.x)) + 1;
-        const unsigned long long n = __ldcg(ox_counter(a.counters, 1 + a.kind, blockIdx.x)) + 1;
+        // Latency is everything here: the counters' latency hides behind the first input
+        // loads, and no barrier.
         ox_ll_all_reduce<E>(a, epoch, (n & 1) * a.slot_bytes * (unsigned long long)a.npes);
-        ox_counters_store(a.counters, a.kind, epoch, n);
         return;
     }
     if (threadIdx.x < OX_MAX_PES) {
-        // Through L2 (__ldcg): an SM's L1 may still hold what an earlier launch read here.
-        const unsigned long long n = __ldcg(ox_counter(a.counters, 1 + a.kind, blockIdx.x)) + 1;
         // Set 1 follows set 0. A symmetric buffer (OX_SYMM) is read in place: bufs are its copies.
         const unsigned long long set = M == OX_SYMM ? 0 : (n & 1) * a.slot_bytes * (unsigned long long)a.npes;
         ox_s_bufs[threadIdx.x] = a.bufs[threadIdx.x] + set;
-        if (threadIdx.x == 0) {
-            ox_s_epoch = __ldcg(ox_counter(a.counters, 0, blockIdx.x)) + 1;
-            ox_s_launches = n;
-        }
+        if (threadIdx.x == 0) ox_s_epoch = epoch;
     }
     __syncthreads();
     if (M == OX_STREAM) ox_stream_all_reduce<E>(a);
     else if (M == OX_SYMM) ox_symm_all_reduce<E>(a);
     else ox_collective<E>(a);
-    // Also after a wait gave up: the communicator is unusable then anyway. Read again from
-    // shared memory, volatile: not kept in registers across the collective.
-    ox_counters_store(a.counters, a.kind, *(volatile unsigned long long*)&ox_s_epoch,
-                      *(volatile unsigned long long*)&ox_s_launches);
 }
 
 // Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register
 // count low enough for that block size. Names: oxtrain_nvshmem_coll_[ll_|stream_|symm_]<dtype>.
 #define OX_THREADS 512
+static_assert(OX_THREADS / 32 == OX_COUNTER_WARPS, "a counter column per warp");
 #define OX_KERNEL(name, E, M) \
     extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_##name(CollArgs a) { ox_entry<E, M>(a); }
 #define OX_KERNELS(dtype, E)                    \

@@ -15,46 +15,48 @@ __device__ __forceinline__ void ox_dependent_launch() {
 // The launch counters (`counters`, device memory of this PE): row 0 counts every launch (the
 // epoch: the same on every PE, as every PE makes the same launches), row 1 + k the launches on
 // team k (their parity picks the staging set: see collectives.cu on why two sets suffice).
-// Each row has a column per warp of every block, so no thread waits for another or shares an
-// atomic: a warp reads its own column and its lane 0 stores it advanced at once (no other warp
-// reads it in this launch), and block 0 also advances the columns of the blocks this launch
-// does not have. Every column of a row thus holds the same count between launches, and the
-// next launch reads them only once this one is complete (stream order, or griddepcontrol.wait
-// under dependent launch). Storing at the start keeps the stores off the launch's tail
-// (measured: storing at the end cost the low-latency path 0.2 us a call). Counting on the
-// device, not passing the epoch from the host, is what lets a CUDA graph replay a collective.
-#define OX_COUNTER_WARPS 16 // OX_THREADS / 32 (kernels.rs COUNTER_BYTES)
-__device__ __forceinline__ unsigned long long* ox_counter(unsigned long long counters, int row, int column) {
-    return (unsigned long long*)counters + (size_t)row * OX_MAX_BLOCKS * OX_COUNTER_WARPS + column;
+// Each row has a column per block, so no block waits for another or shares an atomic: thread 0
+// of block b reads its column and stores it advanced at once (no one else touches it in this
+// launch), and block 0 also advances the columns of the blocks this launch does not have.
+// Every column of a row thus holds the same count between launches, and the next launch reads
+// them only once this one is complete (stream order, or griddepcontrol.wait under dependent
+// launch). Storing at the start keeps the stores off the launch's tail (storing at the end cost
+// the low-latency path 0.2 us a call; a column per warp, whose filling made block 0 store 16
+// values a thread, cost 0.9 us). Counting on the device, not passing the epoch from the host,
+// is what lets a CUDA graph replay a collective.
+__device__ __forceinline__ unsigned long long* ox_counter(unsigned long long counters, int row, int block) {
+    return (unsigned long long*)counters + (size_t)row * OX_MAX_BLOCKS + block;
 }
 
-// Block 0's part: the columns of the blocks this launch does not have (out of line: it is not
-// on any hot path, and keeps the callers' registers free).
+// Block 0's part: the columns of the blocks this launch does not have (out of line: it keeps
+// the callers' registers free).
 __device__ __noinline__ void ox_counters_fill(unsigned long long counters, int kind, unsigned long long epoch,
                                               unsigned long long launches) {
     unsigned long long* epoch_row = ox_counter(counters, 0, 0);
     unsigned long long* team_row = ox_counter(counters, 1 + kind, 0);
-    for (unsigned c = gridDim.x * OX_COUNTER_WARPS + threadIdx.x; c < OX_MAX_BLOCKS * OX_COUNTER_WARPS;
-         c += blockDim.x) {
-        epoch_row[c] = epoch;
-        team_row[c] = launches;
+    for (unsigned b = gridDim.x + threadIdx.x; b < OX_MAX_BLOCKS; b += blockDim.x) {
+        epoch_row[b] = epoch;
+        team_row[b] = launches;
     }
 }
 
-// This launch's epoch and its count on its team, read and advanced by every warp.
+// This launch's epoch and its count on its team, for every thread of the block (a barrier).
 __device__ __forceinline__ void ox_counters_take(const CollArgs& a, unsigned long long* epoch,
                                                  unsigned long long* launches) {
-    const int column = blockIdx.x * OX_COUNTER_WARPS + (threadIdx.x >> 5);
-    unsigned long long* e = ox_counter(a.counters, 0, column);
-    unsigned long long* l = ox_counter(a.counters, 1 + a.kind, column);
-    // Through L2 (__ldcg): an SM's L1 may still hold what an earlier launch read here.
-    *epoch = __ldcg(e) + 1;
-    *launches = __ldcg(l) + 1;
-    __syncwarp(); // every lane has read before lane 0 stores
-    if ((threadIdx.x & 31) == 0) {
-        *e = *epoch;
-        *l = *launches;
+    __shared__ unsigned long long s_epoch, s_launches;
+    if (threadIdx.x == 0) {
+        unsigned long long* e = ox_counter(a.counters, 0, blockIdx.x);
+        unsigned long long* l = ox_counter(a.counters, 1 + a.kind, blockIdx.x);
+        // Through L2 (__ldcg): an SM's L1 may still hold what an earlier launch read here.
+        const unsigned long long ev = __ldcg(e) + 1, lv = __ldcg(l) + 1;
+        *e = ev;
+        *l = lv;
+        s_epoch = ev;
+        s_launches = lv;
     }
+    __syncthreads();
+    *epoch = s_epoch;
+    *launches = s_launches;
     if (blockIdx.x == 0) ox_counters_fill(a.counters, a.kind, *epoch, *launches);
 }
 
@@ -64,14 +66,13 @@ __device__ __forceinline__ void ox_counters_take(const CollArgs& a, unsigned lon
 template <typename E, int M>
 __device__ __forceinline__ void ox_entry(const CollArgs& a) {
     ox_dependent_launch();
-    unsigned long long epoch, n;
-    ox_counters_take(a, &epoch, &n);
     if (M == OX_LL) {
-        // Latency is everything here: the counters' latency hides behind the first input
-        // loads, and no barrier.
-        ox_ll_all_reduce<E>(a, epoch, (n & 1) * a.slot_bytes * (unsigned long long)a.npes);
+        // Takes the counters itself, after its first input load.
+        ox_ll_all_reduce<E>(a);
         return;
     }
+    unsigned long long epoch, n;
+    ox_counters_take(a, &epoch, &n);
     if (threadIdx.x < OX_MAX_PES) {
         // Set 1 follows set 0. A symmetric buffer (OX_SYMM) is read in place: bufs are its copies.
         const unsigned long long set = M == OX_SYMM ? 0 : (n & 1) * a.slot_bytes * (unsigned long long)a.npes;
@@ -87,7 +88,6 @@ __device__ __forceinline__ void ox_entry(const CollArgs& a) {
 // Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register
 // count low enough for that block size. Names: oxtrain_nvshmem_coll_[ll_|stream_|symm_]<dtype>.
 #define OX_THREADS 512
-static_assert(OX_THREADS / 32 == OX_COUNTER_WARPS, "a counter column per warp");
 #define OX_KERNEL(name, E, M) \
     extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_##name(CollArgs a) { ox_entry<E, M>(a); }
 #define OX_KERNELS(dtype, E)                    \

@@ -71,8 +71,8 @@ const _: () = assert!(std::mem::size_of::<CollArgs>() == 264);
 
 /// Rows of the launch counters: every launch (the epoch), then one per team kind.
 pub(crate) const COUNTER_ROWS: usize = 5;
-/// Bytes of the launch counters: a u64 per row and warp of every block (see `entry.cu`).
-pub(crate) const COUNTER_BYTES: usize = COUNTER_ROWS * MAX_BLOCKS as usize * (THREADS as usize / 32) * 8;
+/// Bytes of the launch counters: a u64 per row and block (see `entry.cu`).
+pub(crate) const COUNTER_BYTES: usize = COUNTER_ROWS * MAX_BLOCKS as usize * 8;
 
 /// `struct AtomicArgs` of `atomics.cu`.
 #[repr(C)]

@@ -86,20 +86,26 @@ __device__ __forceinline__ bool ox_ll_take(const CollArgs& a, unsigned long long
     return ox_ll_take_slow(c, line, flag, v);
 }
 
-// `epoch` and `set` (the byte offset of this launch's staging set) are in registers: each
-// thread read the launch counters itself (entry.cu), their latency hidden behind its first
-// input loads rather than paid before them.
+__device__ __forceinline__ void ox_counters_take(const CollArgs& a, unsigned long long* epoch,
+                                                 unsigned long long* launches);
+
 template <typename E>
-__device__ void ox_ll_all_reduce(const CollArgs& a, unsigned long long epoch, unsigned long long set) {
+__device__ void ox_ll_all_reduce(const CollArgs& a) {
     typedef typename E::raw R;
     const int EPL = 8 / sizeof(R);
     const long long lines = (a.win_hi - a.win_lo + EPL - 1) / EPL;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
+    // The first line is loaded before the launch counters are taken (entry.cu: a read by
+    // thread 0 and a barrier), so the two latencies overlap.
+    const uint2 v0 = first < lines ? ox_ll_load<R>(a, a.in_base, first) : make_uint2(0, 0);
+    unsigned long long epoch, n;
+    ox_counters_take(a, &epoch, &n);
+    const unsigned long long set = (n & 1) * a.slot_bytes * (unsigned long long)a.npes;
     const unsigned flag = (unsigned)epoch;
     // 1. Push: line k of this PE's input to line k of slot `me` on every peer.
     for (long long k = first; k < lines; k += stride) {
-        uint2 v = ox_ll_load<R>(a, a.in_base, k);
+        uint2 v = k == first ? v0 : ox_ll_load<R>(a, a.in_base, k);
         for (int p = 0; p < a.npes; ++p)
             if (p != a.me) ox_ll_put(a.bufs[p] + set + (unsigned long long)a.me * a.slot_bytes + k * 16, v, flag);
     }

@@ -74,6 +74,9 @@ static_assert(sizeof(CollArgs) == 264, "CollArgs must match the Rust side");
 // rather than passed by the host: a launch captured in a CUDA graph replays with the same
 // arguments, yet must use a new epoch each time.
 __shared__ unsigned long long ox_s_epoch;
+// Where the low-latency kernel's counters (one per thread of the grid) start in `counters`,
+// after the rows of the other kernels' (entry.cu): 5 rows of OX_MAX_BLOCKS (kernels.rs).
+#define OX_LL_COUNTER_BASE (5 * OX_MAX_BLOCKS)
 // Every member's staging set of this launch, as seen here: loaded where used, as the
 // arguments are, so the hot loops hold no extra register for it.
 __shared__ unsigned long long ox_s_bufs[OX_MAX_PES];

@@ -23,7 +23,7 @@ __device__ __forceinline__ void ox_dependent_launch() {
 // launch). Storing at the start keeps the stores off the launch's tail (storing at the end cost
 // the low-latency path 0.2 us a call; a column per warp, whose filling made block 0 store 16
 // values a thread, cost 0.9 us). Counting on the device, not passing the epoch from the host,
-// is what lets a CUDA graph replay a collective.
+// is what lets a CUDA graph replay a collective. (The low-latency kernel counts apart: ll.cu.)
 __device__ __forceinline__ unsigned long long* ox_counter(unsigned long long counters, int row, int block) {
     return (unsigned long long*)counters + (size_t)row * OX_MAX_BLOCKS + block;
 }
@@ -67,7 +67,7 @@ template <typename E, int M>
 __device__ __forceinline__ void ox_entry(const CollArgs& a) {
     ox_dependent_launch();
     if (M == OX_LL) {
-        // Takes the counters itself, after its first input load.
+        // Counts on counters of its own, one per thread (ll.cu).
         ox_ll_all_reduce<E>(a);
         return;
     }

@@ -71,8 +71,9 @@ const _: () = assert!(std::mem::size_of::<CollArgs>() == 264);
 
 /// Rows of the launch counters: every launch (the epoch), then one per team kind.
 pub(crate) const COUNTER_ROWS: usize = 5;
-/// Bytes of the launch counters: a u64 per row and block (see `entry.cu`).
-pub(crate) const COUNTER_BYTES: usize = COUNTER_ROWS * MAX_BLOCKS as usize * 8;
+/// Bytes of the launch counters: a u64 per row and block (see `entry.cu`), then a u64 per
+/// thread of the largest grid for the low-latency kernel (`ll.cu`).
+pub(crate) const COUNTER_BYTES: usize = (COUNTER_ROWS + THREADS as usize) * MAX_BLOCKS as usize * 8;
 
 /// `struct AtomicArgs` of `atomics.cu`.
 #[repr(C)]
@@ -114,6 +115,8 @@ pub(crate) fn blocks_for(elems: usize, esz: usize, max_blocks: u32) -> u32 {
 }
 
 /// Blocks for the low-latency all-reduce: one 8-byte line per thread, at most `max_blocks`.
+/// `max_blocks` stays fixed for a communicator's life: the kernel's per-thread launch counters
+/// (ll.cu) rely on line k always going to the same thread.
 pub(crate) fn ll_blocks(elems: usize, esz: usize, max_blocks: u32) -> u32 {
     let lines = (elems * esz).div_ceil(8);
     (lines.div_ceil(THREADS as usize) as u32).clamp(1, max_blocks.clamp(1, MAX_BLOCKS))

@@ -86,8 +86,17 @@ __device__ __forceinline__ bool ox_ll_take(const CollArgs& a, unsigned long long
     return ox_ll_take_slow(c, line, flag, v);
 }
 
-__device__ __forceinline__ void ox_counters_take(const CollArgs& a, unsigned long long* epoch,
-                                                 unsigned long long* launches);
+// The launch count of this thread (a counter per thread of the grid, after the other launch
+// counters: see entry.cu). A thread handles the same lines in every launch (line k goes to
+// thread k mod (blocks x threads), and the block count depends only on the message size and
+// the communicator's fixed cap), so a thread's own count can be its flag and pick its staging
+// set: the same thread on the peer has made the same launches and counted the same, a line is
+// only ever written by one thread of each PE, and that thread writes a set again only two of
+// its own launches later, when the reader of that set has finished (see collectives.cu).
+// Nothing is shared between threads: no barrier, no block filling in for others.
+__device__ __forceinline__ unsigned long long* ox_ll_counter(const CollArgs& a) {
+    return (unsigned long long*)a.counters + OX_LL_COUNTER_BASE + (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
 
 template <typename E>
 __device__ void ox_ll_all_reduce(const CollArgs& a) {
@@ -96,16 +105,16 @@ __device__ void ox_ll_all_reduce(const CollArgs& a) {
     const long long lines = (a.win_hi - a.win_lo + EPL - 1) / EPL;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    // The first line is loaded before the launch counters are taken (entry.cu: a read by
-    // thread 0 and a barrier), so the two latencies overlap.
-    const uint2 v0 = first < lines ? ox_ll_load<R>(a, a.in_base, first) : make_uint2(0, 0);
-    unsigned long long epoch, n;
-    ox_counters_take(a, &epoch, &n);
-    const unsigned long long set = (n & 1) * a.slot_bytes * (unsigned long long)a.npes;
+    unsigned long long* counter = ox_ll_counter(a);
+    // Through L2 (__ldcg): an SM's L1 may still hold what an earlier launch read here. Stored
+    // advanced at once: only this thread reads it in this launch.
+    const unsigned long long epoch = __ldcg(counter) + 1;
+    *counter = epoch;
+    const unsigned long long set = (epoch & 1) * a.slot_bytes * (unsigned long long)a.npes;
     const unsigned flag = (unsigned)epoch;
     // 1. Push: line k of this PE's input to line k of slot `me` on every peer.
     for (long long k = first; k < lines; k += stride) {
-        uint2 v = k == first ? v0 : ox_ll_load<R>(a, a.in_base, k);
+        uint2 v = ox_ll_load<R>(a, a.in_base, k);
         for (int p = 0; p < a.npes; ++p)
             if (p != a.me) ox_ll_put(a.bufs[p] + set + (unsigned long long)a.me * a.slot_bytes + k * 16, v, flag);
     }

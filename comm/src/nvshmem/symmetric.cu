@@ -22,26 +22,26 @@ struct OxSymmUnroll {
 };
 #define OX_SYMM_UNROLL (OxSymmUnroll<typename E::raw>::n)
 
-// Packs [k, k + OX_SYMM_UNROLL * bd) (stride bd) reduced over every member's copy, in PE order.
-template <typename E>
+// Packs [k, k + U * bd) (stride bd) reduced over every member's copy, in PE order.
+template <typename E, int U>
 __device__ __forceinline__ void ox_symm_reduce(const CollArgs& a, long long k, long long bd, uint4* v) {
     typedef typename E::raw R;
     const int EPP = 16 / sizeof(R);
-    float acc[OX_SYMM_UNROLL][16 / sizeof(R)];
+    float acc[U][16 / sizeof(R)];
     for (int p = 0; p < a.npes; ++p) {
         const uint4* src = (const uint4*)a.bufs[p];
-        uint4 w[OX_SYMM_UNROLL];
+        uint4 w[U];
 #pragma unroll
-        for (int j = 0; j < OX_SYMM_UNROLL; ++j) w[j] = __ldcv(src + k + j * bd);
+        for (int j = 0; j < U; ++j) w[j] = __ldcv(src + k + j * bd);
 #pragma unroll
-        for (int j = 0; j < OX_SYMM_UNROLL; ++j) {
+        for (int j = 0; j < U; ++j) {
             const R* s = (const R*)&w[j];
 #pragma unroll
             for (int e = 0; e < EPP; ++e) acc[j][e] = p == 0 ? E::to_f(s[e]) : ox_combine(a.op, acc[j][e], E::to_f(s[e]));
         }
     }
 #pragma unroll
-    for (int j = 0; j < OX_SYMM_UNROLL; ++j) {
+    for (int j = 0; j < U; ++j) {
         R* o = (R*)&v[j];
 #pragma unroll
         for (int e = 0; e < EPP; ++e) o[e] = E::from_f(a.op == OX_AVG ? acc[j][e] / (float)a.npes : acc[j][e]);
@@ -77,12 +77,18 @@ __device__ void ox_symm_all_reduce(const CollArgs& a) {
     long long k = s0 + threadIdx.x;
     for (; k + (OX_SYMM_UNROLL - 1) * bd < v1; k += OX_SYMM_UNROLL * bd) {
         uint4 v[OX_SYMM_UNROLL];
-        ox_symm_reduce<E>(a, k, bd, v);
+        ox_symm_reduce<E, OX_SYMM_UNROLL>(a, k, bd, v);
         for (int p = 0; p < a.npes; ++p) {
             uint4* dst = (uint4*)a.bufs[p];
 #pragma unroll
             for (int j = 0; j < OX_SYMM_UNROLL; ++j) dst[k + j * bd] = v[j];
         }
+    }
+    // A remainder too short to unroll (all of a block's share in mid sizes): one pack at a time.
+    for (; k < v1; k += bd) {
+        uint4 v;
+        ox_symm_reduce<E, 1>(a, k, bd, &v);
+        for (int p = 0; p < a.npes; ++p) ((uint4*)a.bufs[p])[k] = v;
     }
     for (; k < s1; k += bd) {
         for (long long i = k * EPP; i < min((k + 1) * EPP, a.count); ++i) {

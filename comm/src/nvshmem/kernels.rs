@@ -218,6 +218,29 @@ pub(crate) unsafe fn launch(
 mod tests {
     use super::*;
 
+    /// The sizes the host allocates and passes must be the ones the kernels index with.
+    #[test]
+    fn launch_counter_layout_matches_the_kernels() {
+        let src = super::super::device_code::SOURCE;
+        let define = |name: &str| {
+            src.lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} is not defined in the kernel source"))
+                .split("//")
+                .next()
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(define("OX_MAX_BLOCKS"), MAX_BLOCKS.to_string());
+        assert_eq!(define("OX_THREADS"), THREADS.to_string());
+        // The low-latency counters follow COUNTER_ROWS rows of one column per block.
+        assert_eq!(define("OX_LL_COUNTER_BASE"), format!("({COUNTER_ROWS} * OX_MAX_BLOCKS)"));
+        // One u64 per thread of the largest grid after them.
+        assert_eq!(COUNTER_BYTES, (COUNTER_ROWS * MAX_BLOCKS as usize + (MAX_BLOCKS * THREADS) as usize) * 8);
+        assert!(src.contains("static_assert(sizeof(CollArgs) == 264"));
+    }
+
     #[test]
     fn block_counts_grow_with_size_up_to_the_cap() {
         assert_eq!(blocks_for(0, 4, 32), 1);

@@ -344,7 +344,7 @@ pub fn child(cfg: &Config) -> i32 {
             let notes = format!(
                 "comm-bench GPU: {world} processes, one GPU each; CUDA events around back-to-back calls on the \
                  communication stream, averaged; algbw = size/time, busbw with nccl-tests' factors; every element \
-                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels on tensors (auto algorithm unless labelled); nvshmem-symm = the in-place all-reduce of a buffer on NVSHMEM's symmetric heap (NvshmemHeap::all_reduce, no staging copy); nvshmem-symm-tensor = all_reduce (auto) of tensors made by Communicator::symmetric_tensor on this backend (zero-copy from 4 MiB); the _symmetric comparison entries are from symm-tensor when swept, else symm."
+                 checked ({wrong} wrong). nvshmem = oxtrain's NVSHMEM kernels on tensors (auto algorithm unless labelled); nvshmem-symm = the in-place all-reduce of a buffer on NVSHMEM's symmetric heap (NvshmemHeap::all_reduce, no staging copy); nvshmem-symm-tensor = all_reduce (auto) of tensors made by Communicator::symmetric_tensor on this backend (zero-copy from 4 MiB); the _symmetric comparison entries are from symm-tensor when swept, else symm. graph_us (with --graph-max): time per call of the timed calls captured in one CUDA graph, median of 20 replays (nccl-tests -G 1); the allreduce_latency entries are those graph replays (no host launch cost on either side), _eager the back-to-back launches from the host, _host_ahead the GPU time per call with a matmul queued first."
             );
             write_json_with(p, &rows, extra, Some(format!("{world}x {name}")), Some(notes));
         }

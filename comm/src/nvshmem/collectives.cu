@@ -251,8 +251,18 @@ __device__ __forceinline__ void ox_output(const CollArgs& a, long long k) {
 // their stores, so a block keeps enough NVLink traffic outstanding to approach the link rate.
 #define OX_UNROLL 4
 
+// A pointer the compiler may take for global memory (staging, peers' memory through
+// nvshmem_ptr, tensors): stores through it then cannot alias the shared memory that holds this
+// launch's staging addresses (ox_buf), whose loads may stay out of the hot loops.
+template <typename T>
+__device__ __forceinline__ T* ox_g(T* p) {
+    __builtin_assume(__isGlobal(p));
+    return p;
+}
+
 // dst[k] = src[k] for packs k in [q0, q1), OX_UNROLL loads in flight per thread.
 __device__ __forceinline__ void ox_copy_packs(uint4* dst, const uint4* src, long long q0, long long q1) {
+    dst = ox_g(dst);
     const long long bd = blockDim.x;
     long long k = q0 + threadIdx.x;
     for (; k + (OX_UNROLL - 1) * bd < q1; k += OX_UNROLL * bd) {
@@ -270,8 +280,8 @@ __device__ __forceinline__ void ox_copy_packs(uint4* dst, const uint4* src, long
 // is from our set (the heap is mapped linearly; the host checked it against nvshmem_ptr).
 template <typename R>
 __device__ __forceinline__ uint4* ox_result_dst(const CollArgs& a, int p) {
-    if (a.mode == OX_SYMM_PUSH) return (uint4*)(a.out_base + a.win_lo * sizeof(R) + (a.bufs[p] - a.bufs[a.me]));
-    return (uint4*)ox_remote_slot<R>(a, p);
+    if (a.mode == OX_SYMM_PUSH) return ox_g((uint4*)(a.out_base + a.win_lo * sizeof(R) + (a.bufs[p] - a.bufs[a.me])));
+    return ox_g((uint4*)ox_remote_slot<R>(a, p));
 }
 
 // Two-shot reduce of packs [s0, s1): the reduced pack goes to every peer (ox_result_dst) and to
@@ -280,7 +290,7 @@ template <typename E>
 __device__ __forceinline__ void ox_reduce_packs(const CollArgs& a, long long s0, long long s1) {
     typedef typename E::raw R;
     const long long bd = blockDim.x;
-    uint4* out = (uint4*)(a.out_base + a.win_lo * sizeof(R));
+    uint4* out = ox_g((uint4*)(a.out_base + a.win_lo * sizeof(R)));
     long long k = s0 + threadIdx.x;
     for (; k + (OX_UNROLL - 1) * bd < s1; k += OX_UNROLL * bd) {
         uint4 v[OX_UNROLL];

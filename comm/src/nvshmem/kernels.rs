@@ -241,6 +241,34 @@ mod tests {
         assert!(src.contains("static_assert(sizeof(CollArgs) == 264"));
     }
 
+    /// The low-latency kernel's per-thread launch counters (ll.cu) need every line of a window
+    /// handled by the same thread in every launch that has it, whatever the message size: the
+    /// thread that takes line k is k mod (blocks x THREADS).
+    #[test]
+    fn a_low_latency_line_always_goes_to_the_same_thread() {
+        for esz in [2usize, 4] {
+            for max_blocks in [1u32, 32, 128, 132] {
+                let thread = |elems: usize, line: usize| {
+                    let blocks = ll_blocks(elems, esz, max_blocks) as usize;
+                    line % (blocks * THREADS as usize)
+                };
+                let sizes = [1usize, 7, 1000, 4096, 70_000, 300_000, 1 << 20];
+                for &a in &sizes {
+                    for &b in &sizes {
+                        let lines = |elems: usize| (elems * esz).div_ceil(8);
+                        for line in (0..lines(a).min(lines(b))).step_by(97) {
+                            assert_eq!(
+                                thread(a, line),
+                                thread(b, line),
+                                "esz {esz}, cap {max_blocks}, line {line}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn block_counts_grow_with_size_up_to_the_cap() {
         assert_eq!(blocks_for(0, 4, 32), 1);

@@ -1,7 +1,8 @@
 // oxtrain's NVSHMEM collectives: one kernel per dtype that serves all_reduce (one-shot and
 // two-shot), reduce, reduce_scatter, all_gather, broadcast and barrier, on NVLink.
 //
-// Every PE owns staging buffers on the symmetric heap: two sets (used by epoch parity), each
+// Every PE owns staging buffers on the symmetric heap: two sets (picked by the parity of the
+// team's launch count, which the kernels keep on the GPU: entry.cu), each
 // with one slot per source PE. PEs write into each other's slots directly through the
 // addresses nvshmem_ptr gives (stores over NVLink are posted: one crossing, no round trip).
 // Per launch ("epoch", a number that only grows and is the same on every PE):
@@ -13,9 +14,9 @@
 //      the peers' reduced sub-shards from its slots into the output.
 // Block b on every PE handles the same elements, so signals are per (block, source PE): a
 // block only waits for the same block on the peers, blocks never wait for each other.
-// Why two sets of slots are enough: a PE writes set (e & 1) again at epoch e + 2 only after
-// its epoch-(e + 1) kernel finished, which saw every peer's epoch-(e + 1) ready signal, which
-// the peers raise only after their epoch-e kernel (the last reader of that set) finished.
+// Why two sets of slots are enough: a PE writes a set again two launches of the team later,
+// only after its launch in between saw every peer's ready signal of that launch, which the
+// peers raise only after their previous launch (the last reader of that set) finished.
 //
 // Elements travel as bit patterns (bf16/f16 as 16-bit words) and reduce in f32 in PE order
 // 0..n-1, rounding once: the arithmetic of the CPU backends, so results match exactly.

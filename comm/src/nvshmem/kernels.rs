@@ -32,8 +32,8 @@ pub(crate) struct CollArgs {
     pub bufs: [u64; MAX_PES],
     pub ready: u64,
     pub done: u64,
-    /// This PE's launch counters (`Counters`), which give each launch its epoch and staging
-    /// set on the device.
+    /// This PE's launch counters (`COUNTER_BYTES`; entry.cu and ll.cu), which give each launch
+    /// its epoch and staging set on the device.
     pub counters: u64,
     pub slot_bytes: u64,
     pub count: i64,

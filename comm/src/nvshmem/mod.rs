@@ -173,7 +173,8 @@ impl NvshmemCommunicator {
 
     /// Runs collective `op` as `stages` in turn, each on its team (`Kind`) as kernel launches
     /// over windows of that team's staging slots, all ordered after the caller's stream. Each
-    /// stage's `CollArgs` carries everything but the window, buffers, team and epoch.
+    /// stage's `CollArgs` carries everything but the window, buffers and team (the kernels take
+    /// the epoch from their launch counters).
     fn launch(
         &self,
         op: &'static str,

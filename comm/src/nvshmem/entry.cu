@@ -40,10 +40,12 @@ __device__ __noinline__ void ox_counters_fill(unsigned long long counters, int k
     }
 }
 
-// This launch's epoch and its count on its team, for every thread of the block (a barrier).
-__device__ __forceinline__ void ox_counters_take(const CollArgs& a, unsigned long long* epoch,
-                                                 unsigned long long* launches) {
-    __shared__ unsigned long long s_epoch, s_launches;
+// This launch's epoch (ox_s_epoch) and staging set (ox_s_bufs) for every thread of the block.
+// Thread 0 takes the counters and fills in both before the one barrier; block 0 then also
+// advances the columns of the blocks this launch does not have.
+template <int M>
+__device__ __forceinline__ void ox_counters_take(const CollArgs& a) {
+    __shared__ unsigned long long s_launches;
     if (threadIdx.x == 0) {
         unsigned long long* e = ox_counter(a.counters, 0, blockIdx.x);
         unsigned long long* l = ox_counter(a.counters, 1 + a.kind, blockIdx.x);
@@ -51,13 +53,15 @@ __device__ __forceinline__ void ox_counters_take(const CollArgs& a, unsigned lon
         const unsigned long long ev = __ldcg(e) + 1, lv = __ldcg(l) + 1;
         *e = ev;
         *l = lv;
-        s_epoch = ev;
+        ox_s_epoch = ev;
         s_launches = lv;
+        // Set 1 follows set 0. A symmetric buffer (OX_SYMM) is read in place: bufs are its copies.
+        const unsigned long long set = M == OX_SYMM ? 0 : (lv & 1) * a.slot_bytes * (unsigned long long)a.npes;
+#pragma unroll
+        for (int m = 0; m < OX_MAX_PES; ++m) ox_s_bufs[m] = a.bufs[m] + set;
     }
     __syncthreads();
-    *epoch = s_epoch;
-    *launches = s_launches;
-    if (blockIdx.x == 0) ox_counters_fill(a.counters, a.kind, *epoch, *launches);
+    if (blockIdx.x == 0) ox_counters_fill(a.counters, a.kind, ox_s_epoch, s_launches);
 }
 
 // One kernel per algorithm family and dtype (mode M: OX_LL, OX_STREAM, OX_SYMM, or any other for
@@ -71,15 +75,7 @@ __device__ __forceinline__ void ox_entry(const CollArgs& a) {
         ox_ll_all_reduce<E>(a);
         return;
     }
-    unsigned long long epoch, n;
-    ox_counters_take(a, &epoch, &n);
-    if (threadIdx.x < OX_MAX_PES) {
-        // Set 1 follows set 0. A symmetric buffer (OX_SYMM) is read in place: bufs are its copies.
-        const unsigned long long set = M == OX_SYMM ? 0 : (n & 1) * a.slot_bytes * (unsigned long long)a.npes;
-        ox_s_bufs[threadIdx.x] = a.bufs[threadIdx.x] + set;
-        if (threadIdx.x == 0) ox_s_epoch = epoch;
-    }
-    __syncthreads();
+    ox_counters_take<M>(a);
     if (M == OX_STREAM) ox_stream_all_reduce<E>(a);
     else if (M == OX_SYMM) ox_symm_all_reduce<E>(a);
     else ox_collective<E>(a);

@@ -1,0 +1,132 @@
+// What NVLink between two GPUs gives each way when both send at once, by the ways a kernel or
+// the copy engines can move data. It bounds what an all-reduce on 2 GPUs can reach: every
+// all-reduce moves the whole message across the link each way, so busbw (nccl-tests) is at most
+// the per-direction figure of the pattern it uses.
+//   push:    SM stores into the peer (loads local)             - all-writes traffic
+//   pull:    SM loads from the peer (stores local)             - all-reads traffic
+//   mixed:   each GPU loads its half from both, adds, stores both (oxtrain's symmetric all-reduce)
+//   ce:      cudaMemcpyAsync to the peer, one 1 GiB copy each way (copy engines)
+//   ce-flag: the same in chunks, each followed by a flag written to the peer (cuStreamWriteValue32),
+//            as a copy-engine collective needs to tell the peer that a chunk landed
+// Build and run (one process, both GPUs): nvcc -O3 -arch=sm_90 nvlink_ceiling.cu -lcuda && ./a.out
+// Prints one JSON object per line: {"pattern", "blocks"/"chunk_mb", "gbps_per_direction"}.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#define CK(x) do { cudaError_t e = (x); if (e) { fprintf(stderr, "%s:%d %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
+#define DK(x) do { CUresult e = (x); if (e) { fprintf(stderr, "%s:%d CUresult %d\n", #x, __LINE__, (int)e); exit(1); } } while (0)
+
+#define U 4  // 16-byte packs in flight per thread
+
+__global__ void copy(const uint4* __restrict__ src, uint4* __restrict__ dst, long long n) {
+    const long long bd = blockDim.x, stride = (long long)gridDim.x * bd * U;
+    for (long long k = blockIdx.x * bd * U + threadIdx.x; k < n; k += stride) {
+        uint4 v[U];
+#pragma unroll
+        for (int j = 0; j < U; ++j) if (k + j * bd < n) v[j] = __ldcv(src + k + j * bd);
+#pragma unroll
+        for (int j = 0; j < U; ++j) if (k + j * bd < n) dst[k + j * bd] = v[j];
+    }
+}
+
+__global__ void mixed(uint4* __restrict__ mine, uint4* __restrict__ peer, long long n) {
+    const long long bd = blockDim.x, stride = (long long)gridDim.x * bd * U;
+    for (long long k = blockIdx.x * bd * U + threadIdx.x; k < n; k += stride) {
+        float4 a[U], b[U];
+#pragma unroll
+        for (int j = 0; j < U; ++j) if (k + j * bd < n) { a[j] = __ldcv((float4*)mine + k + j * bd); b[j] = __ldcv((float4*)peer + k + j * bd); }
+#pragma unroll
+        for (int j = 0; j < U; ++j) if (k + j * bd < n) {
+            const float4 s = make_float4(a[j].x + b[j].x, a[j].y + b[j].y, a[j].z + b[j].z, a[j].w + b[j].w);
+            ((float4*)mine)[k + j * bd] = s;
+            ((float4*)peer)[k + j * bd] = s;
+        }
+    }
+}
+
+static const long long S = 1LL << 30;  // bytes each way
+static uint4 *a[2], *b[2];
+static unsigned* flags[2];
+static cudaStream_t st[2];
+static cudaEvent_t e0[2], e1[2];
+static volatile unsigned* go;  // pinned host word: both GPUs start when the host raises it
+static unsigned go_tag = 0;
+
+// Median over 7 runs of the slower GPU's time (ms) of `enqueue(d)` issued on both GPUs at once.
+template <typename F>
+static float both_ways(F enqueue) {
+    float ts[7];
+    for (int it = 0; it < 7; ++it) {
+        // Everything is queued behind a wait on `go` first, so both GPUs start together and the
+        // host's queueing is not timed.
+        ++go_tag;
+        for (int d = 0; d < 2; ++d) {
+            CK(cudaSetDevice(d));
+            DK(cuStreamWaitValue32((CUstream)st[d], (CUdeviceptr)go, go_tag, CU_STREAM_WAIT_VALUE_GEQ));
+            CK(cudaEventRecord(e0[d], st[d]));
+            enqueue(d);
+            CK(cudaEventRecord(e1[d], st[d]));
+        }
+        *go = go_tag;
+        float t = 0;
+        for (int d = 0; d < 2; ++d) {
+            CK(cudaSetDevice(d));
+            CK(cudaEventSynchronize(e1[d]));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0[d], e1[d]));
+            t = std::max(t, ms);
+        }
+        ts[it] = t;
+    }
+    std::sort(ts, ts + 7);
+    return ts[3];
+}
+
+static double gbps(long long bytes, float ms) { return bytes / (ms * 1e-3) / 1e9; }
+
+int main() {
+    const long long n = S / 16;
+    CK(cudaHostAlloc((void**)&go, 4, cudaHostAllocMapped | cudaHostAllocPortable));
+    *go = 0;
+    for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+        CK(cudaMalloc(&a[d], S));
+        CK(cudaMalloc(&b[d], S));
+        CK(cudaMalloc(&flags[d], 4096 * 4));
+        CK(cudaMemset(a[d], 0, S));
+        CK(cudaMemset(b[d], 0, S));
+        CK(cudaMemset(flags[d], 0, 4096 * 4));
+        CK(cudaStreamCreateWithFlags(&st[d], cudaStreamNonBlocking));
+        CK(cudaEventCreate(&e0[d]));
+        CK(cudaEventCreate(&e1[d]));
+    }
+    const int threads = 512;
+    for (int blocks : {64, 128, 132, 264}) {
+        float t = both_ways([&](int d) { copy<<<blocks, threads, 0, st[d]>>>(a[d], b[1 - d], n); });
+        printf("{\"pattern\": \"push\", \"blocks\": %d, \"gbps_per_direction\": %.1f}\n", blocks, gbps(S, t));
+        t = both_ways([&](int d) { copy<<<blocks, threads, 0, st[d]>>>(a[1 - d], b[d], n); });
+        printf("{\"pattern\": \"pull\", \"blocks\": %d, \"gbps_per_direction\": %.1f}\n", blocks, gbps(S, t));
+        // Each GPU reads half from the peer and writes half to it: S bytes each way in all.
+        t = both_ways([&](int d) { mixed<<<blocks, threads, 0, st[d]>>>(a[d] + d * (n / 2), a[1 - d] + d * (n / 2), n / 2); });
+        printf("{\"pattern\": \"mixed\", \"blocks\": %d, \"gbps_per_direction\": %.1f}\n", blocks, gbps(S, t));
+        fflush(stdout);
+    }
+    float t = both_ways([&](int d) { CK(cudaMemcpyAsync(b[1 - d], a[d], S, cudaMemcpyDeviceToDevice, st[d])); });
+    printf("{\"pattern\": \"ce\", \"chunk_mb\": %lld, \"gbps_per_direction\": %.1f}\n", S >> 20, gbps(S, t));
+    unsigned tag = 0;
+    for (long long chunk : {4LL << 20, 16LL << 20, 64LL << 20}) {
+        t = both_ways([&](int d) {
+            ++tag;
+            for (long long off = 0, c = 0; off < S; off += chunk, ++c) {
+                CK(cudaMemcpyAsync((char*)b[1 - d] + off, (char*)a[d] + off, chunk, cudaMemcpyDeviceToDevice, st[d]));
+                DK(cuStreamWriteValue32((CUstream)st[d], (CUdeviceptr)(flags[1 - d] + c), tag, 0));
+            }
+        });
+        printf("{\"pattern\": \"ce-flag\", \"chunk_mb\": %lld, \"gbps_per_direction\": %.1f}\n", chunk >> 20, gbps(S, t));
+        fflush(stdout);
+    }
+    return 0;
+}

@@ -46,6 +46,11 @@ __global__ void mixed(uint4* __restrict__ mine, uint4* __restrict__ peer, long l
     }
 }
 
+// Spins until the host raises `go` to `tag` (pinned, mapped host memory).
+__global__ void wait_go(volatile unsigned* go, unsigned tag) {
+    while (*go < tag) {}
+}
+
 static const long long S = 1LL << 30;  // bytes each way
 static uint4 *a[2], *b[2];
 static unsigned* flags[2];
@@ -64,7 +69,7 @@ static float both_ways(F enqueue) {
         ++go_tag;
         for (int d = 0; d < 2; ++d) {
             CK(cudaSetDevice(d));
-            DK(cuStreamWaitValue32((CUstream)st[d], (CUdeviceptr)go, go_tag, CU_STREAM_WAIT_VALUE_GEQ));
+            wait_go<<<1, 1, 0, st[d]>>>(go, go_tag);
             CK(cudaEventRecord(e0[d], st[d]));
             enqueue(d);
             CK(cudaEventRecord(e1[d], st[d]));

@@ -312,6 +312,35 @@ __device__ __forceinline__ void ox_reduce_packs(const CollArgs& a, long long s0,
     }
 }
 
+// The copy-out of the previous window of this two-shot all-reduce (the host set prev_lo..prev_hi
+// and deferred it there): the peers' reduced sub-shards, from this PE's slots of the other
+// staging set into the output. Done here, between this window's pushes and its `ready`
+// exchange, it overlaps NVLink traffic instead of idling the link at the end of every window.
+// Safe: the previous launch is over (its `done` exchange saw every peer's results land), the
+// peers push into the other set in this launch, and they write that set again only in the next
+// launch, after this one's `done` exchange, which follows this copy.
+template <typename R>
+__device__ void ox_copy_out_prev(const CollArgs& a) {
+    if (a.prev_hi <= a.prev_lo) return;
+    const long long EPP = 16 / sizeof(R);
+    // Consecutive launches of a team alternate staging sets (entry.cu).
+    const unsigned long long set0 = a.bufs[a.me], set_bytes = a.slot_bytes * (unsigned long long)a.npes;
+    const unsigned long long prev = ox_buf(a, a.me) == set0 ? set0 + set_bytes : set0;
+    const long long npacks = (a.prev_hi - a.prev_lo) / EPP;
+    uint4* out = (uint4*)(a.out_base + a.prev_lo * sizeof(R));
+    // The previous launch's blocks, spread over this launch's (the same number but for a last
+    // window smaller than the others).
+    for (int b = blockIdx.x; b < a.prev_blocks; b += gridDim.x) {
+        const long long p0 = ox_pack_split(npacks, a.prev_blocks, b), p1 = ox_pack_split(npacks, a.prev_blocks, b + 1);
+        const long long len = p1 - p0;
+        for (int p = 0; p < a.npes; ++p) {
+            if (p == a.me) continue;
+            const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
+            ox_copy_packs(out, (const uint4*)(prev + (unsigned long long)p * a.slot_bytes), q0, q1);
+        }
+    }
+}
+
 template <typename E>
 __device__ void ox_collective(const CollArgs& a) {
     typedef typename E::raw R;
@@ -344,6 +373,7 @@ __device__ void ox_collective(const CollArgs& a) {
             const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
             ox_copy_packs((uint4*)ox_remote_slot<R>(a, p), in, q0, q1);
         }
+        ox_copy_out_prev<R>(a);
         if (a.mode == OX_SYMM_PUSH) ox_desc_publish(a);
         if (!ox_exchange(a, a.ready)) return;
         if (a.mode == OX_SYMM_PUSH && !ox_desc_match(a)) return;
@@ -351,7 +381,8 @@ __device__ void ox_collective(const CollArgs& a) {
         ox_reduce_packs<E>(a, s0, s1);
         if (!ox_exchange(a, a.done)) return;
         // A symmetric buffer already holds the peers' reduced sub-shards: they stored them here.
-        if (a.mode == OX_SYMM_PUSH) return;
+        // A window whose copy-out the host deferred leaves it to the next launch.
+        if (a.mode == OX_SYMM_PUSH || a.defer_out) return;
         for (int p = 0; p < a.npes; ++p) {
             if (p == a.me) continue;
             const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
@@ -365,6 +396,8 @@ __device__ void ox_collective(const CollArgs& a) {
         const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
         for (long long k = q0 + threadIdx.x; k < q1; k += blockDim.x) ox_push<E>(a, p, k);
     }
+    // (A last window with a partial pack; the host defers only whole-pack windows.)
+    ox_copy_out_prev<R>(a);
     if (!ox_exchange(a, a.ready)) return;
     // Reduce this PE's sub-shard; push the result into the same slot `me` of every peer
     // (its sub-shard part of that slot is unused in this epoch).

@@ -36,7 +36,7 @@ namespace std { using namespace cuda::std; }
 #define OX_MAX 2
 #define OX_MIN 3
 
-// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (264 bytes, checked on both sides).
+// Mirrored by `CollArgs` in comm/src/nvshmem/kernels.rs (288 bytes, checked on both sides).
 // A launch runs over a team of PEs (all of them, or one node's, or one per node for the
 // hierarchical all-reduce): `npes`, `me`, `bufs`, slots and shards are indexed by member, and
 // `pes` names each member's global PE for NVSHMEM calls and signal columns.
@@ -66,9 +66,12 @@ struct CollArgs {
     unsigned long long fault;    // an OxFault in host memory mapped here (fault.rs)
     unsigned long long timeout_ns; // how long any wait may take before the kernel gives up
     int kind;                    // the team (kernels.rs Kind): its launches pick the staging set
-    int unused;
+    int defer_out;               // two-shot: leave this window's copy-out to the next launch
+    long long prev_lo, prev_hi;  // two-shot: the previous window, whose copy-out is this launch's
+    int prev_blocks;             //   (empty when prev_hi <= prev_lo), and its launch's grid
+    int pad;
 };
-static_assert(sizeof(CollArgs) == 264, "CollArgs must match the Rust side");
+static_assert(sizeof(CollArgs) == 288, "CollArgs must match the Rust side");
 
 // This launch's epoch and staging set, read from the device counters by ox_entry (entry.cu)
 // rather than passed by the host: a launch captured in a CUDA graph replays with the same

@@ -64,10 +64,18 @@ pub(crate) struct CollArgs {
     pub timeout_ns: u64,
     /// The team (`Kind`), whose launch counter picks the staging set.
     pub kind: i32,
-    pub unused: i32,
+    /// Two-shot windows: leave this window's copy-out (the peers' reduced sub-shards, from the
+    /// staging into the output) to the next launch, where it overlaps that window's traffic.
+    pub defer_out: i32,
+    /// Two-shot windows: the previous window, whose copy-out this launch does (none when
+    /// `prev_hi <= prev_lo`), and the grid it ran on (which decides the sub-shards).
+    pub prev_lo: i64,
+    pub prev_hi: i64,
+    pub prev_blocks: i32,
+    pub pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 264);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 288);
 
 /// Rows of the launch counters: every launch (the epoch), then one per team kind.
 pub(crate) const COUNTER_ROWS: usize = 5;
@@ -238,7 +246,7 @@ mod tests {
         assert_eq!(define("OX_LL_COUNTER_BASE"), format!("({COUNTER_ROWS} * OX_MAX_BLOCKS)"));
         // One u64 per thread of the largest grid after them.
         assert_eq!(COUNTER_BYTES, (COUNTER_ROWS * MAX_BLOCKS as usize + (MAX_BLOCKS * THREADS) as usize) * 8);
-        assert!(src.contains("static_assert(sizeof(CollArgs) == 264"));
+        assert!(src.contains("static_assert(sizeof(CollArgs) == 288"));
     }
 
     /// The low-latency kernel's per-thread launch counters (ll.cu) need every line of a window

@@ -14,7 +14,8 @@
 //!   GPUs from `stream_min_bytes` (unset by default) streaming (pushers and reducers pipelined
 //!   through rings); see
 //!   `options.rs`. Kernels use `max_blocks` blocks at most (default 32) so that compute keeps
-//!   most SMs. Messages larger than a staging slot run in windows. On sm_90 launches are
+//!   most SMs. Messages larger than a staging slot run in windows, a launch each; a two-shot
+//!   window leaves its local copy-out to the next launch (`windows.rs`). On sm_90 launches are
 //!   programmatic dependent launches, hiding the gap between back-to-back collectives.
 //! - Across nodes (`ranks_per_node` < world, see `team.rs`): all_reduce is hierarchical
 //!   (NVLink stores inside the node, NVSHMEM put-with-signal between nodes); the other ops are
@@ -53,6 +54,7 @@ pub mod nvjitlink;
 mod ops;
 mod options;
 mod symmetric;
+mod windows;
 mod team;
 
 use crate::error::{CommError, Result};
@@ -220,12 +222,24 @@ impl NvshmemCommunicator {
             kernels::LL => team.slot_bytes / 2 / esz,
             _ => team.slot_bytes / esz,
         };
-        let mut lo = 0usize;
-        loop {
-            let hi = (lo + window).min(count);
+        // Two-shot windows leave their copy-out to the next launch when every window takes the
+        // kernel's whole-pack path (windows.rs).
+        let defer = base.mode == kernels::TWOSHOT
+            && base.in_base.is_multiple_of(16)
+            && base.out_base.is_multiple_of(16)
+            && (window * esz).is_multiple_of(16);
+        for w in windows::windows(count, window, defer) {
+            let (lo, hi) = (w.lo, w.hi);
             let mut a = base;
             a.win_lo = lo as i64;
             a.win_hi = hi as i64;
+            a.defer_out = i32::from(w.defer_out);
+            if let Some((plo, phi)) = w.prev {
+                a.prev_lo = plo as i64;
+                a.prev_hi = phi as i64;
+                // The grid the previous window ran on (the default arm below).
+                a.prev_blocks = kernels::blocks_for(phi - plo, esz, self.opts.max_blocks) as i32;
+            }
             // The epoch and the staging set's parity come from the device counters.
             a.counters = self.counters;
             a.kind = kind as i32;
@@ -266,10 +280,6 @@ impl NvshmemCommunicator {
             // sizes) and inside every member's staging slots (window <= slot); the context is
             // bound.
             unsafe { kernels::launch(f.for_mode(a.mode), blocks, &a, raw as cu::CUstream, dependent)? };
-            lo = hi;
-            if lo >= count {
-                break;
-            }
         }
         Ok(())
     }

@@ -1,0 +1,103 @@
+//! How one collective splits into kernel launches over windows of the staging slots, and which
+//! two-shot windows leave their copy-out to the next launch.
+//!
+//! A two-shot window ends by copying the peers' reduced sub-shards out of this PE's slots into
+//! the output, a local copy during which the link idles. Deferred, that copy runs in the next
+//! window's launch, beside its NVLink traffic (`ox_copy_out_prev` in collectives.cu says why the
+//! slots are still intact then); only the last window copies its own out.
+
+/// One launch: the window `[lo, hi)` of the tensor's elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub lo: usize,
+    pub hi: usize,
+    /// This window's copy-out is left to the next launch.
+    pub defer_out: bool,
+    /// The previous window, whose copy-out this launch does.
+    pub prev: Option<(usize, usize)>,
+}
+
+/// The windows of a collective on `count` elements, `window` elements each (the last may be
+/// shorter; a tensor of 0 elements still gets one launch). `defer`: a two-shot all-reduce whose
+/// windows all take the kernel's whole-pack path (16-byte aligned tensors, windows of whole
+/// packs), the only case the kernel defers.
+pub(crate) fn windows(count: usize, window: usize, defer: bool) -> Windows {
+    Windows { count, window: window.max(1), defer, lo: 0, prev: None, done: false }
+}
+
+pub(crate) struct Windows {
+    count: usize,
+    window: usize,
+    defer: bool,
+    lo: usize,
+    prev: Option<(usize, usize)>,
+    done: bool,
+}
+
+impl Iterator for Windows {
+    type Item = Window;
+
+    fn next(&mut self) -> Option<Window> {
+        if self.done {
+            return None;
+        }
+        let (lo, hi) = (self.lo, (self.lo + self.window).min(self.count));
+        let last = hi >= self.count;
+        let w = Window { lo, hi, defer_out: self.defer && !last, prev: self.prev };
+        self.prev = w.defer_out.then_some((lo, hi));
+        self.lo = hi;
+        self.done = last;
+        Some(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_cover_the_tensor_once_in_order() {
+        for count in [0usize, 1, 5, 1000, 1024, 1025, 4096] {
+            for window in [1usize, 7, 256, 1024, 5000] {
+                let ws: Vec<Window> = windows(count, window, false).collect();
+                assert_eq!(ws[0].lo, 0);
+                assert_eq!(ws.last().unwrap().hi, count);
+                for pair in ws.windows(2) {
+                    assert_eq!(pair[0].hi, pair[1].lo);
+                }
+                assert!(ws.iter().all(|w| w.hi - w.lo <= window && (w.hi > w.lo || count == 0)));
+                assert!(ws.iter().all(|w| !w.defer_out && w.prev.is_none()));
+            }
+        }
+    }
+
+    /// Every window's copy-out happens exactly once: in its own launch, or deferred to the next
+    /// one, which names it; the last window never defers.
+    #[test]
+    fn every_deferred_copy_out_is_taken_by_the_next_launch() {
+        for count in [1usize, 1024, 1025, 3 * 1024, 10_000] {
+            let ws: Vec<Window> = windows(count, 1024, true).collect();
+            let mut copied = vec![0u32; count];
+            for (i, w) in ws.iter().enumerate() {
+                if !w.defer_out {
+                    copied[w.lo..w.hi].iter_mut().for_each(|c| *c += 1);
+                }
+                if let Some((lo, hi)) = w.prev {
+                    assert_eq!(Some((lo, hi)), ws.get(i.wrapping_sub(1)).map(|p| (p.lo, p.hi)));
+                    assert!(ws[i - 1].defer_out);
+                    copied[lo..hi].iter_mut().for_each(|c| *c += 1);
+                }
+            }
+            assert!(!ws.last().unwrap().defer_out);
+            assert!(copied.iter().all(|&c| c == 1), "count {count}");
+        }
+    }
+
+    #[test]
+    fn a_gigabyte_of_f32_takes_eight_windows_of_128_mib() {
+        let ws: Vec<Window> = windows(1 << 28, (128 << 20) / 4, true).collect();
+        assert_eq!(ws.len(), 8);
+        assert_eq!(ws.iter().filter(|w| w.defer_out).count(), 7);
+        assert_eq!(ws.iter().filter(|w| w.prev.is_some()).count(), 7);
+    }
+}

@@ -4,7 +4,8 @@
 // the per-direction figure of the pattern it uses.
 //   push:    SM stores into the peer (loads local)             - all-writes traffic
 //   pull:    SM loads from the peer (stores local)             - all-reads traffic
-//   mixed:   each GPU loads its half from both, adds, stores both (oxtrain's symmetric all-reduce)
+//   mixed:   each GPU loads its half from both, adds, stores both (oxtrain's one-pass symmetric
+//            kernel, OX_SYMM; with 64 blocks or more the symmetric all-reduce pushes instead)
 //   ce:      cudaMemcpyAsync to the peer, one 1 GiB copy each way (copy engines)
 //   ce-flag: the same in chunks, each followed by a flag written to the peer (cuStreamWriteValue32),
 //            as a copy-engine collective needs to tell the peer that a chunk landed

@@ -52,8 +52,8 @@ print(json.dumps({
     "machine": args.machine,
     "notes": "NVLink probes (comm/scripts/probes), one process driving both GPUs, each sending to the other at once; "
              "1 GiB each way, median of 7 (ce_allreduce: 8). push/pull/mixed: SM kernels of 512 threads, 4 packs of "
-             "16 B in flight per thread; mixed is the symmetric all-reduce's pattern (half read from the peer, half "
-             "written to it). ce_flag: copies in chunks, each followed by a flag written into the peer "
+             "16 B in flight per thread; mixed is the pattern of the one-pass symmetric kernel (half read from the peer, "
+             "half written to it; with 64 blocks or more the symmetric all-reduce pushes). ce_flag: copies in chunks, each followed by a flag written into the peer "
              "(cuStreamWriteValue32). ce_allreduce: a copy-engine all-reduce prototype (copies + flags + a small "
              "adding kernel). The ceiling for any all-reduce on 2 GPUs is the per-direction figure of the traffic "
              "it makes.",

@@ -54,8 +54,8 @@ pub mod nvjitlink;
 mod ops;
 mod options;
 mod symmetric;
-mod windows;
 mod team;
+mod windows;
 
 use crate::error::{CommError, Result};
 use crate::gpu::{cuda_err, cuda_view, CommStream, CudaView};

@@ -110,7 +110,7 @@ int main() {
         CK(cudaEventCreate(&e1[d]));
     }
     const int threads = 512;
-    for (int blocks : {64, 128, 132, 264}) {
+    for (int blocks : {16, 32, 64, 128, 132, 264}) {
         float t = both_ways([&](int d) { copy<<<blocks, threads, 0, st[d]>>>(a[d], b[1 - d], n); });
         printf("{\"pattern\": \"push\", \"blocks\": %d, \"gbps_per_direction\": %.1f}\n", blocks, gbps(S, t));
         t = both_ways([&](int d) { copy<<<blocks, threads, 0, st[d]>>>(a[1 - d], b[d], n); });

@@ -43,13 +43,13 @@ __global__ void hold(long long cycles) { long long t = clock64(); while (clock64
 int main(int argc, char** argv) {
     const long long SMAX = 1LL << 30;
     float *x[2], *scr[2]; unsigned *fl[2];  // flags: arrived[1024], done[1024], gathered[1024]
-    cudaStream_t main_s[2], A[2][2], B[2], R[2];
+    cudaStream_t main_s[2], A[2], B[2], R[2];
     for (int d = 0; d < 2; ++d) {
         CK(cudaSetDevice(d)); CK(cudaDeviceEnablePeerAccess(1 - d, 0));
         CK(cudaMalloc(&x[d], SMAX)); CK(cudaMalloc(&scr[d], SMAX / 2)); CK(cudaMalloc(&fl[d], 3 * 1024 * 4));
         CK(cudaMemset(fl[d], 0, 3 * 1024 * 4));
         cudaStreamCreateWithFlags(&main_s[d], cudaStreamNonBlocking);
-        cudaStreamCreateWithFlags(&A[d][0], cudaStreamNonBlocking); cudaStreamCreateWithFlags(&A[d][1], cudaStreamNonBlocking);
+        cudaStreamCreateWithFlags(&A[d], cudaStreamNonBlocking);
         cudaStreamCreateWithFlags(&B[d], cudaStreamNonBlocking); cudaStreamCreateWithFlags(&R[d], cudaStreamNonBlocking);
     }
     unsigned epoch = 0;
@@ -58,7 +58,6 @@ int main(int argc, char** argv) {
     long long chunks[] = {8LL << 20, 32LL << 20, 64LL << 20};
     int grids[] = {32, 64};
     for (long long S : sizes) for (long long CH : chunks) for (int G : grids) for (int aonly = 0; aonly <= (G == 32); ++aonly) {
-        const int na = 1;
         for (int d = 0; d < 2; ++d) { cudaSetDevice(d); CK(cudaDeviceSynchronize()); CK(cudaMemset(fl[d], 0, 3 * 1024 * 4)); CK(cudaDeviceSynchronize()); }
         epoch = 0;
         long long n = S / 4, half = n / 2, ch = CH / 2 / 4;  // elements: half-chunk per chunk
@@ -78,11 +77,11 @@ int main(int argc, char** argv) {
                 cudaEventCreate(&t0[d]); cudaEventCreate(&t1[d]);
                 cudaEvent_t fork; cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
                 hold<<<1, 1, 0, main_s[d]>>>(40000000LL); cudaEventRecord(t0[d], main_s[d]); cudaEventRecord(fork, main_s[d]);
-                cudaStreamWaitEvent(A[d][0], fork); cudaStreamWaitEvent(A[d][1], fork); cudaStreamWaitEvent(B[d], fork); cudaStreamWaitEvent(R[d], fork);
+                cudaStreamWaitEvent(A[d], fork); cudaStreamWaitEvent(B[d], fork); cudaStreamWaitEvent(R[d], fork);
                 unsigned *arr_p = fl[p], *gat_p = fl[p] + 2048, *done_d = fl[d] + 1024, *arr_d = fl[d], *gat_d = fl[d] + 2048;
                 for (int c = 0; c < nch; ++c) {
                     long long lo = c * ch, len = std::min(half, lo + ch) - lo;
-                    cudaStream_t a = A[d][c % na];
+                    cudaStream_t a = A[d];
                     CK(cudaMemcpyAsync(scr[p] + lo, x[d] + p * half + lo, len * 4, cudaMemcpyDeviceToDevice, a));
                     DK(cuStreamWriteValue32((CUstream)a, (CUdeviceptr)(arr_p + c), epoch, 0));
                 }
@@ -99,8 +98,7 @@ int main(int argc, char** argv) {
                     for (int c = 0; c < nch; ++c) DK(cuStreamWaitValue32((CUstream)B[d], (CUdeviceptr)(arr_d + c), epoch, CU_STREAM_WAIT_VALUE_GEQ));
                 }
                 cudaEvent_t j; cudaEventCreateWithFlags(&j, cudaEventDisableTiming);
-                cudaEventRecord(j, A[d][0]); cudaStreamWaitEvent(main_s[d], j);
-                cudaEventRecord(j, A[d][1]); cudaStreamWaitEvent(main_s[d], j);
+                cudaEventRecord(j, A[d]); cudaStreamWaitEvent(main_s[d], j);
                 cudaEventRecord(j, R[d]); cudaStreamWaitEvent(main_s[d], j);
                 cudaEventRecord(j, B[d]); cudaStreamWaitEvent(main_s[d], j);
                 cudaEventRecord(t1[d], main_s[d]);

@@ -312,10 +312,22 @@ __device__ __forceinline__ void ox_reduce_packs(const CollArgs& a, long long s0,
     }
 }
 
+// Two-shot copy-out of one block's packs [p0, p1) of a window: the peers' reduced sub-shards,
+// from this PE's slots in staging set `set` into `out` (the window's output).
+__device__ __forceinline__ void ox_copy_out_block(const CollArgs& a, uint4* out, unsigned long long set, long long p0,
+                                                  long long p1) {
+    const long long len = p1 - p0;
+    for (int p = 0; p < a.npes; ++p) {
+        if (p == a.me) continue;
+        const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
+        ox_copy_packs(out, (const uint4*)(set + (unsigned long long)p * a.slot_bytes), q0, q1);
+    }
+}
+
 // The copy-out of the previous window of this two-shot all-reduce (the host set prev_lo..prev_hi
-// and deferred it there): the peers' reduced sub-shards, from this PE's slots of the other
-// staging set into the output. Done here, between this window's pushes and its `ready`
-// exchange, it overlaps NVLink traffic instead of idling the link at the end of every window.
+// and deferred it there), from this PE's slots of the other staging set. Done here, between
+// this window's pushes and its `ready` exchange, it overlaps NVLink traffic instead of idling
+// the link at the end of every window.
 // Safe: the previous launch is over (its `done` exchange saw every peer's results land), the
 // peers push into the other set in this launch, and they write that set again only in the next
 // launch, after this one's `done` exchange, which follows this copy.
@@ -330,15 +342,9 @@ __device__ void ox_copy_out_prev(const CollArgs& a) {
     uint4* out = (uint4*)(a.out_base + a.prev_lo * sizeof(R));
     // The previous launch's blocks, spread over this launch's (the same number but for a last
     // window smaller than the others).
-    for (int b = blockIdx.x; b < a.prev_blocks; b += gridDim.x) {
-        const long long p0 = ox_pack_split(npacks, a.prev_blocks, b), p1 = ox_pack_split(npacks, a.prev_blocks, b + 1);
-        const long long len = p1 - p0;
-        for (int p = 0; p < a.npes; ++p) {
-            if (p == a.me) continue;
-            const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
-            ox_copy_packs(out, (const uint4*)(prev + (unsigned long long)p * a.slot_bytes), q0, q1);
-        }
-    }
+    for (int b = blockIdx.x; b < a.prev_blocks; b += gridDim.x)
+        ox_copy_out_block(a, out, prev, ox_pack_split(npacks, a.prev_blocks, b),
+                          ox_pack_split(npacks, a.prev_blocks, b + 1));
 }
 
 template <typename E>
@@ -383,12 +389,7 @@ __device__ void ox_collective(const CollArgs& a) {
         // A symmetric buffer already holds the peers' reduced sub-shards: they stored them here.
         // A window whose copy-out the host deferred leaves it to the next launch.
         if (a.mode == OX_SYMM_PUSH || a.defer_out) return;
-        for (int p = 0; p < a.npes; ++p) {
-            if (p == a.me) continue;
-            const long long q0 = p0 + ox_pack_split(len, a.npes, p), q1 = p0 + ox_pack_split(len, a.npes, p + 1);
-            ox_copy_packs((uint4*)(a.out_base + a.win_lo * sizeof(R)),
-                          (const uint4*)(ox_buf(a, a.me) + (unsigned long long)p * a.slot_bytes), q0, q1);
-        }
+        ox_copy_out_block(a, (uint4*)(a.out_base + a.win_lo * sizeof(R)), ox_buf(a, a.me), p0, p1);
         return;
     }
     for (int p = 0; p < a.npes; ++p) {

@@ -228,6 +228,7 @@ impl NvshmemCommunicator {
             && base.in_base.is_multiple_of(16)
             && base.out_base.is_multiple_of(16)
             && (window * esz).is_multiple_of(16);
+        let mut prev_blocks = 0u32;
         for w in windows::windows(count, window, defer) {
             let (lo, hi) = (w.lo, w.hi);
             let mut a = base;
@@ -237,8 +238,8 @@ impl NvshmemCommunicator {
             if let Some((plo, phi)) = w.prev {
                 a.prev_lo = plo as i64;
                 a.prev_hi = phi as i64;
-                // The grid the previous window ran on (the default arm below).
-                a.prev_blocks = kernels::blocks_for(phi - plo, esz, self.opts.max_blocks) as i32;
+                // The grid the previous window ran on: its sub-shards follow it.
+                a.prev_blocks = prev_blocks as i32;
             }
             // The epoch and the staging set's parity come from the device counters.
             a.counters = self.counters;
@@ -280,6 +281,7 @@ impl NvshmemCommunicator {
             // sizes) and inside every member's staging slots (window <= slot); the context is
             // bound.
             unsafe { kernels::launch(f.for_mode(a.mode), blocks, &a, raw as cu::CUstream, dependent)? };
+            prev_blocks = blocks;
         }
         Ok(())
     }

@@ -65,10 +65,15 @@ run check-nvshmem-windows 120 --backend nvshmem --algo all --chunk 1M --ranks 2 
 OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES=4096 OXTRAIN_NVSHMEM_LL_MAX_BYTES=65536 run check-nvshmem-rings 120 \
   --backend nvshmem --algo stream,ll --blocks 16 --ranks 2 --sizes $odd,33554438 --iters 3 --warmup 1 --graph-max 64M \
   --dtypes f32,bf16,f16 > /dev/null
-# The multi-node path on one node: each GPU taken as a node of its own, so all_reduce runs
-# hierarchically and every op reaches the other PE by NVSHMEM puts with signals.
+# The multi-node path on one node: each GPU taken as a node of its own, so every op runs in
+# stages over the rail (hier.rs) and reaches the other PE by NVSHMEM puts with signals.
 OXTRAIN_NVSHMEM_RANKS_PER_NODE=1 run check-nvshmem-hier 150 --backend nvshmem --ranks 2 --sizes $odd,8,4096,1M \
   --graph-max 4M --iters 3 --warmup 1 --dtypes f32,bf16,f16 --json "$OUT/check-nvshmem-hier.json"
+# With 4 GPUs, 2 "nodes" of 2: the node stages as well as the rail ones.
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 4 ]; then
+  OXTRAIN_NVSHMEM_RANKS_PER_NODE=2 run check-nvshmem-hier4 150 --backend nvshmem --ranks 4 --sizes $odd,8,4096,1M \
+    --iters 3 --warmup 1 --dtypes f32,bf16,f16 > /dev/null
+fi
 
 # 1b. A rank that never calls: rank 1 skips an all_reduce, rank 0's kernel must give up after
 #     OXTRAIN_COMM_TIMEOUT (2 s here) and the call fail naming rank 1; then every call fails.

@@ -166,12 +166,11 @@ impl NvshmemCommunicator {
                 .map_err(|e| cuda_err("zeroing the signals", format!("{e:?}")))?;
             let everyone: Vec<usize> = (0..world).collect();
             let mut teams: [Option<Team>; 4] = [None, None, None, None];
-            if world <= MAX_PES {
-                teams[Kind::All as usize] = Some(Team::new(api, rank, everyone.clone(), remote, slot_bytes)?);
-            }
             if per_node == world {
+                teams[Kind::All as usize] = Some(Team::new(api, rank, everyone.clone(), remote, slot_bytes)?);
                 teams[Kind::Ll as usize] = Some(Team::new(api, rank, everyone, remote, ll_slot_bytes)?);
             } else {
+                // Across nodes every op runs in stages on these two (hier.rs).
                 let (node, rail) = team::layout(rank, world, per_node);
                 let slot = slot_bytes.min(32 << 20);
                 teams[Kind::Node as usize] = Some(Team::new(api, rank, node, remote, slot)?);
@@ -212,6 +211,7 @@ impl NvshmemCommunicator {
                 && std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v != "0"),
             state: Mutex::new(State { algorithm }),
             tensors: Default::default(),
+            scratch: Default::default(),
         })
     }
 }

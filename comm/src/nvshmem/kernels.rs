@@ -2,6 +2,7 @@
 
 use crate::error::Result;
 use crate::gpu::cuda_err;
+use crate::op::ReduceOp;
 use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
 
@@ -76,6 +77,23 @@ pub(crate) struct CollArgs {
 }
 
 const _: () = assert!(std::mem::size_of::<CollArgs>() == 288);
+
+impl CollArgs {
+    /// A one-shot launch over the `len` elements at `ptr`, input and output in place; callers
+    /// set the sources and outputs (the window, buffers and team come at enqueue).
+    pub fn in_place(ptr: u64, len: usize, op: ReduceOp) -> Self {
+        CollArgs {
+            in_base: ptr,
+            out_base: ptr,
+            count: len as i64,
+            in_lo: 0,
+            in_hi: len as i64,
+            op: op as i32,
+            mode: ONESHOT,
+            ..CollArgs::default()
+        }
+    }
+}
 
 /// Rows of the launch counters: every launch (the epoch), then one per team kind.
 pub(crate) const COUNTER_ROWS: usize = 5;

@@ -17,9 +17,9 @@
 //!   most SMs. Messages larger than a staging slot run in windows, a launch each; a two-shot
 //!   window leaves its local copy-out to the next launch (`windows.rs`). On sm_90 launches are
 //!   programmatic dependent launches, hiding the gap between back-to-back collectives.
-//! - Across nodes (`ranks_per_node` < world, see `team.rs`): all_reduce is hierarchical
-//!   (NVLink stores inside the node, NVSHMEM put-with-signal between nodes); the other ops are
-//!   one-shot with puts to the other nodes' PEs.
+//! - Across nodes (`ranks_per_node` < world, see `team.rs`): every op runs in stages on the
+//!   node's PEs (NVLink stores) and on the rail of PEs with the same local rank (NVSHMEM
+//!   put-with-signal between nodes), up to 8 nodes of 8 GPUs (`hier.rs`).
 //! - Streams as the nccl backend: calls run on the communicator's stream after the caller's
 //!   current stream; `Work::wait` orders the caller back (see `crate::gpu`).
 //! - dtypes: reductions in f32, bf16, f16 (accumulating in f32, as the CPU backends);
@@ -48,6 +48,9 @@ mod connect;
 pub mod device_code;
 mod fault;
 mod heap;
+mod hier;
+#[cfg(test)]
+mod hier_sim;
 mod host;
 mod kernels;
 pub mod nvjitlink;
@@ -59,11 +62,10 @@ mod windows;
 
 use crate::error::{CommError, Result};
 use crate::gpu::{cuda_err, cuda_view, CommStream, CudaView};
-use crate::op::{shard_range, ReduceOp};
 use crate::work::Work;
 use cudarc::driver::{result as drv, sys as cu};
 pub use heap::NvshmemHeap;
-use kernels::{CollArgs, Function, Kernels, MAX_PES};
+use kernels::{CollArgs, Function, Kernels};
 pub use options::{Algorithm, NvshmemOptions};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Tensor};
@@ -100,8 +102,7 @@ pub struct NvshmemCommunicator {
     module: Module,
     /// GPUs per node; less than `world` when the PEs span nodes.
     per_node: usize,
-    /// The teams by `Kind` (`All` and `Ll` on one node, `Node` and `Rail` across nodes; `All`
-    /// also across nodes of at most 8 PEs in all, for the ops other than all_reduce).
+    /// The teams by `Kind`: `All` and `Ll` on one node, `Node` and `Rail` across nodes.
     teams: [Option<Team>; 4],
     /// Five arrays of [MAX_BLOCKS][world] u64: the signals ready, done, and the streaming
     /// algorithm's own ready and done (its values are of another scale, see stream.cu); then
@@ -122,6 +123,16 @@ pub struct NvshmemCommunicator {
     state: Mutex<State>,
     /// Tensors on the symmetric heap (`symmetric_tensor`), and the teardown they may defer.
     tensors: symmetric::Registry,
+    /// Partial results of reduce and reduce_scatter across nodes (`hier.rs`).
+    scratch: Mutex<Scratch>,
+}
+
+/// Device memory used only on the communication stream, so one buffer serves every call in
+/// turn; it grows when a call needs more.
+#[derive(Default)]
+struct Scratch {
+    ptr: u64,
+    bytes: usize,
 }
 
 fn nv_err(what: impl Into<String>) -> CommError {
@@ -202,9 +213,8 @@ impl NvshmemCommunicator {
     fn team(&self, kind: Kind) -> Result<&Team> {
         self.teams[kind as usize].as_ref().ok_or_else(|| {
             nv_err(format!(
-                "this op needs every PE in one team of at most {MAX_PES}, but the {} PEs span nodes; use the nccl \
-                 backend for it",
-                self.world
+                "no {kind:?} team for {} PEs with {} per node (a bug in oxtrain-comm; please report it)",
+                self.world, self.per_node
             ))
         })
     }
@@ -286,43 +296,6 @@ impl NvshmemCommunicator {
         Ok(())
     }
 
-    /// The hierarchical all-reduce across nodes: reduce-scatter in the node, all-reduce of
-    /// this PE's shard over its rail (NVSHMEM puts between nodes), all-gather in the node.
-    /// Partial sums are rounded to the tensor's dtype between the stages (as NCCL's rings do);
-    /// `Avg` averages in the node, then over the nodes.
-    fn hierarchical_all_reduce(&self, f: Kernels, v: &CudaView, op: ReduceOp) -> Result<Work> {
-        let esz = v.dtype.size_in_bytes();
-        let (local, nodes) = (self.rank % self.per_node, self.world / self.per_node);
-        let shard = shard_range(v.len, self.per_node, local);
-        let mut stages = Vec::with_capacity(3);
-        if self.per_node > 1 {
-            let mut rs = Self::base_args(v, op);
-            rs.mode = kernels::ONESHOT;
-            rs.src = kernels::SRC_REDUCE;
-            rs.out = kernels::OUT_SHARD;
-            stages.push((rs, Kind::Node));
-        }
-        if nodes > 1 {
-            let part = CudaView { ptr: v.ptr + (shard.start * esz) as u64, len: shard.len(), dtype: v.dtype };
-            let mut ar = Self::base_args(&part, op);
-            ar.mode = kernels::ONESHOT;
-            ar.src = kernels::SRC_REDUCE;
-            ar.out = kernels::OUT_ALL;
-            stages.push((ar, Kind::Rail));
-        }
-        if self.per_node > 1 {
-            let mut ag = Self::base_args(v, ReduceOp::Sum);
-            ag.in_base = v.ptr;
-            ag.in_lo = shard.start as i64;
-            ag.in_hi = shard.end as i64;
-            ag.mode = kernels::ONESHOT;
-            ag.src = kernels::SRC_OWNER;
-            ag.out = kernels::OUT_ALL;
-            stages.push((ag, Kind::Node));
-        }
-        self.launch("nvshmem all_reduce", f, esz, &stages, false)
-    }
-
     /// Streaming all-reduce of `bytes`: pusher and reducer blocks, packs per chunk and ring
     /// depth, such that every pusher's ring fits a staging slot.
     fn stream_shape(&self, bytes: usize, slot_bytes: usize) -> (u32, u32, usize, usize) {
@@ -349,18 +322,6 @@ impl NvshmemCommunicator {
             v.bytes(),
             v.ptr.is_multiple_of(16),
         )
-    }
-
-    fn base_args(v: &CudaView, op: ReduceOp) -> CollArgs {
-        CollArgs {
-            in_base: v.ptr,
-            out_base: v.ptr,
-            count: v.len as i64,
-            in_lo: 0,
-            in_hi: v.len as i64,
-            op: op as i32,
-            ..CollArgs::default()
-        }
     }
 
     /// The driver's floor under a collective's enqueue time: host microseconds per launch of an
@@ -391,9 +352,34 @@ impl NvshmemCommunicator {
         Ok((full, small))
     }
 
-    /// Whether all_reduce runs hierarchically (the PEs span nodes).
+    /// Whether the collectives run hierarchically (the PEs span nodes; see `hier.rs`).
     pub fn is_hierarchical(&self) -> bool {
         self.per_node < self.world
+    }
+
+    fn span(&self) -> hier::Span {
+        hier::Span { rank: self.rank, world: self.world, per_node: self.per_node }
+    }
+
+    /// The scratch buffer with at least `bytes`, held until the caller has queued its launches.
+    fn scratch(&self, bytes: usize) -> Result<std::sync::MutexGuard<'_, Scratch>> {
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if s.bytes < bytes {
+            self.bind()?;
+            if s.ptr != 0 {
+                // Launches queued earlier may still use the old buffer.
+                self.stream.stream.synchronize().map_err(|e| cuda_err("growing the scratch buffer", e))?;
+                // SAFETY: allocated below by an earlier call; no queued work uses it any more.
+                unsafe { drv::free_sync(s.ptr) }
+                    .map_err(|e| cuda_err("growing the scratch buffer", format!("{e:?}")))?;
+                *s = Scratch::default();
+            }
+            // SAFETY: the context is current.
+            let ptr = unsafe { drv::malloc_sync(bytes) }
+                .map_err(|e| cuda_err(format!("allocating {bytes} bytes of scratch"), format!("{e:?}")))?;
+            *s = Scratch { ptr, bytes };
+        }
+        Ok(s)
     }
 }
 
@@ -401,6 +387,11 @@ impl Drop for NvshmemCommunicator {
     fn drop(&mut self) {
         let Ok(api) = host::api() else { return };
         let _ = self.stream.stream.synchronize();
+        let scratch = std::mem::take(&mut *self.scratch.lock().unwrap_or_else(|e| e.into_inner()));
+        if scratch.ptr != 0 && self.bind().is_ok() {
+            // SAFETY: allocated by `scratch`; the stream that used it has finished.
+            let _ = unsafe { drv::free_sync(scratch.ptr) };
+        }
         let signals = self.signals;
         let counters = self.counters;
         let teams = std::mem::take(&mut self.teams);

@@ -147,14 +147,14 @@ impl NvshmemCommunicator {
         esz: usize,
         op: ReduceOp,
     ) -> Result<Work> {
-        let team = self.team(Kind::All)?;
-        if team.put_mask != 0 || self.is_hierarchical() {
+        if self.is_hierarchical() {
             return Err(CommError::Unsupported(
                 "nvshmem symmetric all_reduce: the PEs span nodes, and it needs every PE's heap reachable by \
                  load/store; use NvshmemCommunicator::all_reduce on an ordinary tensor"
                     .into(),
             ));
         }
+        let team = self.team(Kind::All)?;
         let api = host::api()?;
         let mut a = CollArgs {
             in_base: addr,

@@ -1,12 +1,10 @@
 //! Teams: the groups of PEs one collective launch runs over, each with staging sets of its own.
 //!
-//! - `All`: every PE (all ops; across nodes the members on other nodes are reached by
-//!   NVSHMEM puts instead of stores).
-//! - `Ll`: every PE, for the low-latency all-reduce's flagged lines.
-//! - `Node` and `Rail` (several nodes only): the PEs of this node, and the PEs of every node
-//!   with this PE's local rank. The hierarchical all-reduce is a reduce-scatter in the node
-//!   (stores over NVLink), an all-reduce of the node's shard over the rail (NVSHMEM puts, which
-//!   its proxy carries between nodes), and an all-gather in the node.
+//! - `All` (one node only): every PE, for every op.
+//! - `Ll` (one node only): every PE, for the low-latency all-reduce's flagged lines.
+//! - `Node` and `Rail` (several nodes only): the PEs of this node (stores over NVLink), and the
+//!   PEs of every node with this PE's local rank (NVSHMEM puts, which its proxy carries between
+//!   nodes). Every op runs as stages on these two (`hier.rs`).
 //!
 //! Why each kind has its own staging and its own launch count (whose parity picks the set): the
 //! kernels reuse a set two launches later, which is safe because the launch in between saw a

@@ -300,7 +300,7 @@ pub fn child(cfg: &Config) -> i32 {
                 o.ll_max_bytes,
                 o.oneshot_max_bytes,
                 o.stream_min_bytes,
-                if comm.is_hierarchical() { "; PEs span nodes: hierarchical all_reduce" } else { "" }
+                if comm.is_hierarchical() { "; PEs span nodes: hierarchical collectives" } else { "" }
             );
         }
         let mut first = true;

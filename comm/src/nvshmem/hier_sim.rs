@@ -1,0 +1,429 @@
+//! A host model of the one-shot collective kernel (`collectives.cu`), to run the plans of
+//! `hier.rs` on layouts of up to 8 nodes of 8 GPUs without a GPU.
+//!
+//! What it models, as the kernel does it: a sender pushes the elements of its input in its
+//! `[in_lo, in_hi)` that fall in the receiver's output range (as the sender computes it); a
+//! receiver computes each element of its output range from its own input and what was pushed
+//! to it (taken before anyone writes), combining in team order. What it checks: every element
+//! a receiver needs was pushed to it, no read or write leaves a buffer, no output overwrites
+//! input the same launch still reads, the members of a team agree on the launch, and the
+//! members' launch sequences on every team line up (else the GPUs would wait forever).
+
+use super::hier::{self, Span, Stage};
+use super::kernels::{self, CollArgs};
+use super::team::{layout, Kind};
+use crate::gpu::CudaView;
+use crate::op::{shard_range, ReduceOp};
+use oxtrain_tensor::DType;
+use std::collections::BTreeMap;
+
+const ESZ: u64 = 4;
+const INPUT: u64 = 0x1000_0000;
+const OUTPUT: u64 = 0x2000_0000;
+const SCRATCH: u64 = 0x3000_0000;
+/// Passed where a plan needs no scratch: any use of it is out of bounds.
+const NO_SCRATCH: u64 = 0x7000_0000;
+
+/// A PE's memory: buffers by base address; `None` for elements never written.
+#[derive(Clone, Default, Debug)]
+struct Memory {
+    bufs: BTreeMap<u64, Vec<Option<f64>>>,
+}
+
+impl Memory {
+    fn locate(&self, addr: u64) -> Result<(u64, usize), String> {
+        let (&base, buf) =
+            self.bufs.range(..=addr).next_back().ok_or(format!("address {addr:#x} in no buffer"))?;
+        let off = addr - base;
+        if !off.is_multiple_of(ESZ) || off / ESZ >= buf.len() as u64 {
+            return Err(format!(
+                "address {addr:#x} outside the buffer at {base:#x} of {} elements",
+                buf.len()
+            ));
+        }
+        Ok((base, (off / ESZ) as usize))
+    }
+    fn read(&self, addr: u64) -> Result<Option<f64>, String> {
+        let (base, i) = self.locate(addr)?;
+        Ok(self.bufs[&base][i])
+    }
+    fn write(&mut self, addr: u64, v: f64) -> Result<(), String> {
+        let (base, i) = self.locate(addr)?;
+        self.bufs.get_mut(&base).unwrap()[i] = Some(v);
+        Ok(())
+    }
+}
+
+fn addr(base: u64, i: i64) -> u64 {
+    base.wrapping_add((i as u64).wrapping_mul(ESZ))
+}
+
+/// `ox_out_range`: member p's output range as `a`'s owner sees it.
+fn out_range(a: &CollArgs, npes: usize, p: usize) -> (i64, i64) {
+    let root = a.root as usize;
+    match a.out {
+        kernels::OUT_ROOT if p != root => (0, 0),
+        kernels::OUT_NOT_ROOT if p == root => (0, 0),
+        kernels::OUT_SHARD => {
+            let r = shard_range(a.count as usize, npes, p);
+            (r.start as i64, r.end as i64)
+        }
+        _ => (0, a.count),
+    }
+}
+
+fn owner(count: i64, npes: usize, i: i64) -> usize {
+    (0..npes).find(|&p| shard_range(count as usize, npes, p).contains(&(i as usize))).unwrap()
+}
+
+fn members(kind: Kind, pe: usize, world: usize, per_node: usize) -> Vec<usize> {
+    let (node, rail) = layout(pe, world, per_node);
+    match kind {
+        Kind::Node => node,
+        Kind::Rail => rail,
+        Kind::All | Kind::Ll => (0..world).collect(),
+    }
+}
+
+/// One launch on the team `team` (global PEs), member i passing `args[i]`.
+fn launch(team: &[usize], args: &[CollArgs], mems: &mut [Memory]) -> Result<(), String> {
+    let npes = team.len();
+    if npes > kernels::MAX_PES {
+        return Err(format!("a team of {npes} PEs; the kernels take {}", kernels::MAX_PES));
+    }
+    let a0 = &args[0];
+    for (m, a) in args.iter().enumerate() {
+        let same = a.mode == kernels::ONESHOT
+            && a.count == a0.count
+            && a.src == a0.src
+            && a.out == a0.out
+            && a.op == a0.op
+            && a.root == a0.root;
+        if !same {
+            return Err(format!("team {team:?}: member {m} passed {a:?}, member 0 {a0:?}"));
+        }
+    }
+    let before: Vec<Memory> = team.iter().map(|&pe| mems[pe].clone()).collect();
+    for q in 0..npes {
+        let a = &args[q];
+        let (lo, hi) = out_range(a, npes, q);
+        // The output may only replace the input element by element, in place.
+        let reads_own = hi > lo
+            && match a.src {
+                kernels::SRC_ROOT => a.root as usize == q,
+                kernels::SRC_OWNER => (lo..hi).any(|i| owner(a.count, npes, i) == q),
+                _ => true,
+            };
+        let overlap =
+            addr(a.out_base, lo) < addr(a.in_base, hi) && addr(a.in_base, lo) < addr(a.out_base, hi);
+        if reads_own && a.out_base != a.in_base && overlap {
+            return Err(format!("PE {}: output overlaps the input it reads at another offset", team[q]));
+        }
+        for i in lo..hi {
+            let sources: Vec<usize> = match a.src {
+                kernels::SRC_REDUCE => (0..npes).collect(),
+                kernels::SRC_ROOT => vec![a.root as usize],
+                _ => vec![owner(a.count, npes, i)],
+            };
+            let mut acc: Option<f64> = None;
+            for p in sources {
+                let ap = &args[p];
+                if p != q {
+                    let (plo, phi) = out_range(ap, npes, q);
+                    let sent = i >= ap.in_lo.max(plo) && i < ap.in_hi.min(phi);
+                    if !sent {
+                        return Err(format!(
+                            "PE {} needs element {i} from PE {}, which never sent it",
+                            team[q], team[p]
+                        ));
+                    }
+                }
+                let v = before[p]
+                    .read(addr(ap.in_base, i))?
+                    .ok_or(format!("PE {} reads element {i} of PE {}, never written", team[q], team[p]))?;
+                acc = Some(match (acc, a.op) {
+                    (None, _) => v,
+                    (Some(x), o) if o == ReduceOp::Max as i32 => x.max(v),
+                    (Some(x), o) if o == ReduceOp::Min as i32 => x.min(v),
+                    (Some(x), _) => x + v,
+                });
+            }
+            let mut v = acc.unwrap();
+            if a.src == kernels::SRC_REDUCE && a.op == ReduceOp::Avg as i32 {
+                v /= npes as f64;
+            }
+            mems[team[q]].write(addr(a.out_base, i), v)?;
+        }
+    }
+    // Every sender reads all it pushes, used or not: it must lie in its buffers.
+    for (p, ap) in args.iter().enumerate() {
+        for q in (0..npes).filter(|&q| q != p) {
+            let (lo, hi) = out_range(ap, npes, q);
+            for i in ap.in_lo.max(lo)..ap.in_hi.min(hi) {
+                before[p].read(addr(ap.in_base, i))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs every PE's stages to the end: a team launches when each of its members has a launch
+/// on it next. An error when the plans cannot all finish (the GPUs would hang).
+fn run(world: usize, per_node: usize, mems: &mut [Memory], plans: Vec<Vec<Stage>>) -> Result<(), String> {
+    let mut next = vec![0usize; world];
+    loop {
+        let mut progressed = false;
+        for pe in 0..world {
+            let Some(&(_, kind)) = plans[pe].get(next[pe]) else { continue };
+            let team = members(kind, pe, world, per_node);
+            if team.iter().all(|&m| plans[m].get(next[m]).is_some_and(|s| s.1 == kind)) {
+                let args: Vec<CollArgs> = team.iter().map(|&m| plans[m][next[m]].0).collect();
+                launch(&team, &args, mems)?;
+                team.iter().for_each(|&m| next[m] += 1);
+                progressed = true;
+            }
+        }
+        if (0..world).all(|pe| next[pe] == plans[pe].len()) {
+            return Ok(());
+        }
+        if !progressed {
+            let stuck: Vec<_> = (0..world).map(|pe| plans[pe].get(next[pe]).map(|s| s.1)).collect();
+            return Err(format!("the plans hang; each PE's next launch: {stuck:?}"));
+        }
+    }
+}
+
+fn view(ptr: u64, len: usize) -> CudaView {
+    CudaView { ptr, len, dtype: DType::F32 }
+}
+
+fn buffer(vals: &[f64]) -> Vec<Option<f64>> {
+    vals.iter().map(|&v| Some(v)).collect()
+}
+
+fn combine(op: ReduceOp, xs: impl Iterator<Item = f64>, n: usize) -> f64 {
+    let xs: Vec<f64> = xs.collect();
+    match op {
+        ReduceOp::Sum => xs.iter().sum(),
+        ReduceOp::Avg => xs.iter().sum::<f64>() / n as f64,
+        ReduceOp::Max => xs.iter().cloned().fold(f64::MIN, f64::max),
+        ReduceOp::Min => xs.iter().cloned().fold(f64::MAX, f64::min),
+    }
+}
+
+fn close(got: Option<f64>, want: f64) -> bool {
+    got.is_some_and(|g| (g - want).abs() <= 1e-9 * want.abs().max(1.0))
+}
+
+/// Small integers, whose sums are exact in any order.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn values(&mut self, n: usize) -> Vec<f64> {
+        (0..n).map(|_| self.below(101) as f64 - 50.0).collect()
+    }
+}
+
+const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+
+/// Every layout the backend takes across nodes (2-8 nodes of 1-8 PEs), with lengths below,
+/// at and above the world size.
+fn layouts() -> impl Iterator<Item = (usize, usize, usize)> {
+    (1..=8).flat_map(|per_node| {
+        (2..=8).flat_map(move |nodes| {
+            let world = per_node * nodes;
+            [1, world - 1, world, 2 * world + 3, 97]
+                .into_iter()
+                .filter(|&l| l > 0)
+                .map(move |len| (world, per_node, len))
+        })
+    })
+}
+
+#[test]
+fn all_reduce_across_nodes_matches_the_reference() {
+    let mut rng = Rng(0x9e37_79b9);
+    for (world, per_node, len) in layouts() {
+        let op = OPS[rng.below(4)];
+        let inputs: Vec<Vec<f64>> = (0..world).map(|_| rng.values(len)).collect();
+        let mut mems: Vec<Memory> =
+            inputs.iter().map(|x| Memory { bufs: [(INPUT, buffer(x))].into() }).collect();
+        let plans =
+            (0..world).map(|rank| hier::all_reduce(&Span { rank, world, per_node }, &view(INPUT, len), op));
+        run(world, per_node, &mut mems, plans.collect())
+            .unwrap_or_else(|e| panic!("{world}/{per_node}/{len}: {e}"));
+        for (pe, m) in mems.iter().enumerate() {
+            for i in 0..len {
+                let want = combine(op, inputs.iter().map(|x| x[i]), world);
+                assert!(close(m.bufs[&INPUT][i], want), "{op:?} {world}/{per_node} len {len}: PE {pe} [{i}]");
+            }
+        }
+    }
+}
+
+#[test]
+fn broadcast_across_nodes_matches_the_reference() {
+    let mut rng = Rng(0x1234_5678);
+    for (world, per_node, len) in layouts() {
+        let root = rng.below(world);
+        let inputs: Vec<Vec<f64>> = (0..world).map(|_| rng.values(len)).collect();
+        let mut mems: Vec<Memory> =
+            inputs.iter().map(|x| Memory { bufs: [(INPUT, buffer(x))].into() }).collect();
+        let plans =
+            (0..world).map(|rank| hier::broadcast(&Span { rank, world, per_node }, &view(INPUT, len), root));
+        run(world, per_node, &mut mems, plans.collect())
+            .unwrap_or_else(|e| panic!("{world}/{per_node}/{len}: {e}"));
+        for (pe, m) in mems.iter().enumerate() {
+            assert_eq!(
+                m.bufs[&INPUT],
+                buffer(&inputs[root]),
+                "{world}/{per_node} len {len} root {root}: PE {pe}"
+            );
+        }
+    }
+}
+
+#[test]
+fn reduce_across_nodes_matches_the_reference_and_leaves_the_others_alone() {
+    let mut rng = Rng(0xdead_beef);
+    for (world, per_node, len) in layouts() {
+        let (root, op) = (rng.below(world), OPS[rng.below(4)]);
+        let inputs: Vec<Vec<f64>> = (0..world).map(|_| rng.values(len)).collect();
+        let mut mems = Vec::new();
+        let mut plans = Vec::new();
+        for (rank, x) in inputs.iter().enumerate() {
+            let s = Span { rank, world, per_node };
+            let mut m = Memory { bufs: [(INPUT, buffer(x))].into() };
+            let need = hier::reduce_scratch(&s, len, root);
+            if need > 0 {
+                m.bufs.insert(SCRATCH, vec![None; need]);
+            }
+            mems.push(m);
+            plans.push(hier::reduce(
+                &s,
+                &view(INPUT, len),
+                root,
+                op,
+                if need > 0 { SCRATCH } else { NO_SCRATCH },
+            ));
+        }
+        run(world, per_node, &mut mems, plans).unwrap_or_else(|e| panic!("{world}/{per_node}/{len}: {e}"));
+        for (pe, m) in mems.iter().enumerate() {
+            for i in 0..len {
+                let want =
+                    if pe == root { combine(op, inputs.iter().map(|x| x[i]), world) } else { inputs[pe][i] };
+                assert!(
+                    close(m.bufs[&INPUT][i], want),
+                    "{op:?} {world}/{per_node} len {len} root {root}: PE {pe} [{i}]"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn all_gather_across_nodes_matches_the_reference() {
+    let mut rng = Rng(0x0bad_cafe);
+    for (world, per_node, len) in layouts() {
+        let whole = rng.values(len);
+        let mut mems = Vec::new();
+        let mut plans = Vec::new();
+        for rank in 0..world {
+            let shard = shard_range(len, world, rank);
+            let bufs = [(INPUT, buffer(&whole[shard.clone()])), (OUTPUT, vec![None; len])];
+            mems.push(Memory { bufs: bufs.into() });
+            let s = Span { rank, world, per_node };
+            plans.push(hier::all_gather(&s, &view(OUTPUT, len), &view(INPUT, shard.len())));
+        }
+        run(world, per_node, &mut mems, plans).unwrap_or_else(|e| panic!("{world}/{per_node}/{len}: {e}"));
+        for (pe, m) in mems.iter().enumerate() {
+            assert_eq!(m.bufs[&OUTPUT], buffer(&whole), "{world}/{per_node} len {len}: PE {pe}");
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_across_nodes_matches_the_reference_and_keeps_the_input() {
+    let mut rng = Rng(0x5eed_5eed);
+    for (world, per_node, len) in layouts() {
+        let op = OPS[rng.below(4)];
+        let inputs: Vec<Vec<f64>> = (0..world).map(|_| rng.values(len)).collect();
+        let mut mems = Vec::new();
+        let mut plans = Vec::new();
+        for (rank, x) in inputs.iter().enumerate() {
+            let s = Span { rank, world, per_node };
+            let shard = shard_range(len, world, rank);
+            let mut m = Memory { bufs: [(INPUT, buffer(x)), (OUTPUT, vec![None; shard.len()])].into() };
+            let need = hier::reduce_scatter_scratch(&s, len);
+            if need > 0 {
+                m.bufs.insert(SCRATCH, vec![None; need]);
+            }
+            mems.push(m);
+            let scratch = if need > 0 { SCRATCH } else { NO_SCRATCH };
+            plans.push(hier::reduce_scatter(&s, &view(OUTPUT, shard.len()), &view(INPUT, len), op, scratch));
+        }
+        run(world, per_node, &mut mems, plans).unwrap_or_else(|e| panic!("{world}/{per_node}/{len}: {e}"));
+        for (pe, m) in mems.iter().enumerate() {
+            assert_eq!(
+                m.bufs[&INPUT],
+                buffer(&inputs[pe]),
+                "{world}/{per_node} len {len}: PE {pe}'s input changed"
+            );
+            for (k, i) in shard_range(len, world, pe).enumerate() {
+                let want = combine(op, inputs.iter().map(|x| x[i]), world);
+                assert!(
+                    close(m.bufs[&OUTPUT][k], want),
+                    "{op:?} {world}/{per_node} len {len}: PE {pe} [{i}]"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_barrier_finishes_on_every_layout() {
+    for (world, per_node, _) in layouts().filter(|l| l.2 == 1) {
+        let mut mems = vec![Memory::default(); world];
+        run(world, per_node, &mut mems, vec![hier::barrier(); world]).unwrap();
+    }
+}
+
+// The model must be able to fail: plans that hang, and a receiver left without its data.
+#[test]
+fn the_model_catches_plans_that_hang_or_lose_data() {
+    let (world, per_node, len) = (8, 4, 16);
+    let mems = || -> Vec<Memory> {
+        (0..world).map(|_| Memory { bufs: [(INPUT, vec![Some(1.0); len])].into() }).collect()
+    };
+    // Only the root itself crossing nodes: the rest of its rail never joins.
+    let plans = (0..world)
+        .map(|rank| {
+            let s = Span { rank, world, per_node };
+            let mut p = hier::broadcast(&s, &view(INPUT, len), 1);
+            if rank == 5 {
+                p.remove(0);
+            }
+            p
+        })
+        .collect();
+    assert!(run(world, per_node, &mut mems(), plans).unwrap_err().contains("hang"));
+    // A sender that keeps part of its input back.
+    let plans = (0..world)
+        .map(|rank| {
+            let mut p = hier::all_reduce(&Span { rank, world, per_node }, &view(INPUT, len), ReduceOp::Sum);
+            if rank == 2 {
+                p[0].0.in_hi = 3;
+            }
+            p
+        })
+        .collect();
+    assert!(run(world, per_node, &mut mems(), plans).unwrap_err().contains("never sent"));
+}

@@ -2,7 +2,7 @@
 //! one-shot launch of the collective kernel. NVLink stores carry the node stages; NVSHMEM's
 //! puts, which its proxy moves between nodes, carry the rail stages. A node's traffic to
 //! another node then crosses once per rail instead of once per pair of PEs, and no team has
-//! more than 8 members, so 8 nodes of 8 GPUs work.
+//! more than 8 members, so layouts up to 8 nodes of 8 GPUs are taken.
 //!
 //! - all_reduce: reduce-scatter in the node, all-reduce of the shard over the rail,
 //!   all-gather in the node.

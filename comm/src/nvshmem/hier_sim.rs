@@ -17,7 +17,14 @@ use crate::op::{shard_range, ReduceOp};
 use oxtrain_tensor::DType;
 use std::collections::BTreeMap;
 
-const ESZ: u64 = 4;
+thread_local! {
+    /// Bytes per element of the tensors in the current case (the plans turn element offsets
+    /// into addresses with the dtype's size; the model runs them at 4 and at 2 bytes).
+    static ESZ: std::cell::Cell<u64> = const { std::cell::Cell::new(4) };
+}
+fn esz() -> u64 {
+    ESZ.with(|e| e.get())
+}
 const INPUT: u64 = 0x1000_0000;
 const OUTPUT: u64 = 0x2000_0000;
 const SCRATCH: u64 = 0x3000_0000;
@@ -35,13 +42,13 @@ impl Memory {
         let (&base, buf) =
             self.bufs.range(..=addr).next_back().ok_or(format!("address {addr:#x} in no buffer"))?;
         let off = addr - base;
-        if !off.is_multiple_of(ESZ) || off / ESZ >= buf.len() as u64 {
+        if !off.is_multiple_of(esz()) || off / esz() >= buf.len() as u64 {
             return Err(format!(
                 "address {addr:#x} outside the buffer at {base:#x} of {} elements",
                 buf.len()
             ));
         }
-        Ok((base, (off / ESZ) as usize))
+        Ok((base, (off / esz()) as usize))
     }
     fn read(&self, addr: u64) -> Result<Option<f64>, String> {
         let (base, i) = self.locate(addr)?;
@@ -55,7 +62,7 @@ impl Memory {
 }
 
 fn addr(base: u64, i: i64) -> u64 {
-    base.wrapping_add((i as u64).wrapping_mul(ESZ))
+    base.wrapping_add((i as u64).wrapping_mul(esz()))
 }
 
 /// `ox_out_range`: member p's output range as `a`'s owner sees it.
@@ -194,7 +201,8 @@ fn run(world: usize, per_node: usize, mems: &mut [Memory], plans: Vec<Vec<Stage>
 }
 
 fn view(ptr: u64, len: usize) -> CudaView {
-    CudaView { ptr, len, dtype: DType::F32 }
+    let dtype = if esz() == 2 { DType::BF16 } else { DType::F32 };
+    CudaView { ptr, len, dtype }
 }
 
 fn buffer(vals: &[f64]) -> Vec<Option<f64>> {
@@ -235,9 +243,9 @@ impl Rng {
 const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
 
 /// Every layout the backend takes across nodes (2-8 nodes of 1-8 PEs), with lengths below,
-/// at and above the world size.
+/// at and above the world size, in f32 and bf16.
 fn layouts() -> impl Iterator<Item = (usize, usize, usize)> {
-    (1..=8).flat_map(|per_node| {
+    let cases = (1..=8).flat_map(|per_node| {
         (2..=8).flat_map(move |nodes| {
             let world = per_node * nodes;
             [1, world - 1, world, 2 * world + 3, 97]
@@ -245,7 +253,9 @@ fn layouts() -> impl Iterator<Item = (usize, usize, usize)> {
                 .filter(|&l| l > 0)
                 .map(move |len| (world, per_node, len))
         })
-    })
+    });
+    // Every case with 4-byte elements, then with 2-byte ones (set for the case's thread).
+    [4u64, 2].into_iter().flat_map(move |bytes| cases.clone().inspect(move |_| ESZ.with(|e| e.set(bytes))))
 }
 
 #[test]

@@ -13,28 +13,31 @@
 //! - reduce_scatter: every node's region reduced over the rails to that node, then a
 //!   reduce-scatter of the region in the node.
 //!
-//! A stage list is built by every PE for itself; the members of a team must queue the same
-//! launches on it in the same order, or they would wait for each other forever. Rails that a
-//! stage does not need skip it together. Partial results are rounded to the tensor's dtype
+//! A stage list is built by every PE for itself, and every PE must make the same launches:
+//! the members of a team wait for each other's launches on it, and a launch's epoch (the value
+//! its signals carry) is the PE's count of launches (entry.cu). So a rail that a stage does not
+//! need runs it empty, and a stage whose windows differ between nodes or rails (their parts
+//! differ by an element or so) pads every PE to the most windows (`windows::padded`). Partial results are rounded to the tensor's dtype
 //! between stages (as NCCL's rings do), and `Avg` averages each stage (every node has as
 //! many PEs, so the mean of the node means is the mean). The tests run the plans through a
 //! model of the kernel (`hier_sim.rs`) for many layouts.
 
 use super::kernels::{self, CollArgs};
 use super::team::Kind;
+use super::windows::launches;
+use super::Stage;
 use crate::gpu::CudaView;
 use crate::op::{shard_range, ReduceOp};
 use std::ops::Range;
 
-/// One launch (or one per staging window) of the collective kernel on a team.
-pub(crate) type Stage = (CollArgs, Kind);
-
-/// Where this PE sits: `per_node` PEs per node, numbered node by node.
+/// Where this PE sits: `per_node` PEs per node, numbered node by node; the node and rail
+/// teams' staging slots hold `slot_bytes`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Span {
     pub rank: usize,
     pub world: usize,
     pub per_node: usize,
+    pub slot_bytes: usize,
 }
 
 impl Span {
@@ -54,6 +57,24 @@ impl Span {
         let first = shard_range(len, self.world, n * self.per_node).start;
         first..shard_range(len, self.world, (n + 1) * self.per_node - 1).end
     }
+    /// Launches of a stage over `len` elements of `v`'s dtype.
+    fn launches(&self, len: usize, v: &CudaView) -> usize {
+        launches(len, self.slot_bytes / v.dtype.size_in_bytes())
+    }
+    /// Launches of a node stage over each node's region: the most any node needs (node 0's
+    /// region is the largest, as the lowest ranks take the remainder).
+    fn region_launches(&self, len: usize, v: &CudaView) -> usize {
+        self.launches(self.region(len, 0).len(), v)
+    }
+}
+
+fn stage(args: CollArgs, kind: Kind, launches: usize) -> Stage {
+    Stage { args, kind, launches }
+}
+
+/// A stage of `launches` empty launches: a team that takes no part in a step still makes them.
+fn idle(kind: Kind, launches: usize) -> Stage {
+    stage(CollArgs::in_place(0, 0, ReduceOp::Sum), kind, launches)
 }
 
 fn at(v: &CudaView, elems: usize) -> u64 {
@@ -68,18 +89,20 @@ fn before(ptr: u64, elems: usize, v: &CudaView) -> u64 {
 
 pub(crate) fn all_reduce(s: &Span, v: &CudaView, op: ReduceOp) -> Vec<Stage> {
     let shard = shard_range(v.len, s.per_node, s.local());
+    let whole = s.launches(v.len, v);
     let mut stages = Vec::with_capacity(3);
     if s.per_node > 1 {
         let mut rs = CollArgs::in_place(v.ptr, v.len, op);
         rs.src = kernels::SRC_REDUCE;
         rs.out = kernels::OUT_SHARD;
-        stages.push((rs, Kind::Node));
+        stages.push(stage(rs, Kind::Node, whole));
     }
     if s.nodes() > 1 {
         let mut ar = CollArgs::in_place(at(v, shard.start), shard.len(), op);
         ar.src = kernels::SRC_REDUCE;
         ar.out = kernels::OUT_ALL;
-        stages.push((ar, Kind::Rail));
+        // Local rank 0's shard is the largest.
+        stages.push(stage(ar, Kind::Rail, s.launches(shard_range(v.len, s.per_node, 0).len(), v)));
     }
     if s.per_node > 1 {
         let mut ag = CollArgs::in_place(v.ptr, v.len, ReduceOp::Sum);
@@ -87,13 +110,13 @@ pub(crate) fn all_reduce(s: &Span, v: &CudaView, op: ReduceOp) -> Vec<Stage> {
         ag.in_hi = shard.end as i64;
         ag.src = kernels::SRC_OWNER;
         ag.out = kernels::OUT_ALL;
-        stages.push((ag, Kind::Node));
+        stages.push(stage(ag, Kind::Node, whole));
     }
     stages
 }
 
-/// A broadcast stage from team member `root` (the others send nothing).
-fn broadcast_stage(ptr: u64, len: usize, root: usize, me: usize, kind: Kind) -> Stage {
+/// The arguments of a broadcast from team member `root` (the others send nothing).
+fn broadcast_args(ptr: u64, len: usize, root: usize, me: usize) -> CollArgs {
     let mut a = CollArgs::in_place(ptr, len, ReduceOp::Sum);
     if me != root {
         a.in_hi = 0;
@@ -101,18 +124,21 @@ fn broadcast_stage(ptr: u64, len: usize, root: usize, me: usize, kind: Kind) -> 
     a.src = kernels::SRC_ROOT;
     a.out = kernels::OUT_NOT_ROOT;
     a.root = root as i32;
-    (a, kind)
+    a
 }
 
 pub(crate) fn broadcast(s: &Span, v: &CudaView, root: usize) -> Vec<Stage> {
     let (root_node, root_local) = (root / s.per_node, root % s.per_node);
+    let n = s.launches(v.len, v);
     let mut stages = Vec::with_capacity(2);
-    // Only the root's rail crosses nodes; the other rails skip this stage together.
-    if s.local() == root_local {
-        stages.push(broadcast_stage(v.ptr, v.len, root_node, s.node(), Kind::Rail));
-    }
+    // Only the root's rail crosses nodes; the other rails idle meanwhile.
+    stages.push(if s.local() == root_local {
+        stage(broadcast_args(v.ptr, v.len, root_node, s.node()), Kind::Rail, n)
+    } else {
+        idle(Kind::Rail, n)
+    });
     if s.per_node > 1 {
-        stages.push(broadcast_stage(v.ptr, v.len, root_local, s.local(), Kind::Node));
+        stages.push(stage(broadcast_args(v.ptr, v.len, root_local, s.local()), Kind::Node, n));
     }
     stages
 }
@@ -131,13 +157,14 @@ pub(crate) fn reduce_scratch(s: &Span, len: usize, root: usize) -> usize {
 /// `scratch`: at least `reduce_scratch` elements.
 pub(crate) fn reduce(s: &Span, v: &CudaView, root: usize, op: ReduceOp, scratch: u64) -> Vec<Stage> {
     let (root_node, root_local) = (root / s.per_node, root % s.per_node);
+    let n = s.launches(v.len, v);
     let reduce_stage = |input: u64, output: u64, root: usize, kind: Kind| {
         let mut a = CollArgs::in_place(input, v.len, op);
         a.out_base = output;
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ROOT;
         a.root = root as i32;
-        (a, kind)
+        stage(a, kind, n)
     };
     // Where this PE's node partial goes: the root's tensor, or scratch on the rest of its rail.
     let partial = if reduce_scratch(s, v.len, root) > 0 { scratch } else { v.ptr };
@@ -145,9 +172,11 @@ pub(crate) fn reduce(s: &Span, v: &CudaView, root: usize, op: ReduceOp, scratch:
     if s.per_node > 1 {
         stages.push(reduce_stage(v.ptr, partial, root_local, Kind::Node));
     }
-    if s.local() == root_local {
-        stages.push(reduce_stage(partial, v.ptr, root_node, Kind::Rail));
-    }
+    stages.push(if s.local() == root_local {
+        reduce_stage(partial, v.ptr, root_node, Kind::Rail)
+    } else {
+        idle(Kind::Rail, n)
+    });
     stages
 }
 
@@ -163,11 +192,11 @@ pub(crate) fn all_gather(s: &Span, out: &CudaView, input: &CudaView) -> Vec<Stag
         a.in_hi = shard.end as i64;
         a.src = kernels::SRC_OWNER;
         a.out = kernels::OUT_ALL;
-        stages.push((a, Kind::Node));
+        stages.push(stage(a, Kind::Node, s.region_launches(out.len, out)));
     }
     for n in 0..s.nodes() {
         let region = s.region(out.len, n);
-        let (mut a, kind) = broadcast_stage(at(out, region.start), region.len(), n, s.node(), Kind::Rail);
+        let mut a = broadcast_args(at(out, region.start), region.len(), n, s.node());
         if s.per_node == 1 {
             // No node stage put the root's shard into its output: it copies it there itself.
             a.out = kernels::OUT_ALL;
@@ -175,7 +204,7 @@ pub(crate) fn all_gather(s: &Span, out: &CudaView, input: &CudaView) -> Vec<Stag
                 a.in_base = input.ptr;
             }
         }
-        stages.push((a, kind));
+        stages.push(stage(a, Kind::Rail, s.launches(region.len(), out)));
     }
     stages
 }
@@ -210,7 +239,7 @@ pub(crate) fn reduce_scatter(
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ROOT;
         a.root = n as i32;
-        stages.push((a, Kind::Rail));
+        stages.push(stage(a, Kind::Rail, s.launches(region.len(), input)));
     }
     if s.per_node > 1 {
         let shard = shard_range(mine.len(), s.per_node, s.local());
@@ -218,7 +247,7 @@ pub(crate) fn reduce_scatter(
         a.out_base = before(out.ptr, shard.start, out);
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_SHARD;
-        stages.push((a, Kind::Node));
+        stages.push(stage(a, Kind::Node, s.region_launches(input.len, input)));
     }
     stages
 }
@@ -226,6 +255,5 @@ pub(crate) fn reduce_scatter(
 /// The barrier across nodes: the node, the rail, the node again (every PE has then heard,
 /// through its node, from every rail).
 pub(crate) fn barrier() -> Vec<Stage> {
-    let a = CollArgs::in_place(0, 0, ReduceOp::Sum);
-    vec![(a, Kind::Node), (a, Kind::Rail), (a, Kind::Node)]
+    vec![idle(Kind::Node, 1), idle(Kind::Rail, 1), idle(Kind::Node, 1)]
 }

@@ -9,9 +9,11 @@
 //! input the same launch still reads, the members of a team agree on the launch, and the
 //! members' launch sequences on every team line up (else the GPUs would wait forever).
 
-use super::hier::{self, Span, Stage};
+use super::hier::{self, Span};
 use super::kernels::{self, CollArgs};
 use super::team::{layout, Kind};
+use super::windows::launches;
+use super::Stage;
 use crate::gpu::CudaView;
 use crate::op::{shard_range, ReduceOp};
 use oxtrain_tensor::DType;
@@ -174,28 +176,58 @@ fn launch(team: &[usize], args: &[CollArgs], mems: &mut [Memory]) -> Result<(), 
     Ok(())
 }
 
-/// Runs every PE's stages to the end: a team launches when each of its members has a launch
-/// on it next. An error when the plans cannot all finish (the GPUs would hang).
+/// Elements per staging slot in the model: small, so stages run in several windows and the
+/// parts of different nodes and rails often need different numbers of them.
+const SLOT_ELEMS: usize = 7;
+
+fn span(rank: usize, world: usize, per_node: usize) -> Span {
+    Span { rank, world, per_node, slot_bytes: SLOT_ELEMS * esz() as usize }
+}
+
+/// Runs every PE's stages to the end: a team launches when each of its members has a stage on
+/// it next. Each stage counts as its launches (one per window, or its padded count): the
+/// members of a team must then be at the same launch count (the kernel's epoch) and make as
+/// many launches, and every PE must end at the same count. An error when the plans cannot all
+/// finish (the GPUs would hang).
 fn run(world: usize, per_node: usize, mems: &mut [Memory], plans: Vec<Vec<Stage>>) -> Result<(), String> {
     let mut next = vec![0usize; world];
+    let mut epoch = vec![0usize; world];
     loop {
         let mut progressed = false;
         for pe in 0..world {
-            let Some(&(_, kind)) = plans[pe].get(next[pe]) else { continue };
-            let team = members(kind, pe, world, per_node);
-            if team.iter().all(|&m| plans[m].get(next[m]).is_some_and(|s| s.1 == kind)) {
-                let args: Vec<CollArgs> = team.iter().map(|&m| plans[m][next[m]].0).collect();
+            let Some(stage) = plans[pe].get(next[pe]) else { continue };
+            let team = members(stage.kind, pe, world, per_node);
+            if team.iter().all(|&m| plans[m].get(next[m]).is_some_and(|s| s.kind == stage.kind)) {
+                let stages: Vec<&Stage> = team.iter().map(|&m| &plans[m][next[m]]).collect();
+                let counts: Vec<(usize, usize)> = team
+                    .iter()
+                    .zip(&stages)
+                    .map(|(&m, s)| (epoch[m], launches(s.args.count as usize, SLOT_ELEMS).max(s.launches)))
+                    .collect();
+                if counts.iter().any(|c| *c != counts[0]) {
+                    return Err(format!(
+                        "team {team:?} out of step: (launches so far, launches of this stage) {counts:?}"
+                    ));
+                }
+                let args: Vec<CollArgs> = stages.iter().map(|s| s.args).collect();
                 launch(&team, &args, mems)?;
-                team.iter().for_each(|&m| next[m] += 1);
+                for &m in &team {
+                    next[m] += 1;
+                    epoch[m] += counts[0].1;
+                }
                 progressed = true;
             }
         }
         if (0..world).all(|pe| next[pe] == plans[pe].len()) {
+            // The next collective's launches must find every PE at the same count too.
+            if epoch.iter().any(|&e| e != epoch[0]) {
+                return Err(format!("the PEs end out of step: launches {epoch:?}"));
+            }
             return Ok(());
         }
         if !progressed {
-            let stuck: Vec<_> = (0..world).map(|pe| plans[pe].get(next[pe]).map(|s| s.1)).collect();
-            return Err(format!("the plans hang; each PE's next launch: {stuck:?}"));
+            let stuck: Vec<_> = (0..world).map(|pe| plans[pe].get(next[pe]).map(|s| s.kind)).collect();
+            return Err(format!("the plans hang; each PE's next stage: {stuck:?}"));
         }
     }
 }
@@ -267,7 +299,7 @@ fn all_reduce_across_nodes_matches_the_reference() {
         let mut mems: Vec<Memory> =
             inputs.iter().map(|x| Memory { bufs: [(INPUT, buffer(x))].into() }).collect();
         let plans =
-            (0..world).map(|rank| hier::all_reduce(&Span { rank, world, per_node }, &view(INPUT, len), op));
+            (0..world).map(|rank| hier::all_reduce(&span(rank, world, per_node), &view(INPUT, len), op));
         run(world, per_node, &mut mems, plans.collect())
             .unwrap_or_else(|e| panic!("{world}/{per_node}/{len}: {e}"));
         for (pe, m) in mems.iter().enumerate() {
@@ -288,7 +320,7 @@ fn broadcast_across_nodes_matches_the_reference() {
         let mut mems: Vec<Memory> =
             inputs.iter().map(|x| Memory { bufs: [(INPUT, buffer(x))].into() }).collect();
         let plans =
-            (0..world).map(|rank| hier::broadcast(&Span { rank, world, per_node }, &view(INPUT, len), root));
+            (0..world).map(|rank| hier::broadcast(&span(rank, world, per_node), &view(INPUT, len), root));
         run(world, per_node, &mut mems, plans.collect())
             .unwrap_or_else(|e| panic!("{world}/{per_node}/{len}: {e}"));
         for (pe, m) in mems.iter().enumerate() {
@@ -310,7 +342,7 @@ fn reduce_across_nodes_matches_the_reference_and_leaves_the_others_alone() {
         let mut mems = Vec::new();
         let mut plans = Vec::new();
         for (rank, x) in inputs.iter().enumerate() {
-            let s = Span { rank, world, per_node };
+            let s = span(rank, world, per_node);
             let mut m = Memory { bufs: [(INPUT, buffer(x))].into() };
             let need = hier::reduce_scratch(&s, len, root);
             if need > 0 {
@@ -350,7 +382,7 @@ fn all_gather_across_nodes_matches_the_reference() {
             let shard = shard_range(len, world, rank);
             let bufs = [(INPUT, buffer(&whole[shard.clone()])), (OUTPUT, vec![None; len])];
             mems.push(Memory { bufs: bufs.into() });
-            let s = Span { rank, world, per_node };
+            let s = span(rank, world, per_node);
             plans.push(hier::all_gather(&s, &view(OUTPUT, len), &view(INPUT, shard.len())));
         }
         run(world, per_node, &mut mems, plans).unwrap_or_else(|e| panic!("{world}/{per_node}/{len}: {e}"));
@@ -369,7 +401,7 @@ fn reduce_scatter_across_nodes_matches_the_reference_and_keeps_the_input() {
         let mut mems = Vec::new();
         let mut plans = Vec::new();
         for (rank, x) in inputs.iter().enumerate() {
-            let s = Span { rank, world, per_node };
+            let s = span(rank, world, per_node);
             let shard = shard_range(len, world, rank);
             let mut m = Memory { bufs: [(INPUT, buffer(x)), (OUTPUT, vec![None; shard.len()])].into() };
             let need = hier::reduce_scatter_scratch(&s, len);
@@ -406,31 +438,55 @@ fn the_barrier_finishes_on_every_layout() {
     }
 }
 
-// The model must be able to fail: plans that hang, and a receiver left without its data.
+// The model must be able to fail: plans that hang, that get out of step, or that leave a
+// receiver without its data.
 #[test]
 fn the_model_catches_plans_that_hang_or_lose_data() {
     let (world, per_node, len) = (8, 4, 16);
     let mems = || -> Vec<Memory> {
         (0..world).map(|_| Memory { bufs: [(INPUT, vec![Some(1.0); len])].into() }).collect()
     };
-    // Only the root itself crossing nodes: the rest of its rail never joins.
-    let plans = (0..world)
-        .map(|rank| {
-            let s = Span { rank, world, per_node };
-            let mut p = hier::broadcast(&s, &view(INPUT, len), 1);
-            if rank == 5 {
-                p.remove(0);
-            }
-            p
-        })
-        .collect();
-    assert!(run(world, per_node, &mut mems(), plans).unwrap_err().contains("hang"));
+    let broadcast_without = |who: usize, stage: usize| -> Vec<Vec<Stage>> {
+        (0..world)
+            .map(|rank| {
+                let mut p = hier::broadcast(&span(rank, world, per_node), &view(INPUT, len), 1);
+                if rank == who {
+                    p.remove(stage);
+                }
+                p
+            })
+            .collect()
+    };
+    // A PE that leaves out its node's last stage: the node waits for it forever.
+    assert!(run(world, per_node, &mut mems(), broadcast_without(5, 1)).unwrap_err().contains("hang"));
+    // One that leaves out the rail stage joins its node's stage launches early.
+    assert!(run(world, per_node, &mut mems(), broadcast_without(5, 0)).unwrap_err().contains("out of step"));
+    // Without padding, the node stages of all_gather take as many windows as each node's region
+    // needs: nodes whose regions need fewer are behind at the next rail stage.
+    let unpadded = |rank: usize, world: usize, per_node: usize, len: usize| -> Vec<Stage> {
+        let s = span(rank, world, per_node);
+        let shard = shard_range(len, world, rank).len();
+        let mut p = hier::all_gather(&s, &view(OUTPUT, len), &view(INPUT, shard));
+        p.iter_mut().for_each(|st| st.launches = 0);
+        p
+    };
+    let out_of_step = layouts().filter(|&(world, per_node, len)| {
+        let mut mems: Vec<Memory> = (0..world)
+            .map(|r| {
+                let shard = vec![Some(1.0); shard_range(len, world, r).len()];
+                Memory { bufs: [(INPUT, shard), (OUTPUT, vec![None; len])].into() }
+            })
+            .collect();
+        let plans = (0..world).map(|r| unpadded(r, world, per_node, len)).collect();
+        run(world, per_node, &mut mems, plans).is_err_and(|e| e.contains("out of step"))
+    });
+    assert!(out_of_step.count() > 0);
     // A sender that keeps part of its input back.
     let plans = (0..world)
         .map(|rank| {
-            let mut p = hier::all_reduce(&Span { rank, world, per_node }, &view(INPUT, len), ReduceOp::Sum);
+            let mut p = hier::all_reduce(&span(rank, world, per_node), &view(INPUT, len), ReduceOp::Sum);
             if rank == 2 {
-                p[0].0.in_hi = 3;
+                p[0].args.in_hi = 3;
             }
             p
         })

@@ -73,6 +73,23 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 use team::{Kind, Team};
 
+/// One step of a collective: launches of the collective kernel on a team (`Kind`), one per
+/// window of the team's staging slots, padded with empty launches to at least `launches`
+/// (see `windows::padded`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stage {
+    pub args: CollArgs,
+    pub kind: Kind,
+    pub launches: usize,
+}
+
+impl Stage {
+    /// A stage of as many launches as its windows.
+    pub fn on(kind: Kind, args: CollArgs) -> Self {
+        Stage { args, kind, launches: 0 }
+    }
+}
+
 /// Driver handles of the loaded module.
 struct Module {
     module: cu::CUmodule,
@@ -193,7 +210,7 @@ impl NvshmemCommunicator {
         op: &'static str,
         f: Kernels,
         esz: usize,
-        stages: &[(CollArgs, Kind)],
+        stages: &[Stage],
         blocking: bool,
     ) -> Result<Work> {
         // A kernel that gave up earlier left the ranks out of step: nothing more is queued.
@@ -203,8 +220,8 @@ impl NvshmemCommunicator {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.stream.bind()?;
         let caller = self.stream.begin()?;
-        for &(base, kind) in stages {
-            self.enqueue(f, esz, base, kind)?;
+        for stage in stages {
+            self.enqueue(f, esz, stage)?;
         }
         drop(state);
         Ok(self.fault.checked(op, self.stream.finish(caller, blocking)?))
@@ -221,7 +238,8 @@ impl NvshmemCommunicator {
 
     /// Queues the launches of one collective (the caller holds the state lock and has ordered the
     /// stream).
-    fn enqueue(&self, f: Kernels, esz: usize, base: CollArgs, kind: Kind) -> Result<()> {
+    fn enqueue(&self, f: Kernels, esz: usize, stage: &Stage) -> Result<()> {
+        let (base, kind) = (stage.args, stage.kind);
         let team = self.team(kind)?;
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
@@ -239,7 +257,7 @@ impl NvshmemCommunicator {
             && base.out_base.is_multiple_of(16)
             && (window * esz).is_multiple_of(16);
         let mut prev_blocks = 0u32;
-        for w in windows::windows(count, window, defer) {
+        for w in windows::padded(count, window, defer, stage.launches) {
             let (lo, hi) = (w.lo, w.hi);
             let mut a = base;
             a.win_lo = lo as i64;
@@ -358,7 +376,9 @@ impl NvshmemCommunicator {
     }
 
     fn span(&self) -> hier::Span {
-        hier::Span { rank: self.rank, world: self.world, per_node: self.per_node }
+        // The node and rail teams have slots of one size (connect.rs).
+        let slot_bytes = self.teams[Kind::Node as usize].as_ref().map_or(0, |t| t.slot_bytes);
+        hier::Span { rank: self.rank, world: self.world, per_node: self.per_node, slot_bytes }
     }
 
     /// The scratch buffer with at least `bytes`, held until the caller has queued its launches.

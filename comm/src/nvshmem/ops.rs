@@ -4,7 +4,7 @@
 use super::hier;
 use super::kernels::{self, CollArgs};
 use super::team::Kind;
-use super::{Algorithm, NvshmemCommunicator};
+use super::{Algorithm, NvshmemCommunicator, Stage};
 use crate::communicator::Communicator;
 use crate::error::Result;
 use crate::gpu::{check_root, check_shards};
@@ -42,7 +42,7 @@ impl Communicator for NvshmemCommunicator {
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ALL;
         let kind = if a.mode == kernels::LL { Kind::Ll } else { Kind::All };
-        self.launch("nvshmem all_reduce", f, esz, &[(a, kind)], false)
+        self.launch("nvshmem all_reduce", f, esz, &[Stage::on(kind, a)], false)
     }
 
     fn reduce(&self, tensor: &Tensor, dst: usize, op: ReduceOp) -> Result<Work> {
@@ -60,7 +60,7 @@ impl Communicator for NvshmemCommunicator {
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_ROOT;
         a.root = dst as i32;
-        self.launch("nvshmem reduce", f, esz, &[(a, Kind::All)], false)
+        self.launch("nvshmem reduce", f, esz, &[Stage::on(Kind::All, a)], false)
     }
 
     fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
@@ -82,7 +82,7 @@ impl Communicator for NvshmemCommunicator {
         a.mode = kernels::ONESHOT;
         a.src = kernels::SRC_REDUCE;
         a.out = kernels::OUT_SHARD;
-        self.launch("nvshmem reduce_scatter", f, esz, &[(a, Kind::All)], false)
+        self.launch("nvshmem reduce_scatter", f, esz, &[Stage::on(Kind::All, a)], false)
     }
 
     fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
@@ -102,7 +102,7 @@ impl Communicator for NvshmemCommunicator {
         a.mode = kernels::ONESHOT;
         a.src = kernels::SRC_OWNER;
         a.out = kernels::OUT_ALL;
-        self.launch("nvshmem all_gather", f, esz, &[(a, Kind::All)], false)
+        self.launch("nvshmem all_gather", f, esz, &[Stage::on(Kind::All, a)], false)
     }
 
     fn broadcast(&self, tensor: &Tensor, src: usize) -> Result<Work> {
@@ -121,7 +121,7 @@ impl Communicator for NvshmemCommunicator {
         a.src = kernels::SRC_ROOT;
         a.out = kernels::OUT_NOT_ROOT;
         a.root = src as i32;
-        self.launch("nvshmem broadcast", f, esz, &[(a, Kind::All)], false)
+        self.launch("nvshmem broadcast", f, esz, &[Stage::on(Kind::All, a)], false)
     }
 
     fn symmetric_tensor(&self, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
@@ -133,6 +133,6 @@ impl Communicator for NvshmemCommunicator {
             return self.launch("nvshmem barrier", self.module.f32, 4, &hier::barrier(), true);
         }
         let a = CollArgs::in_place(0, 0, ReduceOp::Sum);
-        self.launch("nvshmem barrier", self.module.f32, 4, &[(a, Kind::All)], true)
+        self.launch("nvshmem barrier", self.module.f32, 4, &[Stage::on(Kind::All, a)], true)
     }
 }

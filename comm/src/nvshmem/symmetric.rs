@@ -19,7 +19,7 @@
 use super::host;
 use super::kernels::{self, CollArgs, Kernels};
 use super::team::Kind;
-use super::{nv_err, NvshmemCommunicator};
+use super::{nv_err, NvshmemCommunicator, Stage};
 use crate::error::{CommError, Result};
 use crate::gpu::cuda_err;
 use crate::op::ReduceOp;
@@ -189,7 +189,7 @@ impl NvshmemCommunicator {
         if super::options::symmetric_pushes(&self.opts, len * esz, packs) {
             a.mode = kernels::SYMM_PUSH;
         }
-        self.launch("nvshmem symmetric all_reduce", f, esz, &[(a, Kind::All)], false)
+        self.launch("nvshmem symmetric all_reduce", f, esz, &[Stage::on(Kind::All, a)], false)
     }
 }
 

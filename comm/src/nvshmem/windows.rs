@@ -25,6 +25,26 @@ pub(crate) fn windows(count: usize, window: usize, defer: bool) -> Windows {
     Windows { count, window: window.max(1), defer, lo: 0, prev: None, done: false }
 }
 
+/// How many launches `windows(count, window, _)` makes.
+pub(crate) fn launches(count: usize, window: usize) -> usize {
+    count.div_ceil(window.max(1)).max(1)
+}
+
+/// `windows(count, window, defer)`, then empty windows (at `count`, where a launch moves
+/// nothing and only exchanges its signals) up to `at_least` launches in all. A PE whose part of
+/// a stage takes fewer windows than another's pads this way: every PE must make as many
+/// launches, because a launch's epoch is the PE's launch count (entry.cu).
+pub(crate) fn padded(
+    count: usize,
+    window: usize,
+    defer: bool,
+    at_least: usize,
+) -> impl Iterator<Item = Window> {
+    let empty = Window { lo: count, hi: count, defer_out: false, prev: None };
+    windows(count, window, defer)
+        .chain(std::iter::repeat_n(empty, at_least.saturating_sub(launches(count, window))))
+}
+
 pub(crate) struct Windows {
     count: usize,
     window: usize,
@@ -67,6 +87,11 @@ mod tests {
                 }
                 assert!(ws.iter().all(|w| w.hi - w.lo <= window && (w.hi > w.lo || count == 0)));
                 assert!(ws.iter().all(|w| !w.defer_out && w.prev.is_none()));
+                assert_eq!(ws.len(), launches(count, window));
+                let pad: Vec<Window> = padded(count, window, false, ws.len() + 2).collect();
+                assert_eq!(pad[..ws.len()], ws[..]);
+                assert!(pad[ws.len()..].iter().all(|w| w.lo == count && w.hi == count && w.prev.is_none()));
+                assert_eq!(padded(count, window, false, 1).count(), ws.len());
             }
         }
     }

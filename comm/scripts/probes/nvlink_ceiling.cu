@@ -9,6 +9,11 @@
 //   ce:      cudaMemcpyAsync to the peer, one 1 GiB copy each way (copy engines)
 //   ce-flag: the same in chunks, each followed by a flag written to the peer (cuStreamWriteValue32),
 //            as a copy-engine collective needs to tell the peer that a chunk landed
+//   ce+push, ce+pull: both at once, on two streams: a share of the bytes by one copy to the
+//            peer, the rest by SM stores into the peer (push) or by the peer's SM loads (pull).
+//            If these beat both ce and push alone, the engines feeding the link are the limit
+//            rather than the link, and an all-reduce splitting its traffic between copy engines
+//            and SMs could pass either ceiling.
 // Build and run (one process, both GPUs): nvcc -O3 -arch=sm_90 nvlink_ceiling.cu -lcuda && ./a.out
 // Prints one JSON object per line: {"pattern", "blocks"/"chunk_mb", "gbps_per_direction"}.
 #include <algorithm>
@@ -133,6 +138,37 @@ int main() {
         });
         printf("{\"pattern\": \"ce-flag\", \"chunk_mb\": %lld, \"gbps_per_direction\": %.1f}\n", chunk >> 20, gbps(S, t));
         fflush(stdout);
+    }
+    cudaStream_t side[2];
+    cudaEvent_t fork[2], join[2];
+    for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaStreamCreateWithFlags(&side[d], cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&fork[d], cudaEventDisableTiming));
+        CK(cudaEventCreateWithFlags(&join[d], cudaEventDisableTiming));
+    }
+    for (int pull = 0; pull < 2; ++pull) {
+        for (int pct : {20, 35, 50, 65}) {
+            for (int blocks : {32, 64, 132}) {
+                const long long ce_packs = n * pct / 100, rest = n - ce_packs;
+                t = both_ways([&](int d) {
+                    // The copy runs on the side stream, forked after the start and joined before
+                    // the end event, so both are timed together.
+                    CK(cudaEventRecord(fork[d], st[d]));
+                    CK(cudaStreamWaitEvent(side[d], fork[d], 0));
+                    CK(cudaMemcpyAsync(b[1 - d], a[d], ce_packs * 16, cudaMemcpyDeviceToDevice, side[d]));
+                    if (pull)  // this GPU loads the rest of the peer's share: the peer's bytes come here
+                        copy<<<blocks, threads, 0, st[d]>>>(a[1 - d] + ce_packs, b[d] + ce_packs, rest);
+                    else
+                        copy<<<blocks, threads, 0, st[d]>>>(a[d] + ce_packs, b[1 - d] + ce_packs, rest);
+                    CK(cudaEventRecord(join[d], side[d]));
+                    CK(cudaStreamWaitEvent(st[d], join[d], 0));
+                });
+                printf("{\"pattern\": \"%s\", \"ce_percent\": %d, \"blocks\": %d, \"gbps_per_direction\": %.1f}\n",
+                       pull ? "ce+pull" : "ce+push", pct, blocks, gbps(S, t));
+                fflush(stdout);
+            }
+        }
     }
     return 0;
 }

@@ -23,8 +23,10 @@ for r in rows:
     if r["pattern"] == "ce":
         continue
     tag = f"{r['blocks']}blocks" if "blocks" in r else f"{r['chunk_mb']}MB_chunks"
+    if "ce_percent" in r:
+        tag = f"{r['ce_percent']}pct_ce_{tag}"
     bench.append({
-        "name": f"nvlink_{r['pattern'].replace('-', '_')}_{tag}",
+        "name": f"nvlink_{r['pattern'].replace('-', '_').replace('+', '_')}_{tag}",
         "unit": "GB/s per direction",
         "oxtrain": r["gbps_per_direction"],
         "peer": ce,
@@ -54,7 +56,8 @@ print(json.dumps({
              "1 GiB each way, median of 7 (ce_allreduce: 8). push/pull/mixed: SM kernels of 512 threads, 4 packs of "
              "16 B in flight per thread; mixed is the pattern of the one-pass symmetric kernel (half read from the peer, "
              "half written to it; with 64 blocks or more the symmetric all-reduce pushes). ce_flag: copies in chunks, each followed by a flag written into the peer "
-             "(cuStreamWriteValue32). ce_allreduce: a copy-engine all-reduce prototype (copies + flags + a small "
+             "(cuStreamWriteValue32). ce_push/ce_pull: a share of the bytes (pct_ce) by one copy to the peer and the "
+             "rest at once by SM stores into the peer (push) or the peer's SM loads (pull), on two streams. ce_allreduce: a copy-engine all-reduce prototype (copies + flags + a small "
              "adding kernel). The ceiling for any all-reduce on 2 GPUs is the per-direction figure of the traffic "
              "it makes.",
     "benchmarks": bench,

@@ -3,8 +3,9 @@
 //!
 //! What it models, as the kernel does it: a sender pushes the elements of its input in its
 //! `[in_lo, in_hi)` that fall in the receiver's output range (as the sender computes it); a
-//! receiver computes each element of its output range from its own input and what was pushed
-//! to it (taken before anyone writes), combining in team order. What it checks: every element
+//! receiver computes each element of its output range from its own input (only inside its
+//! `[in_lo, in_hi)`, the part a launch across nodes stages on the heap) and what was pushed to
+//! it (taken before anyone writes), combining in team order. What it checks: every element
 //! a receiver needs was pushed to it, no read or write leaves a buffer, no output overwrites
 //! input the same launch still reads, the members of a team agree on the launch, and the
 //! members' launch sequences on every team line up (else the GPUs would wait forever).
@@ -137,6 +138,11 @@ fn launch(team: &[usize], args: &[CollArgs], mems: &mut [Memory]) -> Result<(), 
             let mut acc: Option<f64> = None;
             for p in sources {
                 let ap = &args[p];
+                // Launches whose puts cross nodes see only the part [in_lo, in_hi) of their
+                // own input (copied to the heap, windows::through_heap), so no PE reads past it.
+                if p == q && !(ap.in_lo..ap.in_hi).contains(&i) {
+                    return Err(format!("PE {} reads its own element {i} outside its input part", team[q]));
+                }
                 if p != q {
                     let (plo, phi) = out_range(ap, npes, q);
                     let sent = i >= ap.in_lo.max(plo) && i < ap.in_hi.min(phi);

@@ -285,7 +285,19 @@ impl NvshmemCommunicator {
             a.put_mask = team.put_mask;
             a.fault = self.fault.device_ptr();
             a.timeout_ns = self.fault.timeout_ns();
-            let in_w = base.in_base.wrapping_add((lo * esz) as u64);
+            if team.source != 0 {
+                let (in_lo, in_hi) = (base.in_lo.max(0) as usize, base.in_hi.max(0) as usize);
+                let (copy, staged) = windows::through_heap(base.in_base, in_lo, in_hi, &w, esz, team.source);
+                if let Some(c) = copy {
+                    // SAFETY: the source lies in the caller's tensor, the destination in the
+                    // team's heap slot (window <= slot); stream order puts it after the previous
+                    // launch, whose puts completed (nvshmem_quiet) before it ended.
+                    unsafe { drv::memcpy_dtod_async(c.dst, c.src, c.bytes, raw as cu::CUstream) }
+                        .map_err(|e| cuda_err("staging a put's source on the heap", format!("{e:?}")))?;
+                }
+                a.in_base = staged;
+            }
+            let in_w = a.in_base.wrapping_add((lo * esz) as u64);
             let out_w = base.out_base.wrapping_add((lo * esz) as u64);
             a.aligned = i32::from(in_w.is_multiple_of(16) && out_w.is_multiple_of(16));
             let blocks = match base.mode {

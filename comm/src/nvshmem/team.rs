@@ -38,6 +38,9 @@ pub(crate) struct Team {
     pub put_mask: i32,
     /// Symmetric base of the two sets (parity 0 then 1).
     base: u64,
+    /// For a team whose members are on other nodes: a slot's worth of heap that launches copy
+    /// their input into before putting it (`windows::through_heap`); 0 otherwise.
+    pub source: u64,
     /// Per parity, every member's set as seen here (nvshmem_ptr; 0 for members reached by puts).
     pub sets: [[u64; MAX_PES]; 2],
     pub slot_bytes: usize,
@@ -95,7 +98,19 @@ impl Team {
         for (slot, &pe) in pes.iter_mut().zip(&members) {
             *slot = pe as i32;
         }
-        Ok(Team { members, me, pes, put_mask, base, sets, slot_bytes })
+        // Collective like the sets: every PE's team has members on other nodes, or none has.
+        let mut source = 0;
+        if put_mask != 0 {
+            source = (api.malloc)(slot_bytes) as u64;
+            if source == 0 {
+                (api.free)(base as *mut c_void);
+                return Err(CommError::Unsupported(format!(
+                    "nvshmem: nvshmem_malloc of {} MiB for puts between nodes failed: raise NVSHMEM_SYMMETRIC_SIZE",
+                    slot_bytes >> 20
+                )));
+            }
+        }
+        Ok(Team { members, me, pes, put_mask, base, source, sets, slot_bytes })
     }
 
     /// Frees the staging (collective, in the order of allocation).
@@ -104,6 +119,9 @@ impl Team {
     /// No kernel uses the staging any more.
     pub unsafe fn free(&self, api: &host::Api) {
         (api.free)(self.base as *mut c_void);
+        if self.source != 0 {
+            (api.free)(self.source as *mut c_void);
+        }
     }
 }
 

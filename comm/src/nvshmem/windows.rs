@@ -45,6 +45,37 @@ pub(crate) fn padded(
         .chain(std::iter::repeat_n(empty, at_least.saturating_sub(launches(count, window))))
 }
 
+/// A copy of `bytes` from `src` to `dst`, both device addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Copy {
+    pub src: u64,
+    pub dst: u64,
+    pub bytes: usize,
+}
+
+/// For a launch whose puts cross nodes: the NIC reads a put's source only from the symmetric
+/// heap (or memory registered with NVSHMEM), not from an ordinary tensor. So window `w`'s part
+/// of the input (elements `[in_lo, in_hi)` at `in_base`, `esz` bytes each) is first copied to
+/// `heap`, element `w.lo` at its start; returns that copy (none when the window has no input)
+/// and the input base the launch then takes (element `i` at `heap + (i - w.lo) * esz`).
+pub(crate) fn through_heap(
+    in_base: u64,
+    in_lo: usize,
+    in_hi: usize,
+    w: &Window,
+    esz: usize,
+    heap: u64,
+) -> (Option<Copy>, u64) {
+    let base = heap.wrapping_sub((w.lo * esz) as u64);
+    let (lo, hi) = (in_lo.max(w.lo), in_hi.min(w.hi));
+    let copy = (lo < hi).then(|| Copy {
+        src: in_base + (lo * esz) as u64,
+        dst: base + (lo * esz) as u64,
+        bytes: (hi - lo) * esz,
+    });
+    (copy, base)
+}
+
 pub(crate) struct Windows {
     count: usize,
     window: usize,
@@ -115,6 +146,35 @@ mod tests {
             }
             assert!(!ws.last().unwrap().defer_out);
             assert!(copied.iter().all(|&c| c == 1), "count {count}");
+        }
+    }
+
+    /// The staged input lands where the launch looks for it, inside the window's slot, and
+    /// the copy takes exactly the window's part of the input.
+    #[test]
+    fn input_through_the_heap_lands_where_the_launch_reads_it() {
+        let (input, heap) = (0x10_0000u64, 0x90_0000u64);
+        for esz in [2usize, 4] {
+            for (count, window) in [(100usize, 7usize), (64, 64), (5, 16), (0, 8)] {
+                for (in_lo, in_hi) in [(0, count), (count / 3, count / 2), (0, 0), (count / 2, count)] {
+                    for w in windows(count, window, false) {
+                        let (copy, base) = through_heap(input, in_lo, in_hi, &w, esz, heap);
+                        let wanted: Vec<usize> =
+                            (w.lo..w.hi).filter(|i| (in_lo..in_hi).contains(i)).collect();
+                        let Some(c) = copy else {
+                            assert!(wanted.is_empty());
+                            continue;
+                        };
+                        assert_eq!(c.bytes, wanted.len() * esz);
+                        assert_eq!(c.src, input + (wanted[0] * esz) as u64);
+                        assert!(c.dst >= heap && c.dst + c.bytes as u64 <= heap + (window * esz) as u64);
+                        for &i in &wanted {
+                            let at = base.wrapping_add((i * esz) as u64);
+                            assert_eq!(at, c.dst + ((i - wanted[0]) * esz) as u64, "element {i}");
+                        }
+                    }
+                }
+            }
         }
     }
 

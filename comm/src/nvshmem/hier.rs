@@ -17,10 +17,12 @@
 //! the members of a team wait for each other's launches on it, and a launch's epoch (the value
 //! its signals carry) is the PE's count of launches (entry.cu). So a rail that a stage does not
 //! need runs it empty, and a stage whose windows differ between nodes or rails (their parts
-//! differ by an element or so) pads every PE to the most windows (`windows::padded`). Partial results are rounded to the tensor's dtype
-//! between stages (as NCCL's rings do), and `Avg` averages each stage (every node has as
-//! many PEs, so the mean of the node means is the mean). The tests run the plans through a
-//! model of the kernel (`hier_sim.rs`) for many layouts.
+//! differ by an element or so) pads every PE to the most windows (`windows::padded`).
+//!
+//! Partial results are rounded to the tensor's dtype between stages (as NCCL's rings do), and
+//! `Avg` averages each stage (every node has as many PEs, so the mean of the node means is the
+//! mean). Rail launches put from a heap copy of their input (`windows::through_heap`). The
+//! tests run the plans through a model of the kernel (`hier_sim.rs`) on every layout.
 
 use super::kernels::{self, CollArgs};
 use super::team::Kind;

@@ -27,7 +27,7 @@ impl NvshmemCommunicator {
         opts: NvshmemOptions,
     ) -> Result<NvshmemCommunicator> {
         let per_node = match opts.ranks_per_node {
-            0 => std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(world),
+            0 => default_ranks_per_node(world, |k| std::env::var(k).ok()),
             n => n,
         }
         .clamp(1, world);
@@ -233,4 +233,54 @@ fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -
         per_sm = per_sm.min(n);
     }
     Ok((sms.max(1) * per_sm.max(1)) as u32)
+}
+
+/// GPUs per node when the options do not say: the launcher's local world size (torchrun's
+/// `LOCAL_WORLD_SIZE`, Open MPI's `OMPI_COMM_WORLD_LOCAL_SIZE`, Slurm's tasks per node; see
+/// [`LaunchEnv`](crate::bootstrap::LaunchEnv)) when its world is this one, else
+/// `LOCAL_WORLD_SIZE` alone (a program that starts its own processes), else one node.
+fn default_ranks_per_node(world: usize, get: impl Fn(&str) -> Option<String>) -> usize {
+    match crate::bootstrap::LaunchEnv::from_vars(&get) {
+        Ok(env) if env.world_size == world && env.launcher != crate::bootstrap::Launcher::Single => {
+            env.local_world_size
+        }
+        _ => get("LOCAL_WORLD_SIZE").and_then(|v| v.trim().parse().ok()).unwrap_or(world),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_ranks_per_node;
+
+    fn with<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    // The README's mpirun and srun lines start 2 nodes of 8 without LOCAL_WORLD_SIZE: each
+    // launcher's own variables must give the 8, or every PE would take the others for NVLink peers.
+    #[test]
+    fn every_launcher_gives_the_gpus_per_node() {
+        let torchrun = [("RANK", "9"), ("WORLD_SIZE", "16"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "8")];
+        assert_eq!(default_ranks_per_node(16, with(&torchrun)), 8);
+        let mpirun = [
+            ("OMPI_COMM_WORLD_RANK", "9"),
+            ("OMPI_COMM_WORLD_SIZE", "16"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"),
+        ];
+        assert_eq!(default_ranks_per_node(16, with(&mpirun)), 8);
+        let srun = [
+            ("SLURM_PROCID", "9"),
+            ("SLURM_NTASKS", "16"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NTASKS_PER_NODE", "8"),
+        ];
+        assert_eq!(default_ranks_per_node(16, with(&srun)), 8);
+        // A program that starts its own processes (comm-bench) says LOCAL_WORLD_SIZE alone.
+        assert_eq!(default_ranks_per_node(2, with(&[("LOCAL_WORLD_SIZE", "1")])), 1);
+        // Nothing set: one node.
+        assert_eq!(default_ranks_per_node(4, with(&[])), 4);
+        // A launcher's world that is not this communicator's (a subgroup) says nothing.
+        assert_eq!(default_ranks_per_node(4, with(&srun)), 4);
+    }
 }

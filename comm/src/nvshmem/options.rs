@@ -65,8 +65,9 @@ pub struct NvshmemOptions {
     /// the peers' copies, None picks by blocks and size ([`symmetric_pushes`]).
     /// `OXTRAIN_NVSHMEM_SYMM`: push, pull or auto (default).
     pub symmetric_push: Option<bool>,
-    /// GPUs per node (PEs numbered node by node); fewer than the world makes all_reduce
-    /// hierarchical (see `team.rs`). 0: `LOCAL_WORLD_SIZE` when set, else every PE on one node.
+    /// GPUs per node (PEs numbered node by node); fewer than the world makes the collectives
+    /// hierarchical (see `hier.rs`). 0: the launcher's (torchrun's `LOCAL_WORLD_SIZE`, Open
+    /// MPI's `OMPI_COMM_WORLD_LOCAL_SIZE`, Slurm's tasks per node), else every PE on one node.
     pub ranks_per_node: usize,
 }
 

@@ -95,6 +95,11 @@ run compare-128 300 --backend nvshmem --compare nccl --algo all --blocks 128 --r
   --dtypes f32 --min-bytes 8 --max-bytes 1G --host-ahead-max 1M --graph-max 1M --json "$OUT/comm-2xh200.json"
 run compare-32 300 --backend nvshmem --compare nccl --algo auto --ranks 2 --ops all_reduce --dtypes f32,bf16 \
   --min-bytes 8 --max-bytes 1G --graph-max 1M --json "$OUT/comm-2xh200-32blocks.json"
+# The same large messages at one SM budget: NCCL held to 32 CTAs too (its channels; both names,
+# old and new), as our default cap of 32 blocks.
+NCCL_MIN_NCHANNELS=32 NCCL_MAX_NCHANNELS=32 NCCL_MIN_CTAS=32 NCCL_MAX_CTAS=32 run compare-32-equal 200 \
+  --backend nvshmem --compare nccl --algo auto --ranks 2 --ops all_reduce --dtypes f32 --min-bytes 64M \
+  --max-bytes 1G --json "$OUT/comm-2xh200-32blocks-equal.json"
 
 # 3. Table.
 python3 - "$OUT/comm-2xh200.json" <<'PY' || true

@@ -156,18 +156,10 @@ impl NvshmemCommunicator {
         }
         let team = self.team(Kind::All)?;
         let api = host::api()?;
-        let mut a = CollArgs {
-            in_base: addr,
-            out_base: addr,
-            count: len as i64,
-            in_lo: 0,
-            in_hi: len as i64,
-            op: op as i32,
-            mode: kernels::SYMM,
-            src: kernels::SRC_REDUCE,
-            out: kernels::OUT_ALL,
-            ..CollArgs::default()
-        };
+        let mut a = CollArgs::in_place(addr, len, op);
+        a.mode = kernels::SYMM;
+        a.src = kernels::SRC_REDUCE;
+        a.out = kernels::OUT_ALL;
         for (m, &pe) in team.members.iter().enumerate() {
             // SAFETY: addr is a symmetric address on the heap.
             let peer = unsafe { (api.ptr)(addr as *const c_void, pe as i32) } as u64;

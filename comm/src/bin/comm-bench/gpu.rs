@@ -245,11 +245,15 @@ fn sweep(comm: &dyn Communicator, stream: &Stream, cfg: &Config, device: Device,
 pub fn child(cfg: &Config) -> i32 {
     let env = LaunchEnv::from_env().unwrap_or_else(|e| fail(&e.to_string()));
     let store = store_from_env(&env, Duration::from_secs(180)).unwrap_or_else(|e| fail(&e.to_string()));
-    let (rank, world, ordinal) = (env.rank, env.world_size, env.local_rank);
+    let (rank, world) = (env.rank, env.world_size);
+    let ordinal = cfg.gpus.map_or(env.local_rank, |n| env.local_rank % n);
     let device = Device::Cuda(ordinal);
     let mut rows: Vec<Row> = vec![];
     let mut symmetric_wrong = 0;
     let compare_nccl = cfg.compare.as_deref() == Some("nccl");
+    if cfg.gpus.is_some_and(|n| n < world) && (compare_nccl || cfg.backends.iter().any(|b| b == "nccl")) {
+        fail("--gpus: NCCL takes one rank per GPU; leave --gpus out with the nccl backend or --compare nccl");
+    }
     if let Some(other) = cfg.compare.as_deref().filter(|c| *c != "nccl") {
         fail(&format!("--compare {other}: only nccl is known"));
     }

@@ -19,7 +19,10 @@ const USAGE: &str = "comm-bench [--backend local|shm|mpi|nccl|nvshmem|all] [--ra
 [--ops all_reduce,reduce_scatter,all_gather,broadcast,reduce] [--dtypes f32,bf16,f16] [--iters N] [--warmup N] [--json PATH]
 [--sizes B1,B2,..] (instead of the doubling sweep)
 GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,stream] [--blocks N] [--oneshot-max B] [--chunk B]
-  [--compare nccl] [--compare-dtype f32|bf16] [--host-ahead-max B] [--graph-max B]
+  [--compare nccl] [--compare-dtype f32|bf16] [--host-ahead-max B] [--graph-max B] [--gpus N]
+  --gpus N (nvshmem): rank r runs on cuda:(r % N) instead of cuda:r, so N GPUs hold several PEs each: a check
+  of the multi-PE paths (4 or 8 PEs, the node and rail stages) on fewer GPUs; run it under CUDA MPS, as PEs
+  that share a GPU wait on each other inside kernels; its timings say nothing about links
   --mismatch-check 1|2 (nvshmem): the ranks pass different symmetric tensors (1), or rank 0 a symmetric and the
   others an ordinary tensor (2), to one all_reduce; the ranks must fail (rank 0 naming the mismatch) and no
   symmetric tensor may change
@@ -64,6 +67,8 @@ struct Config {
     /// `--sizes`: exact byte sizes instead of the doubling sweep (odd ones give lengths the
     /// world size does not divide).
     sizes: Option<Vec<usize>>,
+    /// `--gpus N`: PEs share N GPUs (rank r on cuda:(r % N)); None: one GPU per rank.
+    gpus: Option<usize>,
 }
 
 fn parse_bytes(s: &str) -> usize {
@@ -104,6 +109,7 @@ fn parse_args() -> Config {
         compare: None,
         compare_dtype: DType::F32,
         sizes: None,
+        gpus: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -147,6 +153,15 @@ fn parse_args() -> Config {
             "--timeout-check" => c.timeout_check = val() == "1",
             "--mismatch-check" => c.mismatch_check = val().parse().unwrap_or(0),
             "--compare" => c.compare = Some(val()),
+            "--gpus" => {
+                c.gpus = Some(
+                    val()
+                        .parse()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .unwrap_or_else(|| fail("--gpus takes a number > 0")),
+                )
+            }
             "--sizes" => c.sizes = Some(val().split(',').map(parse_bytes).collect()),
             "--compare-dtype" => {
                 c.compare_dtype = match val().as_str() {

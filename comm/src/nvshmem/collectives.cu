@@ -323,9 +323,9 @@ __device__ __forceinline__ void ox_reduce_batch(const CollArgs& a, long long k, 
     }
 }
 
-// Two-shot reduce of packs [s0, s1): the reduced pack goes to every peer (ox_result_dst) and to
-// the output.
-template <typename E>
+// Reduce of window packs [s0, s1) into the output; with PEERS (two-shot) the reduced pack also
+// goes to every peer (ox_result_dst).
+template <typename E, bool PEERS>
 __device__ __forceinline__ void ox_reduce_packs(const CollArgs& a, long long s0, long long s1) {
     typedef typename E::raw R;
     const int U = OxReduceUnroll<R>::n;
@@ -337,16 +337,18 @@ __device__ __forceinline__ void ox_reduce_packs(const CollArgs& a, long long s0,
         ox_reduce_batch<E, U>(a, k, bd, v);
 #pragma unroll
         for (int j = 0; j < U; ++j) {
-            for (int p = 0; p < a.npes; ++p)
-                if (p != a.me) ox_result_dst<R>(a, p)[k + j * bd] = v[j];
+            if (PEERS)
+                for (int p = 0; p < a.npes; ++p)
+                    if (p != a.me) ox_result_dst<R>(a, p)[k + j * bd] = v[j];
             out[k + j * bd] = v[j];
         }
     }
     for (; k < s1; k += bd) {
         uint4 v;
         ox_reduce_batch<E, 1>(a, k, bd, &v);
-        for (int p = 0; p < a.npes; ++p)
-            if (p != a.me) ox_result_dst<R>(a, p)[k] = v;
+        if (PEERS)
+            for (int p = 0; p < a.npes; ++p)
+                if (p != a.me) ox_result_dst<R>(a, p)[k] = v;
         out[k] = v;
     }
 }
@@ -396,12 +398,26 @@ __device__ void ox_collective(const CollArgs& a) {
     const long long p1 = ox_pack_split(npacks, gridDim.x, blockIdx.x + 1);
 
     if (a.mode == OX_ONESHOT) {
+        // An all_reduce window of whole aligned packs takes the bulk loops (several packs in
+        // flight per thread); other ops and partial packs go pack by pack.
+        const bool bulk = a.src == OX_SRC_REDUCE && a.out == OX_OUT_ALL && a.aligned &&
+                          (a.win_hi - a.win_lo) % EPP == 0 && a.in_lo <= a.win_lo && a.in_hi >= a.win_hi;
         for (int p = 0; p < a.npes; ++p)
             if (p != a.me && ox_by_put(a, p)) ox_put_block<E>(a, p, p0, p1);
-        for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x)
+        if (bulk) {
+            const uint4* in = (const uint4*)(a.in_base + a.win_lo * sizeof(R));
             for (int p = 0; p < a.npes; ++p)
-                if (p != a.me && !ox_by_put(a, p)) ox_push<E>(a, p, k);
+                if (p != a.me && !ox_by_put(a, p)) ox_copy_packs((uint4*)ox_remote_slot<R>(a, p), in, p0, p1);
+        } else {
+            for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x)
+                for (int p = 0; p < a.npes; ++p)
+                    if (p != a.me && !ox_by_put(a, p)) ox_push<E>(a, p, k);
+        }
         if (!ox_exchange(a, a.ready, true)) return;
+        if (bulk) {
+            ox_reduce_packs<E, false>(a, p0, p1);
+            return;
+        }
         for (long long k = p0 + threadIdx.x; k < p1; k += blockDim.x) ox_output<E>(a, k);
         return;
     }
@@ -423,7 +439,7 @@ __device__ void ox_collective(const CollArgs& a) {
         if (!ox_exchange(a, a.ready)) return;
         if (a.mode == OX_SYMM_PUSH && !ox_desc_match(a)) return;
         const long long s0 = p0 + ox_pack_split(len, a.npes, a.me), s1 = p0 + ox_pack_split(len, a.npes, a.me + 1);
-        ox_reduce_packs<E>(a, s0, s1);
+        ox_reduce_packs<E, true>(a, s0, s1);
         if (!ox_exchange(a, a.done)) return;
         // A symmetric buffer already holds the peers' reduced sub-shards: they stored them here.
         // A window whose copy-out the host deferred leaves it to the next launch.

@@ -73,6 +73,17 @@ impl NvshmemCommunicator {
             }
             uid.bytes.copy_from_slice(&bytes);
         }
+        // PEs that share this GPU (NVSHMEM runs several per GPU under CUDA MPS) share its SMs.
+        let ids = gpu_ids(store, rank, world, &device)?;
+        let sharing = pes_sharing(&ids, rank);
+        if sharing > 1 && !mps_enabled(&device) {
+            return Err(nv_err(format!(
+                "{sharing} PEs run on cuda:{ordinal} ({}) but CUDA MPS is off: their kernels wait for each other, \
+                 which needs them on the GPU at once; start the MPS daemon (nvidia-cuda-mps-control -d) before the \
+                 job, or give every PE a GPU of its own",
+                ids[rank]
+            )));
+        }
         let mut attr = host::init_attr();
         // SAFETY: `uid` and `attr` live through init (the attributes point at `uid`).
         unsafe {
@@ -187,9 +198,10 @@ impl NvshmemCommunicator {
                 .map_err(|e| cuda_err("zeroing the launch counters", format!("{e:?}")))?;
             c
         };
-        let stream_resident = resident_blocks(&device, &module)?;
         // Block b waits only for block b of the peers; with more blocks than fit at once that
-        // could wait on a block that is never scheduled. So at most one wave: all SMs.
+        // could wait on a block that is never scheduled. So at most one wave: all SMs, split
+        // between the PEs that share them.
+        let stream_resident = shared_resident(resident_blocks(&device, &module)?, sharing);
         let mut opts = opts;
         opts.max_blocks = opts.max_blocks.min(stream_resident);
         let fault = fault::Fault::new(rank, crate::CommOptions::default().timeout)?;
@@ -207,7 +219,11 @@ impl NvshmemCommunicator {
             counters,
             stream_resident,
             fault,
+            // A dependently launched collective waits on the SMs for its predecessor, so each PE
+            // holds two grids there: PEs sharing a GPU then fill it and starve one another's
+            // current launch (4 PEs of 32 blocks hung on one H200 under MPS).
             dependent_launch: device.arch() >= 90
+                && sharing == 1
                 && std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v != "0"),
             state: Mutex::new(State { algorithm }),
             tensors: Default::default(),
@@ -235,6 +251,44 @@ fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -
     Ok((sms.max(1) * per_sm.max(1)) as u32)
 }
 
+/// Every PE's GPU as "host/PCI bus id", exchanged through the store.
+fn gpu_ids(
+    store: &TcpStore,
+    rank: usize,
+    world: usize,
+    device: &oxtrain_tensor::cuda::CudaDevice,
+) -> Result<Vec<String>> {
+    let mut bus = [0 as std::ffi::c_char; 32];
+    // SAFETY: the buffer outlives the call and its length is passed.
+    unsafe { cu::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, device.context().cu_device()) }
+        .result()
+        .map_err(|e| cuda_err("reading the GPU's PCI bus id", format!("{e:?}")))?;
+    // SAFETY: the driver wrote a NUL-terminated string into the buffer.
+    let bus = unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let key = |r: usize| format!("oxtrain/nvshmem/gpu/{r}");
+    store.set(&key(rank), format!("{host}/{bus}").as_bytes())?;
+    (0..world).map(|r| Ok(String::from_utf8_lossy(&store.get(&key(r))?).into_owned())).collect()
+}
+
+/// How many PEs (this one included) run on PE `rank`'s GPU.
+fn pes_sharing(ids: &[String], rank: usize) -> usize {
+    ids.iter().filter(|id| **id == ids[rank]).count()
+}
+
+/// This PE's share of the `resident` blocks its GPU holds at once, when `sharing` PEs use it.
+fn shared_resident(resident: u32, sharing: usize) -> u32 {
+    (resident / sharing.max(1) as u32).max(1)
+}
+
+/// Whether contexts on this GPU run under CUDA MPS (kernels of several processes at once); a
+/// driver too old to say counts as off.
+fn mps_enabled(device: &oxtrain_tensor::cuda::CudaDevice) -> bool {
+    device.context().attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED).is_ok_and(|v| v == 1)
+}
+
 /// GPUs per node when the options do not say: the launcher's local world size (torchrun's
 /// `LOCAL_WORLD_SIZE`, Open MPI's `OMPI_COMM_WORLD_LOCAL_SIZE`, Slurm's tasks per node; see
 /// [`LaunchEnv`](crate::bootstrap::LaunchEnv)) when its world is this one, else
@@ -250,7 +304,22 @@ fn default_ranks_per_node(world: usize, get: impl Fn(&str) -> Option<String>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::default_ranks_per_node;
+    use super::{default_ranks_per_node, pes_sharing, shared_resident};
+
+    // Two hosts with the same bus ids: only the PEs of one host on one GPU share it.
+    #[test]
+    fn pes_sharing_a_gpu_are_those_of_its_host_and_bus() {
+        let ids: Vec<String> =
+            ["a/0000:18:00.0", "a/0000:18:00.0", "a/0000:2a:00.0", "b/0000:18:00.0"].map(String::from).into();
+        assert_eq!(pes_sharing(&ids, 0), 2);
+        assert_eq!(pes_sharing(&ids, 1), 2);
+        assert_eq!(pes_sharing(&ids, 2), 1);
+        assert_eq!(pes_sharing(&ids, 3), 1);
+        // 4 PEs on a GPU holding 264 blocks at once get 66 each; never none.
+        assert_eq!(shared_resident(264, 4), 66);
+        assert_eq!(shared_resident(264, 1), 264);
+        assert_eq!(shared_resident(2, 8), 1);
+    }
 
     fn with<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())

@@ -36,17 +36,24 @@ def mismatches(path):
     return out
 
 
-def parse(path):
-    """{backend label: [(op, dtype, bytes, wrong)]} from a comm-bench log."""
-    runs, label = {}, None
+def parse_rows(path):
+    """[(backend label, fields of a result row)] from a comm-bench log."""
+    rows, label = [], None
     for line in open(path):
         if line.startswith("# backend "):
             label = line.split()[2].rstrip(",")
-            runs.setdefault(label, [])
             continue
         f = line.split()
         if label and len(f) >= 8 and f[0] in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
-            runs[label].append((f[0], f[1], int(f[2]), int(f[7])))
+            rows.append((label, f))
+    return rows
+
+
+def parse(path):
+    """{backend label: [(op, dtype, bytes, wrong)]} from a comm-bench log."""
+    runs = {}
+    for label, f in parse_rows(path):
+        runs.setdefault(label, []).append((f[0], f[1], int(f[2]), int(f[7])))
     return runs
 
 

@@ -16,21 +16,11 @@ OUT="${OUT:-$here/gpu-out}"
 mkdir -p "$OUT"
 [ -x "$bin" ] || { echo "gpu_run.sh: $bin not found (build comm-bench and copy it to .gpu/bin/)"; exit 2; }
 
-# Library folders of pip's nvidia packages, for oxtrain's library search and the loader.
-nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
-dirs=""
-if [ -n "$nv" ]; then for d in "$nv"/*/lib; do [ -d "$d" ] && dirs="$dirs:$d"; done; fi
-export OXTRAIN_CUDA_LIB_DIRS="${dirs#:}"
-export LD_LIBRARY_PATH="${OXTRAIN_CUDA_LIB_DIRS}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-[ -n "$nv" ] && [ -d "$nv/nvshmem" ] && export OXTRAIN_NVSHMEM_HOME="$nv/nvshmem"
-export OXTRAIN_KERNEL_CACHE="${OXTRAIN_KERNEL_CACHE:-/tmp/oxtrain-kernel-cache}"
-# No NVLink multicast objects on the lent machines; no InfiniBand probing for NVSHMEM.
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+. "$(dirname "$0")/gpu_env.sh"
 export OXTRAIN_COMM_TIMEOUT=60
 # The heap holds the staging (512 MiB on 2 GPUs), comm-bench's symmetric buffer and its
 # symmetric tensor (up to 1 GiB each).
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
-echo "nvidia packages: $nv"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -4
 

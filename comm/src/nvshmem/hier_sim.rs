@@ -7,8 +7,9 @@
 //! `[in_lo, in_hi)`, the part a launch across nodes stages on the heap) and what was pushed to
 //! it (taken before anyone writes), combining in team order. What it checks: every element
 //! a receiver needs was pushed to it, no read or write leaves a buffer, no output overwrites
-//! input the same launch still reads, the members of a team agree on the launch, and the
-//! members' launch sequences on every team line up (else the GPUs would wait forever).
+//! input the same launch still reads, the members of a team agree on the launch and launch
+//! the same grids (windows of the same lengths), and the members' launch sequences on every
+//! team line up (else the GPUs would wait forever).
 
 use super::hier::{self, Span};
 use super::kernels::{self, CollArgs};
@@ -190,6 +191,14 @@ fn span(rank: usize, world: usize, per_node: usize) -> Span {
     Span { rank, world, per_node, slot_bytes: SLOT_ELEMS * esz() as usize }
 }
 
+/// The lengths of a stage's windows, launch by launch, as `NvshmemCommunicator::enqueue`
+/// makes them (padded to the stage's launches).
+fn window_lengths(s: &Stage) -> Vec<usize> {
+    super::windows::padded(s.args.count as usize, SLOT_ELEMS, false, s.launches)
+        .map(|w| w.hi - w.lo)
+        .collect()
+}
+
 /// Runs every PE's stages to the end: a team launches when each of its members has a stage on
 /// it next. Each stage counts as its launches (one per window, or its padded count): the
 /// members of a team must then be at the same launch count (the kernel's epoch) and make as
@@ -214,6 +223,13 @@ fn run(world: usize, per_node: usize, mems: &mut [Memory], plans: Vec<Vec<Stage>
                     return Err(format!(
                         "team {team:?} out of step: (launches so far, launches of this stage) {counts:?}"
                     ));
+                }
+                // The kernel's block b waits for block b of every member, and a launch's grid
+                // follows its window's length (kernels::blocks_for): the members' windows must
+                // match launch by launch, or some block would wait for one that does not exist.
+                let grids: Vec<Vec<usize>> = stages.iter().map(|s| window_lengths(s)).collect();
+                if grids.iter().any(|g| *g != grids[0]) {
+                    return Err(format!("team {team:?} launches different grids: window lengths {grids:?}"));
                 }
                 let args: Vec<CollArgs> = stages.iter().map(|s| s.args).collect();
                 launch(&team, &args, mems)?;
@@ -498,4 +514,16 @@ fn the_model_catches_plans_that_hang_or_lose_data() {
         })
         .collect();
     assert!(run(world, per_node, &mut mems(), plans).unwrap_err().contains("never sent"));
+    // A rail member that takes one element less in the rail stage: as many launches, but its
+    // last window (so its last grid) is shorter than its peers'.
+    let plans = (0..world)
+        .map(|rank| {
+            let mut p = hier::all_reduce(&span(rank, world, per_node), &view(INPUT, len), ReduceOp::Sum);
+            if rank == 1 {
+                p[1].args.count -= 1;
+            }
+            p
+        })
+        .collect();
+    assert!(run(world, per_node, &mut mems(), plans).unwrap_err().contains("different grids"));
 }

@@ -7,11 +7,9 @@ as a bench/results JSON whose `peer` is the older build.
         --new LOG ... --old LOG ...
 """
 import argparse
-import datetime
-import json
 import statistics
 
-from comm_checks import parse_rows
+from comm_checks import parse_rows, write_results
 
 
 def busbw(paths):
@@ -60,14 +58,7 @@ def main():
             "ratio": round(n / o, 3),
             "runs": [len(new[key]), len(old[key])],
         })
-    doc = {
-        "date": datetime.date.today().isoformat(),
-        "commit": a.commit,
-        "machine": a.machine,
-        "notes": a.notes,
-        "benchmarks": benchmarks,
-    }
-    json.dump(doc, open(a.out, "w"), indent=2)
+    write_results(a.out, a, benchmarks)
     for b in benchmarks:
         print(f"  {b['name']:<44} {b['oxtrain']:>7} vs {b['peer']:>7} GB/s  ratio {b['ratio']}")
 

@@ -57,6 +57,19 @@ def parse(path):
     return runs
 
 
+def write_results(path, a, benchmarks):
+    """Writes the results file (shared/notes/bench-results.md's format) with `a`'s commit,
+    machine and notes."""
+    doc = {
+        "date": datetime.date.today().isoformat(),
+        "commit": a.commit,
+        "machine": a.machine,
+        "notes": a.notes,
+        "benchmarks": benchmarks,
+    }
+    json.dump(doc, open(path, "w"), indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -107,14 +120,7 @@ def main():
                 "error": msg,
                 "what": what.get(mode, ""),
             })
-    doc = {
-        "date": datetime.date.today().isoformat(),
-        "commit": a.commit,
-        "machine": a.machine,
-        "notes": a.notes,
-        "benchmarks": benchmarks,
-    }
-    json.dump(doc, open(a.out, "w"), indent=2)
+    write_results(a.out, a, benchmarks)
     checks = [b for b in benchmarks if "results_checked" in b]
     bad = sum(b["oxtrain"] for b in checks)
     results = sum(b["results_checked"] for b in checks)

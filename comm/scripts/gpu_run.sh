@@ -10,12 +10,6 @@
 # (2) the NVSHMEM-vs-NCCL comparison with both all-reduce algorithms, writing
 # $OUT/comm-2xh200.json, (3) a short table. About 5-7 minutes.
 set -uo pipefail
-here=$(pwd)
-bin="${BENCH:-$here/.gpu/bin/comm-bench}"
-OUT="${OUT:-$here/gpu-out}"
-mkdir -p "$OUT"
-[ -x "$bin" ] || { echo "gpu_run.sh: $bin not found (build comm-bench and copy it to .gpu/bin/)"; exit 2; }
-
 . "$(dirname "$0")/gpu_env.sh"
 export OXTRAIN_COMM_TIMEOUT=60
 # The heap holds the staging (512 MiB on 2 GPUs), comm-bench's symmetric buffer and its

@@ -7,11 +7,6 @@
 #   bash comm/scripts/gpu_run_one.sh      # logs in $OUT (default ./gpu-out)
 # Then: python3 bench/tools/comm_checks.py bench/results/comm-1xh200-mps-checks.json NAME=LOG ...
 set -uo pipefail
-here=$(pwd)
-bin="${BENCH:-$here/.gpu/bin/comm-bench}"
-OUT="${OUT:-$here/gpu-out}"
-mkdir -p "$OUT"
-[ -x "$bin" ] || { echo "gpu_run_one.sh: $bin not found (build comm-bench and copy it to .gpu/bin/)"; exit 2; }
 . "$(dirname "$0")/gpu_env.sh"
 export OXTRAIN_COMM_TIMEOUT=20 NVSHMEM_SYMMETRIC_SIZE=2G
 nvidia-smi --query-gpu=name,memory.total,compute_mode --format=csv,noheader

@@ -285,29 +285,29 @@ __device__ __forceinline__ uint4* ox_result_dst(const CollArgs& a, int p) {
     return ox_g((uint4*)ox_remote_slot<R>(a, p));
 }
 
-// Packs per thread in flight per member in the two-shot reduce: 4 for 32-bit types, 2 for
-// 16-bit ones (whose 8 accumulators per pack would otherwise spill registers).
+// Packs per thread in flight per member in the reduce loops (two-shot, one-shot, symmetric): 4
+// for 32-bit types, 2 for 16-bit ones (whose 8 accumulators per pack would otherwise spill
+// registers).
 template <typename R>
 struct OxReduceUnroll {
     static const int n = sizeof(R) == 4 ? 4 : 2;
 };
 
-// Window packs [k, k + U * bd) (stride bd) reduced over every member in PE order. Member p's U
-// packs (this PE's input, or what p pushed into slot p) are loaded together before any is
-// combined. With a load per pack and the branch on p between them (ox_reduce_pack), each thread
-// had one or two loads in flight, and the two-shot moved 7-9 GB/s per block (235 GB/s with 32
-// blocks) where plain stores move 11-21.
-template <typename E, int U>
-__device__ __forceinline__ void ox_reduce_batch(const CollArgs& a, long long k, long long bd, uint4* v) {
+// Packs [k, k + U * bd) (stride bd) reduced over every member in PE order, member p's packs
+// read from src(p). Each member's U packs are loaded together before any is combined. With a
+// load per pack and the branch on p between them (ox_reduce_pack), each thread had one or two
+// loads in flight, and the two-shot moved 7-9 GB/s per block (235 GB/s with 32 blocks) where
+// plain stores move 11-21.
+template <typename E, int U, typename Src>
+__device__ __forceinline__ void ox_reduce_members(const CollArgs& a, long long k, long long bd, uint4* v, Src src) {
     typedef typename E::raw R;
     const int EPP = 16 / sizeof(R);
     float acc[U][16 / sizeof(R)];
-    const uint4* in = (const uint4*)(a.in_base + a.win_lo * sizeof(R));
     for (int p = 0; p < a.npes; ++p) {
-        const uint4* src = p == a.me ? in : (const uint4*)(ox_buf(a, a.me) + (unsigned long long)p * a.slot_bytes);
+        const uint4* from = src(p);
         uint4 w[U];
 #pragma unroll
-        for (int j = 0; j < U; ++j) w[j] = __ldcv(src + k + j * bd);
+        for (int j = 0; j < U; ++j) w[j] = __ldcv(from + k + j * bd);
 #pragma unroll
         for (int j = 0; j < U; ++j) {
             const R* r = (const R*)&w[j];
@@ -321,6 +321,16 @@ __device__ __forceinline__ void ox_reduce_batch(const CollArgs& a, long long k, 
 #pragma unroll
         for (int e = 0; e < EPP; ++e) o[e] = E::from_f(a.op == OX_AVG ? acc[j][e] / (float)a.npes : acc[j][e]);
     }
+}
+
+// The staged reduce's members: this PE's input, or what member p pushed into slot p.
+template <typename E, int U>
+__device__ __forceinline__ void ox_reduce_batch(const CollArgs& a, long long k, long long bd, uint4* v) {
+    typedef typename E::raw R;
+    const uint4* in = (const uint4*)(a.in_base + a.win_lo * sizeof(R));
+    ox_reduce_members<E, U>(a, k, bd, v, [&](int p) {
+        return p == a.me ? in : (const uint4*)(ox_buf(a, a.me) + (unsigned long long)p * a.slot_bytes);
+    });
 }
 
 // Reduce of window packs [s0, s1) into the output; with PEERS (two-shot) the reduced pack also

@@ -79,7 +79,7 @@ impl NvshmemCommunicator {
         let first_on_gpu = ids.iter().position(|id| *id == ids[rank]) == Some(rank);
         if sharing > 1 && first_on_gpu && !mps_enabled(&device) {
             // It works, in turns: the GPU time-slices the PEs' contexts, and a collective took
-            // 1.2-2.3 ms instead of microseconds on one H200 (bench/results/comm-1xh200-mps.json).
+            // 1.2-2.3 ms instead of microseconds on one H200 (notes of bench/results/comm-1xh200-mps-checks.json).
             eprintln!(
                 "oxtrain-comm warning: {sharing} PEs run on cuda:{ordinal} ({}) without CUDA MPS, so the GPU runs \
                  their kernels in turns and every collective waits milliseconds for them; start the MPS daemon \

@@ -14,38 +14,12 @@
 //
 // `bufs[p]` is member p's copy as seen here (bufs[me] the local one), `count` its elements.
 
-// Packs in flight per thread per member: several 16-byte loads issued before they are combined
-// (two for 16-bit types, whose 8 accumulators per pack would otherwise spill registers).
-template <typename R>
-struct OxSymmUnroll {
-    static const int n = sizeof(R) == 4 ? 4 : 2;
-};
-#define OX_SYMM_UNROLL (OxSymmUnroll<typename E::raw>::n)
+#define OX_SYMM_UNROLL (OxReduceUnroll<typename E::raw>::n)
 
 // Packs [k, k + U * bd) (stride bd) reduced over every member's copy, in PE order.
 template <typename E, int U>
 __device__ __forceinline__ void ox_symm_reduce(const CollArgs& a, long long k, long long bd, uint4* v) {
-    typedef typename E::raw R;
-    const int EPP = 16 / sizeof(R);
-    float acc[U][16 / sizeof(R)];
-    for (int p = 0; p < a.npes; ++p) {
-        const uint4* src = (const uint4*)a.bufs[p];
-        uint4 w[U];
-#pragma unroll
-        for (int j = 0; j < U; ++j) w[j] = __ldcv(src + k + j * bd);
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            const R* s = (const R*)&w[j];
-#pragma unroll
-            for (int e = 0; e < EPP; ++e) acc[j][e] = p == 0 ? E::to_f(s[e]) : ox_combine(a.op, acc[j][e], E::to_f(s[e]));
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-        R* o = (R*)&v[j];
-#pragma unroll
-        for (int e = 0; e < EPP; ++e) o[e] = E::from_f(a.op == OX_AVG ? acc[j][e] / (float)a.npes : acc[j][e]);
-    }
+    ox_reduce_members<E, U>(a, k, bd, v, [&](int p) { return (const uint4*)a.bufs[p]; });
 }
 
 // Element i reduced over every member's copy (the scalar path: unaligned or partial packs).

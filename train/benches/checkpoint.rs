@@ -84,7 +84,7 @@ fn main() {
     for rep in 0..=REPS {
         // Save: from the call until the part is committed and durable.
         let start = Instant::now();
-        let snap = ckpt.snapshot(rep as u64 + 1, 0).model(&model).unwrap().optimizer(&opt).unwrap();
+        let snap = ckpt.snapshot(rep as u64 + 1, 0).unwrap().model(&model).unwrap().optimizer(&opt).unwrap();
         ckpt.save(snap).unwrap();
         let stall = start.elapsed().as_secs_f64();
         let saved = ckpt.wait().unwrap().unwrap().clone();

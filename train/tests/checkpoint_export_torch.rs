@@ -27,7 +27,8 @@ fn has_torch(python: &str) -> bool {
 /// Saves `model` as a checkpoint under `run` and exports it to `out/model.safetensors`.
 fn checkpoint_and_export(model: &dyn Module, run: &Path, out: &Path) {
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(run)).unwrap();
-    ckpt.save(ckpt.snapshot(1, 0).model(model).unwrap()).unwrap();
+    let snap = ckpt.snapshot(1, 0).unwrap().model(model).unwrap();
+    ckpt.save(snap).unwrap();
     ckpt.finish().unwrap();
     export(run, out.join("model.safetensors")).unwrap();
 }

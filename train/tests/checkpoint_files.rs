@@ -31,8 +31,14 @@ fn save_steps(dir: &Path, config: CheckpointConfig, steps: &[u64]) -> Linear {
     let (model, opt) = trained();
     let mut ckpt = Checkpointer::new(config).unwrap();
     for &s in steps {
-        let snap =
-            ckpt.snapshot(s, 0).model(&model).unwrap().optimizer(&opt).unwrap().config_toml("lr = 0.1\n");
+        let snap = ckpt
+            .snapshot(s, 0)
+            .unwrap()
+            .model(&model)
+            .unwrap()
+            .optimizer(&opt)
+            .unwrap()
+            .config_toml("lr = 0.1\n");
         ckpt.save(snap).unwrap();
     }
     let last = ckpt.finish().unwrap().unwrap();
@@ -119,7 +125,8 @@ fn restore_brings_back_model_optimizer_and_rng() {
     let rng = oxtrain_tensor::default_generator_state();
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(&dir)).unwrap();
     let gen = oxtrain_tensor::Generator::new(5);
-    let snap = ckpt.snapshot(4, 2).model(&model).unwrap().optimizer(&opt).unwrap().generator("mine", &gen);
+    let snap =
+        ckpt.snapshot(4, 2).unwrap().model(&model).unwrap().optimizer(&opt).unwrap().generator("mine", &gen);
     ckpt.save(snap.extra(serde_json::json!({"best": 0.5}))).unwrap();
     ckpt.finish().unwrap();
 
@@ -171,7 +178,8 @@ fn ranks_write_their_own_parts_and_world_size_is_checked() {
         let config = CheckpointConfig { rank, world_size: 2, ..CheckpointConfig::new(&dir) };
         let mut ckpt = Checkpointer::new(config).unwrap();
         let sampler = oxtrain_datasets::DistributedSampler::new(10, 2, rank).unwrap().state_dict();
-        let snap = ckpt.snapshot(8, 1).model(&model).unwrap().optimizer(&opt).unwrap().sampler(sampler);
+        let snap =
+            ckpt.snapshot(8, 1).unwrap().model(&model).unwrap().optimizer(&opt).unwrap().sampler(sampler);
         ckpt.save(snap).unwrap();
         ckpt.finish().unwrap();
     }
@@ -231,4 +239,27 @@ fn sigterm_asks_for_a_save_and_a_stop() {
     })
     .unwrap();
     assert_eq!(timed.due(1), Some(SaveReason::Time));
+}
+
+#[test]
+fn a_second_save_reuses_host_buffers_but_writes_the_new_values() {
+    let dir = fresh_dir("staging");
+    let (model, opt) = trained();
+    let before = model.state_dict()[0].1.to_vec::<f32>();
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(&dir)).unwrap();
+    let snap = ckpt.snapshot(1, 0).unwrap().model(&model).unwrap().optimizer(&opt).unwrap();
+    ckpt.save(snap).unwrap();
+    // The next snapshot copies into the first one's host tensors, after its write finished.
+    let snap = ckpt.snapshot(2, 0).unwrap();
+    model.state_dict()[0].1.fill_(2.0);
+    ckpt.save(snap.model(&model).unwrap()).unwrap();
+    model.state_dict()[0].1.fill_(3.0);
+    ckpt.finish().unwrap();
+    let weight = |step| {
+        let c = Checkpoint::load(dir.join(step_dir_name(step)), 0, 1).unwrap();
+        c.model_state().unwrap()[&model.state_dict()[0].0].to_vec::<f32>()
+    };
+    assert_eq!(weight(1), before);
+    assert!(weight(2).iter().all(|&w| w == 2.0));
+    let _ = std::fs::remove_dir_all(dir);
 }

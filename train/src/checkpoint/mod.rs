@@ -33,7 +33,7 @@
 //!     step += 1;
 //!     if let Some(why) = policy.due(step) {
 //!         // The step waits only for this copy to host memory; writing happens on a thread.
-//!         let snap = ckpt.snapshot(step, 0).model(model)?.optimizer(opt)?.sampler(loader.state_dict());
+//!         let snap = ckpt.snapshot(step, 0)?.model(model)?.optimizer(opt)?.sampler(loader.state_dict());
 //!         ckpt.save(snap)?;                    // returns the previous save's error, if any
 //!         if why == SaveReason::Signal {
 //!             ckpt.finish()?;                  // preempted: the save is on disk; exit 0

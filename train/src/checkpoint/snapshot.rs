@@ -51,6 +51,9 @@ pub(crate) struct RankState {
 /// optimizer, schedule, scaler, config) are skipped without a copy, as rank 0 writes them.
 pub struct Snapshot {
     pub(crate) writes_replicated: bool,
+    /// Host tensors of the previous save, reused so a copy writes into memory that is already
+    /// mapped (a fresh allocation costs page faults as long as the copy itself).
+    pub(crate) staging: Staging,
     pub(crate) model: Vec<(String, Tensor)>,
     pub(crate) optimizer: Option<OptimizerState>,
     pub(crate) config_toml: Option<String>,
@@ -58,19 +61,40 @@ pub struct Snapshot {
     pub(crate) rank: RankState,
 }
 
+/// Host buffers from an earlier save, by name.
+pub(crate) type Staging = HashMap<String, Tensor>;
+
 /// A host copy that the training loop cannot change under the writer: GPU tensors come down,
-/// CPU tensors are copied (the optimizer updates them in place).
-fn host_copy(t: &Tensor) -> Result<Tensor> {
-    Ok(match t.device() {
-        Device::Cpu => t.copy(),
+/// CPU tensors are copied (the optimizer updates them in place), into `reuse` when it fits.
+fn host_copy(t: &Tensor, reuse: Option<Tensor>) -> Result<Tensor> {
+    Ok(match (t.device(), reuse) {
+        (Device::Cpu, Some(r)) if r.dims() == t.dims() && r.dtype() == t.dtype() && !r.same_storage(t) => {
+            r.copy_(t);
+            r
+        }
+        (Device::Cpu, _) => t.copy(),
         _ => t.to_device(Device::Cpu)?,
     })
 }
 
+/// Copies `tensors` to the host, one tensor per task on all cores.
+fn host_copies(tensors: Vec<(String, Tensor)>, staging: &mut Staging) -> Result<Vec<(String, Tensor)>> {
+    use rayon::prelude::*;
+    let jobs: Vec<(String, Tensor, Option<Tensor>)> = tensors
+        .into_iter()
+        .map(|(n, t)| {
+            let reuse = staging.remove(&n);
+            (n, t, reuse)
+        })
+        .collect();
+    jobs.into_par_iter().map(|(n, t, reuse)| Ok((n, host_copy(&t, reuse)?))).collect()
+}
+
 impl Snapshot {
-    pub(crate) fn new(step: u64, epoch: u64, rank: usize, world_size: usize) -> Snapshot {
+    pub(crate) fn new(step: u64, epoch: u64, rank: usize, world_size: usize, staging: Staging) -> Snapshot {
         Snapshot {
             writes_replicated: rank == 0,
+            staging,
             model: Vec::new(),
             optimizer: None,
             config_toml: None,
@@ -92,11 +116,7 @@ impl Snapshot {
     /// The model's parameters and buffers by state_dict name (PyTorch's names).
     pub fn model(mut self, model: &dyn Module) -> Result<Snapshot> {
         if self.writes_replicated {
-            self.model = model
-                .state_dict()
-                .into_iter()
-                .map(|(n, t)| Ok((n, host_copy(&t)?)))
-                .collect::<Result<_>>()?;
+            self.model = host_copies(model.state_dict(), &mut self.staging)?;
         }
         Ok(self)
     }
@@ -158,7 +178,8 @@ impl Snapshot {
         self
     }
 
-    /// The files of this rank's part.
+    /// The files of this rank's part; the model's host tensors come back from
+    /// [`take_staging`] once written.
     pub(crate) fn into_files(self) -> Vec<PartFile> {
         let mut files = Vec::new();
         if self.writes_replicated {
@@ -185,4 +206,16 @@ impl Snapshot {
         files.push(PartFile { name: rank_file(self.rank.rank), content: Content::Bytes(rank) });
         files
     }
+}
+
+/// The model's host tensors out of written `files`, to reuse in the next snapshot.
+pub(crate) fn take_staging(files: Vec<PartFile>) -> Staging {
+    files
+        .into_iter()
+        .find(|f| f.name == MODEL_FILE)
+        .map(|f| match f.content {
+            Content::Safetensors { tensors, .. } => tensors.into_iter().collect(),
+            Content::Bytes(_) => Staging::new(),
+        })
+        .unwrap_or_default()
 }

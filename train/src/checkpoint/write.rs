@@ -98,7 +98,7 @@ pub(crate) fn temp_prefix(name: &str) -> String {
 
 /// Writes `files` plus a manifest as the part `info.name` under `info.parent`. Returns the
 /// committed directory and its size in bytes.
-pub(crate) fn write_part(info: &PartInfo<'_>, files: Vec<PartFile>) -> Result<(PathBuf, u64)> {
+pub(crate) fn write_part(info: &PartInfo<'_>, files: &[PartFile]) -> Result<(PathBuf, u64)> {
     let parent = info.parent;
     std::fs::create_dir_all(parent).map_err(io(parent, "creating the checkpoint folder"))?;
     let total: u64 = files.iter().map(PartFile::estimated_bytes).sum();
@@ -138,7 +138,7 @@ pub(crate) fn write_part(info: &PartInfo<'_>, files: Vec<PartFile>) -> Result<(P
     }
 }
 
-fn write_files(info: &PartInfo<'_>, temp: &Path, files: Vec<PartFile>, total: u64) -> Result<u64> {
+fn write_files(info: &PartInfo<'_>, temp: &Path, files: &[PartFile], total: u64) -> Result<u64> {
     let mut entries = Vec::new();
     let mut written = 0u64;
     for f in files {
@@ -167,7 +167,7 @@ fn write_files(info: &PartInfo<'_>, temp: &Path, files: Vec<PartFile>, total: u6
             w.flush().map_err(io(&path, "writing"))?;
         }
         tap.inner.sync_all().map_err(io(&path, "flushing to disk"))?;
-        entries.push(FileEntry { name: f.name, bytes: tap.bytes, xxh3: hex(tap.hasher.digest()) });
+        entries.push(FileEntry { name: f.name.clone(), bytes: tap.bytes, xxh3: hex(tap.hasher.digest()) });
     }
     let manifest = Manifest {
         format: FORMAT.into(),

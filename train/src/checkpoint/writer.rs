@@ -5,7 +5,7 @@
 use super::discover::{list, part_name, remove_stale_temps};
 use super::error::{CheckpointError, Result};
 use super::retention::to_remove;
-use super::snapshot::Snapshot;
+use super::snapshot::{take_staging, Snapshot, Staging};
 use super::write::{write_part, PartInfo, ProgressFn};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::path::PathBuf;
@@ -55,8 +55,9 @@ pub struct Saved {
 pub struct Checkpointer {
     config: CheckpointConfig,
     jobs: Option<Sender<Snapshot>>,
-    results: Receiver<Result<Saved>>,
+    results: Receiver<(Result<Saved>, Staging)>,
     in_flight: bool,
+    staging: Staging,
     last: Option<Saved>,
     thread: Option<JoinHandle<()>>,
 }
@@ -69,18 +70,18 @@ impl Checkpointer {
             .map_err(super::error::io(&config.dir, "creating the checkpoint folder"))?;
         remove_stale_temps(&config.dir, config.rank);
         let (jobs, job_rx) = bounded::<Snapshot>(1);
-        let (result_tx, results) = bounded::<Result<Saved>>(1);
+        let (result_tx, results) = bounded::<(Result<Saved>, Staging)>(1);
         let thread_config = config.clone();
         let thread = std::thread::Builder::new()
             .name("oxtrain-checkpoint".into())
             .spawn(move || {
                 let mut previous = newest_committed(&thread_config);
                 for snap in job_rx.iter() {
-                    let r = write_one(&thread_config, snap, previous.clone());
+                    let (r, staging) = write_one(&thread_config, snap, previous.clone());
                     if let Ok(saved) = &r {
                         previous = Some(saved.path.clone());
                     }
-                    if result_tx.send(r).is_err() {
+                    if result_tx.send((r, staging)).is_err() {
                         break;
                     }
                 }
@@ -91,6 +92,7 @@ impl Checkpointer {
             jobs: Some(jobs),
             results,
             in_flight: false,
+            staging: Staging::new(),
             last: None,
             thread: Some(thread),
         })
@@ -98,9 +100,12 @@ impl Checkpointer {
 
     /// A snapshot of step `step` in `epoch` for this rank: chain `.model(&m)?.optimizer(&o)?`
     /// and the rest, then pass it to [`Checkpointer::save`]. The default generator's state is
-    /// taken now.
-    pub fn snapshot(&self, step: u64, epoch: u64) -> Snapshot {
-        Snapshot::new(step, epoch, self.config.rank, self.config.world_size)
+    /// taken now. Waits for the previous save first (its host buffers are reused) and returns
+    /// its error if it failed.
+    pub fn snapshot(&mut self, step: u64, epoch: u64) -> Result<Snapshot> {
+        self.wait()?;
+        let staging = std::mem::take(&mut self.staging);
+        Ok(Snapshot::new(step, epoch, self.config.rank, self.config.world_size, staging))
     }
 
     /// Hands `snap` to the writer thread and returns. Waits first for the previous save, and
@@ -120,7 +125,10 @@ impl Checkpointer {
         if self.in_flight {
             self.in_flight = false;
             match self.results.recv() {
-                Ok(saved) => self.last = Some(saved?),
+                Ok((saved, staging)) => {
+                    self.staging = staging;
+                    self.last = Some(saved?);
+                }
                 Err(_) => return Err(CheckpointError::WriterGone(self.thread_end())),
             }
         }
@@ -181,7 +189,11 @@ fn newest_committed(config: &CheckpointConfig) -> Option<PathBuf> {
     entries.into_iter().find(|e| !e.partial).map(|e| config.dir.join(part_name(e.step, config.rank)))
 }
 
-fn write_one(config: &CheckpointConfig, snap: Snapshot, previous: Option<PathBuf>) -> Result<Saved> {
+fn write_one(
+    config: &CheckpointConfig,
+    snap: Snapshot,
+    previous: Option<PathBuf>,
+) -> (Result<Saved>, Staging) {
     let start = Instant::now();
     let step = snap.step();
     let info = PartInfo {
@@ -194,9 +206,14 @@ fn write_one(config: &CheckpointConfig, snap: Snapshot, previous: Option<PathBuf
         progress: config.on_progress.as_ref(),
         previous,
     };
-    let (path, bytes) = write_part(&info, snap.into_files())?;
-    prune(config, step);
-    Ok(Saved { step, path, bytes, write_time: start.elapsed() })
+    let files = snap.into_files();
+    let written = write_part(&info, &files);
+    let staging = take_staging(files);
+    let saved = written.map(|(path, bytes)| {
+        prune(config, step);
+        Saved { step, path, bytes, write_time: start.elapsed() }
+    });
+    (saved, staging)
 }
 
 /// Applies retention to this rank's parts. Failures to delete are reported, not fatal: the

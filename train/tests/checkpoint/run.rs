@@ -126,7 +126,8 @@ pub fn train(plan: &Plan<'_>) -> Outcome {
             step += 1;
             out.losses.push(loss.tensor().to_scalar::<f32>().to_bits());
             if plan.save_at.contains(&step) || plan.die_inside_save.is_some_and(|(s, _)| s == step) {
-                let snap = ckpt.snapshot(step, epoch).model(&model).unwrap().optimizer(&opt).unwrap();
+                let snap =
+                    ckpt.snapshot(step, epoch).unwrap().model(&model).unwrap().optimizer(&opt).unwrap();
                 let snap = snap.scheduler(&sched).sampler(loader.state_dict());
                 if let Some((_, at_byte)) = plan.die_inside_save.filter(|(s, _)| *s == step) {
                     out.print();

@@ -114,7 +114,9 @@ fn main() {
     let report = Report {
         date: today(),
         commit: git_commit(),
-        machine: format!("{} CPU cores", std::thread::available_parallelism().map_or(0, |n| n.get())),
+        machine: std::env::var("OXTRAIN_MACHINE").unwrap_or_else(|_| {
+            format!("{} CPU cores", std::thread::available_parallelism().map_or(0, |n| n.get()))
+        }),
         notes: format!(
             "ResNet-50 training state on the CPU: {mb:.0} MB (weights, buffers, SGD momentum, trainer and RNG \
              files). Median of {REPS} interleaved repetitions after one warm-up; save = snapshot + write + fsync \

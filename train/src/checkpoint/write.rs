@@ -70,7 +70,7 @@ struct Tap<'a, W: Write> {
     inner: W,
     hasher: Xxh3,
     bytes: u64,
-    part_written: &'a mut u64,
+    part_written: &'a AtomicU64,
     report: &'a dyn Fn(u64),
 }
 
@@ -79,8 +79,8 @@ impl<W: Write> Write for Tap<'_, W> {
         let n = self.inner.write(buf)?;
         self.hasher.update(&buf[..n]);
         self.bytes += n as u64;
-        *self.part_written += n as u64;
-        (self.report)(*self.part_written);
+        let so_far = self.part_written.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        (self.report)(so_far);
         Ok(n)
     }
 
@@ -138,37 +138,17 @@ pub(crate) fn write_part(info: &PartInfo<'_>, files: &[PartFile]) -> Result<(Pat
     }
 }
 
+/// Writes the files side by side (one thread each: the model and the optimizer state are
+/// the bulk, and one stream alone does not keep a disk busy), then the manifest.
 fn write_files(info: &PartInfo<'_>, temp: &Path, files: &[PartFile], total: u64) -> Result<u64> {
-    let mut entries = Vec::new();
-    let mut written = 0u64;
-    for f in files {
-        let path = temp.join(&f.name);
-        let name = f.name.clone();
-        let report = |w: u64| {
-            if let Some(p) = info.progress {
-                p(&WriteProgress { step: info.step, file: name.clone(), written: w, total });
-            }
-        };
-        let file = File::create(&path).map_err(io(&path, "creating"))?;
-        let mut tap =
-            Tap { inner: file, hasher: Xxh3::new(), bytes: 0, part_written: &mut written, report: &report };
-        {
-            let mut w = BufWriter::with_capacity(4 << 20, &mut tap);
-            match &f.content {
-                Content::Bytes(b) => w.write_all(b).map_err(io(&path, "writing"))?,
-                Content::Safetensors { tensors, metadata } => {
-                    oxtrain_tensor::safetensors::write_to(tensors, metadata.as_ref(), &mut w, &path)
-                        .map_err(|e| match e {
-                            oxtrain_tensor::Error::SaveFailed { source, .. } => io(&path, "writing")(source),
-                            e => e.into(),
-                        })?;
-                }
-            }
-            w.flush().map_err(io(&path, "writing"))?;
-        }
-        tap.inner.sync_all().map_err(io(&path, "flushing to disk"))?;
-        entries.push(FileEntry { name: f.name.clone(), bytes: tap.bytes, xxh3: hex(tap.hasher.digest()) });
-    }
+    let written = AtomicU64::new(0);
+    let counter = &written;
+    let entries: Vec<Result<FileEntry>> = std::thread::scope(|scope| {
+        let writers: Vec<_> =
+            files.iter().map(|f| scope.spawn(move || write_file(info, temp, f, counter, total))).collect();
+        writers.into_iter().map(|w| w.join().expect("a checkpoint file writer panicked")).collect()
+    });
+    let entries = entries.into_iter().collect::<Result<Vec<_>>>()?;
     let manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
@@ -183,7 +163,41 @@ fn write_files(info: &PartInfo<'_>, temp: &Path, files: &[PartFile], total: u64)
     let mut file = File::create(&path).map_err(io(&path, "creating"))?;
     file.write_all(&json).map_err(io(&path, "writing"))?;
     file.sync_all().map_err(io(&path, "flushing to disk"))?;
-    Ok(written + json.len() as u64)
+    Ok(written.into_inner() + json.len() as u64)
+}
+
+fn write_file(
+    info: &PartInfo<'_>,
+    temp: &Path,
+    f: &PartFile,
+    written: &AtomicU64,
+    total: u64,
+) -> Result<FileEntry> {
+    let path = temp.join(&f.name);
+    let report = |w: u64| {
+        if let Some(p) = info.progress {
+            p(&WriteProgress { step: info.step, file: f.name.clone(), written: w, total });
+        }
+    };
+    let file = File::create(&path).map_err(io(&path, "creating"))?;
+    let mut tap = Tap { inner: file, hasher: Xxh3::new(), bytes: 0, part_written: written, report: &report };
+    {
+        let mut w = BufWriter::with_capacity(4 << 20, &mut tap);
+        match &f.content {
+            Content::Bytes(b) => w.write_all(b).map_err(io(&path, "writing"))?,
+            Content::Safetensors { tensors, metadata } => {
+                oxtrain_tensor::safetensors::write_to(tensors, metadata.as_ref(), &mut w, &path).map_err(
+                    |e| match e {
+                        oxtrain_tensor::Error::SaveFailed { source, .. } => io(&path, "writing")(source),
+                        e => e.into(),
+                    },
+                )?;
+            }
+        }
+        w.flush().map_err(io(&path, "writing"))?;
+    }
+    tap.inner.sync_all().map_err(io(&path, "flushing to disk"))?;
+    Ok(FileEntry { name: f.name.clone(), bytes: tap.bytes, xxh3: hex(tap.hasher.digest()) })
 }
 
 /// Renames `temp` to `target` durably. A part already at `target` (the same step saved again

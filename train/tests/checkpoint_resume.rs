@@ -62,6 +62,7 @@ fn run_role() -> bool {
             train(&plan(&[3], None, Some((7, at)), false))
         }
         "resume" => train(&plan(&[], None, None, true)),
+        "preempt" => preempt(&dir),
         other => panic!("unknown role {other}"),
     };
     outcome.print();
@@ -137,4 +138,55 @@ fn a_kill_inside_a_write_falls_back_to_the_previous_checkpoint() {
     assert_eq!(resumed.weights, full.weights);
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(full_dir);
+}
+
+/// Steps until SIGTERM arrives, then saves, waits for the write and exits 0, as a trainer
+/// preempted by Slurm should.
+fn preempt(dir: &Path) -> ! {
+    use oxtrain::checkpoint::{CheckpointConfig, Checkpointer, SavePolicy, SaveReason, SaveTriggers};
+    use oxtrain_nn::Module;
+    let model = oxtrain_nn::Linear::new(4, 2, oxtrain_tensor::Device::Cpu).unwrap();
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(dir)).unwrap();
+    let mut policy =
+        SavePolicy::new(SaveTriggers { every_steps: None, every: None, at_end: true, on_signal: true })
+            .unwrap();
+    for step in 1..=20_000 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        if step == 3 {
+            println!("READY");
+        }
+        if policy.due(step) == Some(SaveReason::Signal) {
+            let snap = ckpt.snapshot(step, 0).unwrap().model(&model).unwrap();
+            ckpt.save(snap).unwrap();
+            ckpt.finish().unwrap();
+            eprintln!("saved step {step} after SIGTERM");
+            std::process::exit(0);
+        }
+    }
+    std::process::exit(2)
+}
+
+#[test]
+fn sigterm_saves_and_exits_zero() {
+    if run_role() {
+        return;
+    }
+    use std::io::BufRead;
+    let dir = fresh_dir("preempt");
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "sigterm_saves_and_exits_zero", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, "preempt")
+        .env(DIR, &dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(c.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap() == "READY"), "the child never got going");
+    // SAFETY: signals the child this test started, by its pid.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let status = c.wait().unwrap();
+    assert!(status.success(), "a preempted run should save and exit 0, got {status:?}");
+    let found = oxtrain::checkpoint::latest_valid(&dir).unwrap();
+    assert!(found.step().is_some_and(|s| s >= 3), "{found}");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -8,19 +8,13 @@
 //! # fn demo<D: oxtrain_datasets::Dataset>(model: &dyn oxtrain_nn::Module, opt: &mut dyn oxtrain_nn::optim::Optimizer,
 //! #         loader: &oxtrain_datasets::DataLoader<D>,
 //! #         total_steps: u64) -> Result<()> {
-//! let mut ckpt = Checkpointer::new(CheckpointConfig {
-//!     keep_last: Some(3),
-//!     keep_every: Some(10_000),
-//!     ..CheckpointConfig::new("runs/r1/checkpoints")   // rank 0 of 1; set rank/world_size under DDP
-//! })?;
-//! let mut policy = SavePolicy::new(SaveTriggers { every_steps: Some(1000), ..Default::default() })?;
-//!
 //! // Resume: the newest checkpoint whose checksums hold; the report names each skipped one.
+//! // Look before starting a writer: a new writer clears this rank's unfinished writes.
 //! let found = latest_valid("runs/r1/checkpoints")?;
 //! eprintln!("{found}");
 //! let mut step = 0;
 //! if let Some(path) = found.path() {
-//!     let c = Checkpoint::load(path, 0, 1)?;
+//!     let c = Checkpoint::load(path, 0, 1)?;               // rank 0 of 1: checks the world size
 //!     c.restore_model(model)?;
 //!     c.restore_optimizer(opt)?;
 //!     c.restore_rng();
@@ -28,6 +22,12 @@
 //!         path: path.into(), what: "the data loader", message: e.to_string() })?; }
 //!     step = c.step();
 //! }
+//! let mut ckpt = Checkpointer::new(CheckpointConfig {
+//!     keep_last: Some(3),
+//!     keep_every: Some(10_000),
+//!     ..CheckpointConfig::new("runs/r1/checkpoints")   // rank 0 of 1; set rank/world_size under DDP
+//! })?;
+//! let mut policy = SavePolicy::new(SaveTriggers { every_steps: Some(1000), ..Default::default() })?;
 //! while step < total_steps {
 //!     // ... one optimizer step ...
 //!     step += 1;
@@ -41,7 +41,11 @@
 //!         }
 //!     }
 //! }
-//! ckpt.finish()?;
+//! if policy.at_end() {
+//!     let snap = ckpt.snapshot(step, 0)?.model(model)?.optimizer(opt)?.sampler(loader.state_dict());
+//!     ckpt.save(snap)?;
+//! }
+//! ckpt.finish()?;                              // waits for the last write; returns its error
 //! # Ok(()) }
 //! ```
 //!

@@ -9,7 +9,7 @@ pub fn to_remove(steps: &[u64], keep_last: Option<usize>, keep_every: Option<u64
     sorted
         .into_iter()
         .skip(keep_last.max(1))
-        .filter(|s| !keep_every.is_some_and(|n| n > 0 && s % n == 0))
+        .filter(|s| !keep_every.is_some_and(|n| n > 0 && s.is_multiple_of(n)))
         .collect()
 }
 

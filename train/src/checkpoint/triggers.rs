@@ -70,7 +70,7 @@ impl SavePolicy {
     pub fn due(&mut self, step: u64) -> Option<SaveReason> {
         let reason = if self.stop_requested() {
             Some(SaveReason::Signal)
-        } else if self.triggers.every_steps.is_some_and(|n| n > 0 && step % n == 0) {
+        } else if self.triggers.every_steps.is_some_and(|n| n > 0 && step.is_multiple_of(n)) {
             Some(SaveReason::Steps)
         } else if self.triggers.every.is_some_and(|d| self.last_save.elapsed() >= d) {
             Some(SaveReason::Time)

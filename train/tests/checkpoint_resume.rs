@@ -144,7 +144,6 @@ fn a_kill_inside_a_write_falls_back_to_the_previous_checkpoint() {
 /// preempted by Slurm should.
 fn preempt(dir: &Path) -> ! {
     use oxtrain::checkpoint::{CheckpointConfig, Checkpointer, SavePolicy, SaveReason, SaveTriggers};
-    use oxtrain_nn::Module;
     let model = oxtrain_nn::Linear::new(4, 2, oxtrain_tensor::Device::Cpu).unwrap();
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(dir)).unwrap();
     let mut policy =

@@ -13,7 +13,7 @@
 //! `bench/results/checkpoint.json`.
 
 use oxtrain::checkpoint::{CheckpointConfig, Checkpointer};
-use oxtrain_bench::{git_commit, load_average, today, Benchmark, OtherLoad, Report};
+use oxtrain_bench::{git_commit, load_average, median, today, Benchmark, OtherLoad, Report};
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_nn::optim::{Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::Module;
@@ -24,16 +24,6 @@ use std::time::Instant;
 
 const REPS: usize = 5;
 const BUDGET_MS: f64 = 50.0;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
 
 /// Seconds for `dd` to write `bytes` from /dev/zero into `dir` and fsync them.
 fn dd_seconds(dir: &Path, bytes: u64) -> f64 {
@@ -112,8 +102,8 @@ fn main() {
     let _ = std::fs::remove_dir_all(&run);
 
     let mb = bytes as f64 / 1e6;
-    let (save, dd, stall_ms) = (mb / median(save_s), mb / median(dd_s), median(stall_s) * 1e3);
-    let thread = mb / median(thread_s);
+    let (save, dd, stall_ms) = (mb / median(&save_s), mb / median(&dd_s), median(&stall_s) * 1e3);
+    let thread = mb / median(&thread_s);
     let profile = if cfg!(debug_assertions) {
         "dev profile (workspace crates at opt-level 1, dependencies at 3, debug assertions on)"
     } else {

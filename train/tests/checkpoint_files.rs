@@ -263,3 +263,87 @@ fn a_second_save_reuses_host_buffers_but_writes_the_new_values() {
     assert!(weight(2).iter().all(|&w| w == 2.0));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    /// None (the test is skipped) where this process may not mount (not root, a container).
+    fn mount(name: &str, bytes: usize) -> Option<SmallDisk> {
+        let dir = fresh_dir(name);
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallDisk(dir))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
+    let Some(disk) = SmallDisk::mount("full", 256 << 10) else {
+        eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
+        return;
+    };
+    let small = Linear::new(4, 2, Device::Cpu).unwrap();
+    let big = Linear::new(256, 512, Device::Cpu).unwrap(); // 513 KB of weights
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(&disk.0)).unwrap();
+    let snap = ckpt.snapshot(1, 0).unwrap().model(&small).unwrap();
+    ckpt.save(snap).unwrap();
+    let snap = ckpt.snapshot(2, 0).unwrap().model(&big).unwrap();
+    ckpt.save(snap).unwrap();
+    let err = ckpt.finish().unwrap_err();
+    let msg = err.to_string();
+    println!("{msg}");
+    assert!(matches!(err, CheckpointError::DiskFull { needed, .. } if needed > 256 << 10), "{msg}");
+    assert!(msg.contains("not enough disk space") && msg.contains("bytes are free"), "{msg}");
+    assert!(msg.contains("step-000001 is intact"), "{msg}");
+    let found = latest_valid(&disk.0).unwrap();
+    assert_eq!(found.step(), Some(1), "{found}");
+    assert!(found.skipped.is_empty(), "nothing of the failed write is left: {found}");
+}
+
+#[test]
+fn a_disk_that_fills_during_the_write_is_the_same_clear_error() {
+    let Some(disk) = SmallDisk::mount("fills", 1 << 20) else {
+        eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
+        return;
+    };
+    let small = Linear::new(4, 2, Device::Cpu).unwrap();
+    let big = Linear::new(256, 512, Device::Cpu).unwrap(); // fits on its own
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(&disk.0)).unwrap();
+    let snap = ckpt.snapshot(1, 0).unwrap().model(&small).unwrap();
+    ckpt.save(snap).unwrap();
+    ckpt.finish().unwrap();
+    // Another program takes the rest of the disk as soon as the write has begun; the manifest,
+    // written last, then finds no room.
+    let filler = disk.0.join("filler");
+    let filled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hook: ProgressFn = std::sync::Arc::new(move |_| {
+        if !filled.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&filler).unwrap();
+            while f.write_all(&[0u8; 4096]).is_ok() {}
+        }
+    });
+    let config = CheckpointConfig { on_progress: Some(hook), ..CheckpointConfig::new(&disk.0) };
+    let mut ckpt = Checkpointer::new(config).unwrap();
+    let snap = ckpt.snapshot(2, 0).unwrap().model(&big).unwrap();
+    ckpt.save(snap).unwrap();
+    let err = ckpt.finish().unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, CheckpointError::DiskFull { .. }), "{msg}");
+    assert!(msg.contains("step-000001 is intact"), "{msg}");
+    let found = latest_valid(&disk.0).unwrap();
+    assert_eq!(found.step(), Some(1), "{found}");
+    assert!(found.skipped.is_empty(), "the failed write's temporary directory is removed: {found}");
+}

@@ -3,7 +3,7 @@
 //! given, else from the process-wide generator that `oxtrain_tensor::manual_seed` seeds, like
 //! PyTorch's `generator=None`.
 
-use oxtrain_tensor::{Generator, Tensor};
+use oxtrain_tensor::{Distribution, Generator, Tensor};
 
 /// Which fan `kaiming_*` scales by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,7 +71,7 @@ fn expect_float(op: &str, t: &Tensor) {
 pub fn uniform_(t: &Tensor, low: f64, high: f64, gen: Option<&mut Generator>) {
     expect_float("uniform_", t);
     let values = match gen {
-        Some(g) => Tensor::uniform_with(g, t.dims(), low, high, t.dtype(), t.device()),
+        Some(g) => Distribution::Uniform { low, high }.sample_with(g, t.dims(), t.dtype(), t.device()),
         None => Tensor::uniform(t.dims(), low, high, t.dtype(), t.device()),
     };
     t.copy_(&values.expect("random values on the tensor's own device"));
@@ -81,7 +81,7 @@ pub fn uniform_(t: &Tensor, low: f64, high: f64, gen: Option<&mut Generator>) {
 pub fn normal_(t: &Tensor, mean: f64, std: f64, gen: Option<&mut Generator>) {
     expect_float("normal_", t);
     let values = match gen {
-        Some(g) => Tensor::normal_with(g, t.dims(), mean, std, t.dtype(), t.device()),
+        Some(g) => Distribution::Normal { mean, std }.sample_with(g, t.dims(), t.dtype(), t.device()),
         None => Tensor::normal(t.dims(), mean, std, t.dtype(), t.device()),
     };
     t.copy_(&values.expect("random values on the tensor's own device"));

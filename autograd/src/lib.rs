@@ -8,6 +8,7 @@
 #![doc = include_str!("../README.md")]
 
 mod autocast;
+mod convert;
 mod gradcheck;
 mod graph;
 mod ops;

@@ -90,6 +90,16 @@ fn read_sharded(index_path: &Path) -> Result<HashMap<String, Tensor>> {
     Ok(out)
 }
 
+/// The `config.json` of a Hugging Face checkpoint at `path`: inside it when `path` is a
+/// folder, beside it when it is a file (`model.safetensors`, an index).
+pub fn config_path(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.parent().unwrap_or(Path::new(".")).join("config.json")
+    }
+}
+
 /// How a model family fits checkpoint names to its own, as Hugging Face models do.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NameRules<'a> {

@@ -13,7 +13,7 @@ pub use layers::{
 
 use crate::gpt2::Activation;
 use crate::list::List;
-use crate::loading::{config_path, load_pretrained, read_checkpoint, NameRules};
+use crate::loading::{given_or_read, load_pretrained, read_checkpoint, NameRules};
 use crate::mask::additive_mask;
 use crate::Result;
 use oxtrain_autograd::Var;
@@ -105,7 +105,7 @@ impl BertModel {
         device: Device,
     ) -> Result<BertModel> {
         let path = path_or_dir.as_ref();
-        let config = read_config(path, config.into())?;
+        let config = given_or_read(config.into(), path, |p| BertConfig::from_file(p))?;
         let model = init::no_init_weights(|| BertModel::new(&config, true, device))?;
         model.load_weights(path)?;
         Ok(model)
@@ -148,14 +148,6 @@ impl Module for BertModel {
         if let Some(p) = &self.pooler {
             v.child("pooler", p);
         }
-    }
-}
-
-/// `config`, or the `config.json` in (or beside) `path`.
-fn read_config(path: &Path, config: Option<BertConfig>) -> Result<BertConfig> {
-    match config {
-        Some(config) => Ok(config),
-        None => BertConfig::from_file(config_path(path)),
     }
 }
 
@@ -226,7 +218,7 @@ impl BertForSequenceClassification {
         device: Device,
     ) -> Result<BertForSequenceClassification> {
         let path = path_or_dir.as_ref();
-        let config = read_config(path, config.into())?;
+        let config = given_or_read(config.into(), path, |p| BertConfig::from_file(p))?;
         // Only the encoder skips its initialisation: the classifier may be absent from the
         // checkpoint and must then start from Hugging Face's initialisation.
         let bert = init::no_init_weights(|| BertModel::new(&config, true, device))?;

@@ -9,7 +9,7 @@ pub use config::Gpt2Config;
 pub use layers::{Activation, Conv1D, Gpt2Attention, Gpt2Block, Gpt2Mlp};
 
 use crate::list::List;
-use crate::loading::{config_path, load_pretrained, read_checkpoint, NameRules};
+use crate::loading::{given_or_read, load_pretrained, read_checkpoint, NameRules};
 use crate::Result;
 use layers::layer_norm;
 use oxtrain_autograd::Var;
@@ -67,10 +67,7 @@ impl Gpt2Model {
         device: Device,
     ) -> Result<Gpt2Model> {
         let path = path_or_dir.as_ref();
-        let config = match config.into() {
-            Some(config) => config,
-            None => Gpt2Config::from_file(config_path(path))?,
-        };
+        let config = given_or_read(config.into(), path, |p| Gpt2Config::from_file(p))?;
         let model = init::no_init_weights(|| Gpt2Model::new(&config, device))?;
         model.load_weights(path)?;
         Ok(model)
@@ -168,10 +165,7 @@ impl Gpt2LMHeadModel {
         device: Device,
     ) -> Result<Gpt2LMHeadModel> {
         let path = path_or_dir.as_ref();
-        let config = match config.into() {
-            Some(config) => config,
-            None => Gpt2Config::from_file(config_path(path))?,
-        };
+        let config = given_or_read(config.into(), path, |p| Gpt2Config::from_file(p))?;
         let model = init::no_init_weights(|| Gpt2LMHeadModel::new(&config, device))?;
         model.load_weights(path)?;
         Ok(model)

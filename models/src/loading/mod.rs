@@ -100,6 +100,19 @@ pub fn config_path(path: &Path) -> PathBuf {
     }
 }
 
+/// `config` when given, else `read` of the `config.json` in or beside `path`
+/// ([`config_path`]): what `from_pretrained` builds.
+pub(crate) fn given_or_read<C>(
+    config: Option<C>,
+    path: &Path,
+    read: impl FnOnce(&Path) -> Result<C>,
+) -> Result<C> {
+    match config {
+        Some(config) => Ok(config),
+        None => read(&config_path(path)),
+    }
+}
+
 /// How a model family fits checkpoint names to its own, as Hugging Face models do.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NameRules<'a> {

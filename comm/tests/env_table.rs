@@ -49,13 +49,16 @@ fn every_variable_is_read_by_its_options_type_and_listed_in_the_readme() {
         used.extend(names(&text));
         let rel = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
         // A variable is read through a literal that is its whole name; messages that mention one
-        // start with other words. The benchmark program reads its own.
+        // start with other words, and tests look for it in messages with `contains`. The
+        // benchmark program reads its own.
         if READERS.contains(&rel.as_str()) || rel.starts_with("src/bin/") {
             continue;
         }
         for (n, line) in text.lines().enumerate() {
             for name in names(line) {
-                if line.contains(&format!("\"{name}\"")) {
+                let literal = format!("\"{name}\"");
+                let read = line.match_indices(&literal).any(|(i, _)| !line[..i].ends_with("contains("));
+                if read {
                     misplaced.push(format!("{rel}:{}: {name}", n + 1));
                 }
             }

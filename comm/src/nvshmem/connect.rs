@@ -232,9 +232,8 @@ impl NvshmemCommunicator {
     }
 }
 
-/// How many blocks of the collective kernels stay resident at once on this GPU: the streaming
-/// all-reduce's pushers and reducers wait on each other across GPUs, so all of its blocks must
-/// run together.
+/// How many blocks of the collective kernels stay resident at once on this GPU: block b waits
+/// for block b of the peers, so every block of a launch must run at once.
 fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -> Result<u32> {
     let sms = device
         .context()

@@ -1,4 +1,4 @@
-// The kernels' entry points (appended last to collectives.cu, ll.cu, stream.cu and symmetric.cu by
+// The kernels' entry points (appended last to collectives.cu, ll.cu and symmetric.cu by
 // device_code.rs): one per dtype, dispatching on the mode.
 
 // Programmatic dependent launch (Hopper): launched with that attribute, a collective may be

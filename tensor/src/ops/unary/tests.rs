@@ -1,7 +1,7 @@
 //! Tests of the unary family against PyTorch fixtures (`fixtures.py` beside this file).
 
 use crate::testing::{assert_close, tolerance, Fixtures};
-use crate::{DType, Device, Tensor, UnaryOp};
+use crate::{DType, Device, Tensor};
 
 fn fixtures() -> Fixtures {
     Fixtures::parse(include_str!("fixtures.json"), "unary/fixtures.json")

@@ -9,6 +9,7 @@
 
 mod autocast;
 mod callback;
+mod convert;
 mod gradcheck;
 mod graph;
 mod ops;

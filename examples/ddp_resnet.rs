@@ -20,7 +20,7 @@ use oxtrain_comm::Communicator;
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_nn::optim::{Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{loss, Module};
-use oxtrain_tensor::{DType, Device, Generator, Tensor};
+use oxtrain_tensor::{DType, Device, Distribution, Generator, Tensor};
 use std::sync::Arc;
 
 const PER_RANK_BATCH: usize = 8;
@@ -41,7 +41,8 @@ fn train(comm: Arc<dyn Communicator>, steps: usize, sync_bn: bool) -> Result<(),
         Sgd::new(ddp.module().parameters(), SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() });
     // One fixed batch per rank (each rank its own part of the global batch), to be learnt.
     let mut g = Generator::new(rank as u64);
-    let images = Tensor::randn_with(&mut g, [PER_RANK_BATCH, 3, 32, 32], DType::F32, device)?;
+    let images =
+        Distribution::STANDARD_NORMAL.sample_with(&mut g, [PER_RANK_BATCH, 3, 32, 32], DType::F32, device)?;
     let labels: Vec<i64> = (0..PER_RANK_BATCH).map(|i| ((i + rank * PER_RANK_BATCH) % 10) as i64).collect();
     let labels = Tensor::from_vec(labels, PER_RANK_BATCH, device)?;
     for step in 0..steps {

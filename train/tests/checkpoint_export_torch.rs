@@ -8,7 +8,7 @@ use oxtrain::checkpoint::{export, CheckpointConfig, Checkpointer};
 use oxtrain_autograd::Var;
 use oxtrain_models::gpt2::{Gpt2Config, Gpt2LMHeadModel};
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
-use oxtrain_nn::{Forward, Module};
+use oxtrain_nn::Module;
 use oxtrain_tensor::{safetensors, DType, Device, Tensor};
 use std::path::Path;
 use std::process::Command;
@@ -51,7 +51,7 @@ fn exported_models_load_in_pytorch() {
     resnet.eval();
     checkpoint_and_export(&resnet, &root.join("resnet-run"), &root.join("resnet"));
     let x = Tensor::randn([2, 3, 64, 64], DType::F32, Device::Cpu).unwrap();
-    let logits = resnet.forward(&Var::constant(x.clone())).tensor().clone();
+    let logits = resnet.forward(Var::constant(x.clone())).tensor().clone();
     safetensors::save(&[("x", &x), ("logits", &logits)], None, root.join("resnet/io.safetensors")).unwrap();
 
     let config = Gpt2Config {

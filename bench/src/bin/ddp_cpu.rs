@@ -21,8 +21,8 @@ use oxtrain_bench::{git_commit, load_average, today, Benchmark, OtherLoad, Repor
 use oxtrain_comm::ddp::{Ddp, DdpConfig};
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_nn::optim::{Optimizer, Sgd, SgdConfig};
-use oxtrain_nn::{loss, Forward, Module};
-use oxtrain_tensor::{DType, Device, Generator, Tensor};
+use oxtrain_nn::{loss, Module};
+use oxtrain_tensor::{DType, Device, Distribution, Generator, Tensor};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -52,7 +52,12 @@ fn rank() -> Result<(), Box<dyn std::error::Error>> {
     let rank: usize = std::env::var("RANK")?.parse()?;
     let model = ResNet::new(&ResNetConfig::resnet18(), Device::Cpu)?;
     let mut g = Generator::new(rank as u64);
-    let images = Var::constant(Tensor::randn_with(&mut g, [BATCH, 3, SIZE, SIZE], DType::F32, Device::Cpu)?);
+    let images = Var::constant(Distribution::STANDARD_NORMAL.sample_with(
+        &mut g,
+        [BATCH, 3, SIZE, SIZE],
+        DType::F32,
+        Device::Cpu,
+    )?);
     let labels: Vec<i64> = (0..BATCH).map(|i| ((i * 37 + rank * 11) % 1000) as i64).collect();
     let labels = Tensor::from_vec(labels, BATCH, Device::Cpu)?;
     let sgd = SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() };
@@ -210,10 +215,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = Report {
         date: today(),
         commit: git_commit(),
-        machine: format!("{} cores (this workplace's CPU machine)", std::thread::available_parallelism().map_or(0, |n| n.get())),
+        machine: format!(
+            "{} cores (this workplace's CPU machine)",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        ),
         notes,
         benchmarks: vec![
-            Benchmark::higher_is_better("ddp_cpu_2r_resnet18_64_efficiency", "fraction", ox_eff, p_eff, &peer_name, Some(1.0)),
+            Benchmark::higher_is_better(
+                "ddp_cpu_2r_resnet18_64_efficiency",
+                "fraction",
+                ox_eff,
+                p_eff,
+                &peer_name,
+                Some(1.0),
+            ),
             Benchmark::higher_is_better("ddp_cpu_2r_resnet18_64", "img/s", o2, p2, &peer_name, None),
         ],
     };

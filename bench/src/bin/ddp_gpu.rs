@@ -18,8 +18,8 @@ use oxtrain_comm::{Communicator, LaunchEnv};
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_models::{Gpt2Config, Gpt2LMHeadModel};
 use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
-use oxtrain_nn::{loss, Forward, Module};
-use oxtrain_tensor::{DType, Device, Generator, Tensor};
+use oxtrain_nn::{loss, Module};
+use oxtrain_tensor::{DType, Device, Distribution, Generator, Tensor};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,8 +72,8 @@ fn parse() -> Args {
 }
 
 enum Net {
-    ResNet(ResNet),
-    Gpt2(Gpt2LMHeadModel),
+    ResNet(Box<ResNet>),
+    Gpt2(Box<Gpt2LMHeadModel>),
 }
 
 impl oxtrain_nn::Module for Net {
@@ -96,14 +96,14 @@ const SEQ: usize = 256;
 fn build(a: &Args, device: Device) -> Net {
     oxtrain_tensor::manual_seed(0);
     match a.model.as_str() {
-        "resnet50" => Net::ResNet(ResNet::new(&ResNetConfig::resnet50(), device).expect("ResNet-50")),
+        "resnet50" => Net::ResNet(Box::new(ResNet::new(&ResNetConfig::resnet50(), device).expect("ResNet-50"))),
         "gpt2" => {
             let mut c = Gpt2Config::gpt2();
             // No dropout: ranks and the single process must compute the same function.
             c.embd_pdrop = 0.0;
             c.attn_pdrop = 0.0;
             c.resid_pdrop = 0.0;
-            Net::Gpt2(Gpt2LMHeadModel::new(&c, device).expect("GPT-2"))
+            Net::Gpt2(Box::new(Gpt2LMHeadModel::new(&c, device).expect("GPT-2")))
         }
         other => panic!("unknown model {other}: resnet50 or gpt2"),
     }
@@ -113,20 +113,25 @@ fn build(a: &Args, device: Device) -> Net {
 fn batch(a: &Args, step: usize, rows: usize, device: Device) -> (Tensor, Tensor) {
     let mut g = Generator::new(7 + step as u64);
     if a.model == "gpt2" {
-        let ids = Tensor::uniform_with(&mut g, [rows, SEQ + 1], 0.0, 50257.0, DType::F32, Device::Cpu)
+        let ids = Distribution::Uniform { low: 0.0, high: 50257.0 }
+            .sample_with(&mut g, [rows, SEQ + 1], DType::F32, Device::Cpu)
             .unwrap()
             .to_dtype(DType::I64);
         let ids = ids.to_device(device).unwrap();
         return (ids.narrow(1, 0, SEQ).contiguous(), ids.narrow(1, 1, SEQ).contiguous());
     }
-    let x = Tensor::randn_with(&mut g, [rows, 3, 224, 224], DType::F32, Device::Cpu).unwrap().to_device(device).unwrap();
+    let x = Distribution::STANDARD_NORMAL
+        .sample_with(&mut g, [rows, 3, 224, 224], DType::F32, Device::Cpu)
+        .unwrap()
+        .to_device(device)
+        .unwrap();
     let y: Vec<i64> = (0..rows).map(|i| ((i * 131 + step * 7) % 1000) as i64).collect();
     (x, Tensor::from_vec(y, rows, device).unwrap())
 }
 
 fn step_loss(a: &Args, net: &Net, x: &Tensor, y: &Tensor) -> Var {
     let run = || match net {
-        Net::ResNet(m) => loss::cross_entropy(&m.forward(&Var::constant(x.clone())), y),
+        Net::ResNet(m) => loss::cross_entropy(&m.forward(Var::constant(x.clone())), y),
         Net::Gpt2(m) => Gpt2LMHeadModel::loss(&m.forward(x, None), y),
     };
     if a.precision == "bf16" {
@@ -140,7 +145,10 @@ fn optimizer(a: &Args, params: Vec<Var>) -> Box<dyn Optimizer> {
     if a.model == "gpt2" {
         Box::new(AdamW::new(params, AdamWConfig { lr: 3e-4, weight_decay: 0.1, ..Default::default() }))
     } else {
-        Box::new(Sgd::new(params, SgdConfig { lr: 0.1, momentum: 0.9, weight_decay: 1e-4, ..Default::default() }))
+        Box::new(Sgd::new(
+            params,
+            SgdConfig { lr: 0.1, momentum: 0.9, weight_decay: 1e-4, ..Default::default() },
+        ))
     }
 }
 
@@ -164,10 +172,12 @@ fn rank_main(a: &Args) {
     let device = Device::Cuda(ordinal);
     let (rank, world) = (env.rank, env.world_size);
     let comm: Option<Arc<dyn Communicator>> = (world > 1).then(|| {
-        let store = oxtrain_comm::bootstrap::store_from_env(&env, Duration::from_secs(120)).expect("the store");
+        let store =
+            oxtrain_comm::bootstrap::store_from_env(&env, Duration::from_secs(120)).expect("the store");
         let c: Arc<dyn Communicator> = match a.backend.as_str() {
             "nvshmem" => Arc::new(
-                NvshmemCommunicator::connect(rank, world, ordinal, &store, NvshmemOptions::default()).expect("nvshmem"),
+                NvshmemCommunicator::connect(rank, world, ordinal, &store, NvshmemOptions::default())
+                    .expect("nvshmem"),
             ),
             "nccl" => Arc::new(NcclCommunicator::connect(rank, world, ordinal, &store).expect("nccl")),
             other => panic!("unknown backend {other}"),
@@ -180,7 +190,10 @@ fn rank_main(a: &Args) {
         let mut opt = optimizer(a, m.parameters());
         for step in 0..a.steps {
             let (x, y) = batch(a, step, rows, device);
-            let (x, y) = (x.narrow(0, rank * a.batch, a.batch).contiguous(), y.narrow(0, rank * a.batch, a.batch).contiguous());
+            let (x, y) = (
+                x.narrow(0, rank * a.batch, a.batch).contiguous(),
+                y.narrow(0, rank * a.batch, a.batch).contiguous(),
+            );
             opt.zero_grad();
             let l = forward(&x, &y);
             l.try_backward().expect("backward");
@@ -192,7 +205,7 @@ fn rank_main(a: &Args) {
         None => run_steps(&net, &|x, y| step_loss(a, &net, x, y)),
         Some(comm) => {
             if let Net::ResNet(m) = &net {
-                convert_sync_batchnorm(m, comm.clone());
+                convert_sync_batchnorm(&**m, comm.clone());
             }
             let ddp = Ddp::new(net, comm, DdpConfig::default()).expect("DDP");
             run_steps(ddp.module(), &|x, y| {
@@ -278,7 +291,10 @@ fn main() {
         let mean = ranks.iter().map(|r| r[step].0).sum::<f64>() / a.world as f64;
         let rel = (mean - single[step].0).abs() / single[step].0.abs().max(1e-6);
         worst = worst.max(rel);
-        println!("step {step:>3}: single {:.5}  ddp mean {mean:.5}  rel {rel:.2e}  digests {digests:?}", single[step].0);
+        println!(
+            "step {step:>3}: single {:.5}  ddp mean {mean:.5}  rel {rel:.2e}  digests {digests:?}",
+            single[step].0
+        );
     }
     let ok = identical && worst <= a.tol;
     println!(

@@ -9,7 +9,7 @@ use oxtrain_nn::{
     AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Embedding, Flatten, Forward, LayerNorm, Linear,
     Module, MultiheadAttentionConfig, MultiheadSelfAttention, Parameter, ReLU, Sequential, Visitor,
 };
-use oxtrain_tensor::{DType, Device, Generator, Tensor};
+use oxtrain_tensor::{DType, Device, Distribution, Generator, Tensor};
 use std::sync::{Arc, Mutex};
 
 /// Models are built under one lock: layer initialisation draws from the process-wide
@@ -127,7 +127,7 @@ pub fn batch(model: Model, step: usize, rows: usize) -> (Tensor, Tensor) {
         let ids = Tensor::from_vec(ids, [rows, SEQ + 1], dev).unwrap();
         return (ids.narrow(1, 0, SEQ).contiguous(), ids.narrow(1, 1, SEQ).contiguous());
     }
-    let x = Tensor::randn_with(&mut g, [rows, 3, 8, 8], DType::F32, dev).unwrap();
+    let x = Distribution::STANDARD_NORMAL.sample_with(&mut g, [rows, 3, 8, 8], DType::F32, dev).unwrap();
     let y: Vec<i64> = (0..rows).map(|i| ((i * 3 + step) % CLASSES) as i64).collect();
     (x, Tensor::from_vec(y, rows, dev).unwrap())
 }

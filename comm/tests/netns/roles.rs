@@ -80,8 +80,22 @@ pub fn rendezvous_role() {
             .expect("init_from_env across hosts without a network backend");
         println!("INIT-ERROR {err}");
     }
-    // Rank 0 hosts the store: it leaves last, so no rank loses it while still asking.
-    store.barrier(env.rank, env.world_size).unwrap();
+    leave(&store, &env);
+}
+
+/// Rank 0 hosts the store, so it must leave last: the others say they are done with it (their
+/// last request), and rank 0 waits for all of them.
+pub fn leave(store: &TcpStore, env: &LaunchEnv) {
+    if env.rank != 0 {
+        store.set(&format!("test/left/{}", env.rank), b"1").unwrap();
+    } else {
+        let keys: Vec<String> = (1..env.world_size).map(|r| format!("test/left/{r}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        store.wait(&keys, store.timeout()).unwrap();
+        // The server stores a rank's last key before it answers that rank: give the answers
+        // time to go out before this process (and the server with it) ends.
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 /// Role `store-loop`: the rendezvous, then store barriers every 20 ms until one fails (a host

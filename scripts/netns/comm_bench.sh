@@ -12,6 +12,8 @@
 # Needs root, iproute2, Open MPI, and comm-bench built with the mpi feature:
 #   cargo build --release -p oxtrain-comm --features mpi --bin comm-bench
 # Usage: scripts/netns/comm_bench.sh [OUT.json]   (from anywhere; paths are the repo's)
+# On a shared, loaded machine run it as `nice -n -15 scripts/netns/comm_bench.sh`: ranks that
+# wait for a core otherwise dominate the small-message times.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 bin="${COMM_BENCH:-$repo/target/release/comm-bench}"
@@ -65,7 +67,7 @@ run mpi-2h2r-ring "10.77.0.1 slots=2\n10.77.0.2 slots=2\n" 4 \
 echo "== shm_2r"
 (cd "$tmp" && "$bin" --backend shm --ranks 2 $sizes --json "$tmp/shm.json")
 
-load="$(cut -d' ' -f1-3 /proc/loadavg)"
+load="$(cut -d' ' -f1-3 /proc/loadavg), niceness $(nice)"
 cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 python3 - "$tmp" "$out" "$load" "$cpu" <<'PY'
 import json, os, sys

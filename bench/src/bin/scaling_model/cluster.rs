@@ -44,6 +44,10 @@ pub struct Cluster {
 pub enum Algo {
     Flat,
     Hierarchical,
+    /// Recursive doubling (Open MPI's choice for small messages): log2(g) exchanges of the
+    /// whole message inside the node, then log2(N) across nodes, each a 2-rank all-reduce;
+    /// for the CPU check only (powers of two).
+    RecursiveDoubling,
 }
 
 impl Algo {
@@ -51,6 +55,7 @@ impl Algo {
         match self {
             Algo::Flat => "flat ring",
             Algo::Hierarchical => "hierarchical",
+            Algo::RecursiveDoubling => "recursive doubling",
         }
     }
 }
@@ -95,6 +100,10 @@ impl Cluster {
                 // The g rails share the node's NICs.
                 let share = (self.nics.min(g) as f64) / g as f64;
                 2.0 * half_ring(bytes, g, &self.intra) + ring(bytes / g as f64, nodes, &self.inter, share)
+            }
+            Algo::RecursiveDoubling => {
+                let steps = |n: usize| (n as f64).log2().ceil();
+                steps(g) * ring(bytes, 2, &self.intra, 1.0) + steps(nodes) * ring(bytes, 2, &self.inter, 1.0)
             }
         }
     }

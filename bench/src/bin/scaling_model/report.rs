@@ -142,8 +142,8 @@ fn predictions(m: &Model) -> String {
                 p.grad_bytes() / 1e6,
                 buckets.len()
             );
-            s.push_str("| GPUs | all-reduce | step, no overlap (ms) | efficiency | step, overlap (ms) | exposed comm (ms) | efficiency |\n");
-            s.push_str("| --- | --- | --- | --- | --- | --- | --- |\n");
+            s.push_str("| GPUs | all-reduce | comm per step (ms) | step, no overlap (ms) | efficiency | step, overlap (ms) | exposed comm (ms) | efficiency |\n");
+            s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
             for gpus in SCALES {
                 for algo in [Algo::Flat, Algo::Hierarchical] {
                     if gpus <= GPUS_PER_NODE && algo == Algo::Hierarchical {
@@ -154,7 +154,8 @@ fn predictions(m: &Model) -> String {
                     let label = if gpus <= GPUS_PER_NODE { "ring (one node)" } else { algo.name() };
                     let _ = writeln!(
                         s,
-                        "| {gpus} | {label} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.0}% |",
+                        "| {gpus} | {label} | {:.1} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.0}% |",
+                        no.comm_ms,
                         no.step_ms,
                         eff(no),
                         yes.step_ms,

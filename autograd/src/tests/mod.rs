@@ -2,6 +2,7 @@
 //! contracts (hooks, retain_graph, no_grad, freeing, deep graphs).
 
 mod autocast;
+mod callbacks;
 mod elementwise;
 mod engine;
 mod index;

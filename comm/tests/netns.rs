@@ -17,6 +17,9 @@
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
 mod common;
+#[cfg(all(feature = "mpi", feature = "ddp"))]
+#[path = "netns/ddp.rs"]
+mod ddp;
 #[path = "netns/harness.rs"]
 mod harness;
 #[cfg(feature = "mpi")]
@@ -45,6 +48,8 @@ fn netns_rank() {
         "mpi-all-reduce" => mpi::all_reduce_role(),
         #[cfg(feature = "mpi")]
         "mpi-cut-off" => mpi::cut_off_role(),
+        #[cfg(all(feature = "mpi", feature = "ddp"))]
+        "ddp" => ddp::ddp_role(),
         other => panic!("unknown {} {other}", roles::ROLE),
     }
 }

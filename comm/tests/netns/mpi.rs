@@ -12,7 +12,7 @@ use oxtrain_tensor::{Device, Tensor};
 use std::time::{Duration, Instant};
 
 /// A hostfile in the temporary folder, removed when dropped.
-struct Hostfile(std::path::PathBuf);
+pub(super) struct Hostfile(std::path::PathBuf);
 
 impl Drop for Hostfile {
     fn drop(&mut self) {
@@ -20,8 +20,9 @@ impl Drop for Hostfile {
     }
 }
 
-/// `mpirun -np 4` over 2 hosts of 2 slots, started inside host 0, running `role`.
-fn mpirun(net: &Net, role: &str, timeout_s: &str) -> (Proc, Hostfile) {
+/// `mpirun -np 4` over 2 hosts of 2 slots, started inside host 0, running `role`, with
+/// `extra` variables passed to every rank.
+pub(super) fn mpirun(net: &Net, role: &str, timeout_s: &str, extra: &[(&str, &str)]) -> (Proc, Hostfile) {
     let path = std::env::temp_dir().join(format!("{}-hostfile", net.hosts[0].ns));
     let text: String = net.hosts.iter().map(|h| format!("{} slots=2\n", h.addr)).collect();
     std::fs::write(&path, text).expect("writing the hostfile");
@@ -43,6 +44,9 @@ fn mpirun(net: &Net, role: &str, timeout_s: &str) -> (Proc, Hostfile) {
         .env("MASTER_PORT", super::PORT)
         .env("OXTRAIN_COMM_TIMEOUT", timeout_s)
         .env_remove("OXTRAIN_COMM_BACKEND");
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
     (Proc::spawn("mpirun", cmd), Hostfile(path))
 }
 
@@ -105,7 +109,7 @@ fn mpi_all_reduce_2_hosts_x_2_ranks_with_mpirun_hostfile() {
     }
     let net = Net::new(2);
     let before = net.eth0_bytes(1);
-    let (job, _hostfile) = mpirun(&net, "mpi-all-reduce", "30");
+    let (job, _hostfile) = mpirun(&net, "mpi-all-reduce", "30", &[]);
     let ended = wait_all(vec![job], Duration::from_secs(90));
     let out = &ended[0].output;
     assert!(ended[0].success, "mpirun failed:\n{out}");
@@ -134,7 +138,7 @@ fn mpi_a_host_cut_off_mid_run_times_out_the_others() {
         return;
     }
     let net = Net::new(2);
-    let (job, _hostfile) = mpirun(&net, "mpi-cut-off", "3");
+    let (job, _hostfile) = mpirun(&net, "mpi-cut-off", "3", &[]);
     for r in 0..4 {
         assert!(
             job.wait_for(&format!("READY {r}"), Duration::from_secs(60)),

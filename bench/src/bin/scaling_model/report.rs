@@ -10,12 +10,15 @@ use std::path::Path;
 fn size(bytes: f64) -> String {
     let b = bytes as u64;
     match b {
-        _ if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
-        _ if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        _ if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        _ if b >= 1 << 30 && b.is_multiple_of(1 << 30) => format!("{} GiB", b >> 30),
+        _ if b >= 1 << 20 && b.is_multiple_of(1 << 20) => format!("{} MiB", b >> 20),
+        _ if b >= 1 << 10 && b.is_multiple_of(1 << 10) => format!("{} KiB", b >> 10),
         _ => format!("{b} B"),
     }
 }
+
+/// A checked series: its name, the measured points, and the model's prediction (us by bytes).
+type Checked<'a> = (String, Vec<Point>, Box<dyn Fn(f64) -> f64 + 'a>);
 
 fn err_pct(model: f64, measured: f64) -> f64 {
     100.0 * (model - measured) / measured
@@ -46,7 +49,7 @@ fn error_summary(points: &[Point], pred: impl Fn(f64) -> f64) -> (f64, f64) {
 }
 
 /// One table, one row per size, three columns (measured, model, error) per series.
-fn check_table(series: &[(String, Vec<Point>, Box<dyn Fn(f64) -> f64 + '_>)]) -> String {
+fn check_table(series: &[Checked]) -> String {
     let mut s = String::from("| size |");
     let mut rule = String::from("| --- |");
     for (name, _, _) in series {
@@ -83,7 +86,7 @@ fn check_table(series: &[(String, Vec<Point>, Box<dyn Fn(f64) -> f64 + '_>)]) ->
 }
 
 fn gpu_checks(m: &Model) -> String {
-    let series: Vec<(String, Vec<Point>, Box<dyn Fn(f64) -> f64 + '_>)> = m
+    let series: Vec<Checked> = m
         .gpu_checks
         .iter()
         .map(|(name, pts, f, _)| {
@@ -94,7 +97,7 @@ fn gpu_checks(m: &Model) -> String {
 }
 
 fn cpu_checks(m: &Model) -> String {
-    let series: Vec<(String, Vec<Point>, Box<dyn Fn(f64) -> f64 + '_>)> = m
+    let series: Vec<Checked> = m
         .cpu_checks
         .iter()
         .map(|(name, pts, c, algo)| {

@@ -15,7 +15,6 @@
 //! `CI=true`, where they fail. Each has a hard time bound: its processes are killed past it.
 
 #[path = "common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 #[cfg(all(feature = "mpi", feature = "ddp"))]
 #[path = "netns/ddp.rs"]

@@ -5,7 +5,8 @@
 #   mpi-1h2r       1 host x 2 ranks (Open MPI's shared memory)
 #   mpi-2h1r       2 hosts x 1 rank (TCP over the veth pair and bridge)
 #   mpi-2h2r       2 hosts x 2 ranks, Open MPI's default algorithm choice
-#   mpi-2h2r-ring  2 hosts x 2 ranks, ring forced (coll_tuned_allreduce_algorithm 4)
+#   mpi-2h2r-ring  2 hosts x 2 ranks, ring forced (coll_libnbc_iallreduce_algorithm 1: the mpi
+#                  backend calls MPI_Iallreduce, which Open MPI serves from its libnbc component)
 #   shm_2r         the shm backend, 2 ranks on one host
 # and writes one results file (default bench/results/comm-netns-cpu.json).
 #
@@ -63,7 +64,7 @@ run mpi-1h2r "10.77.0.1 slots=2\n" 2
 run mpi-2h1r "10.77.0.1 slots=1\n10.77.0.2 slots=1\n" 2
 run mpi-2h2r "10.77.0.1 slots=2\n10.77.0.2 slots=2\n" 4
 run mpi-2h2r-ring "10.77.0.1 slots=2\n10.77.0.2 slots=2\n" 4 \
-  --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4
+  --mca coll_libnbc_iallreduce_algorithm 1
 echo "== shm_2r"
 (cd "$tmp" && "$bin" --backend shm --ranks 2 $sizes --json "$tmp/shm.json")
 

@@ -44,10 +44,13 @@ pub struct Cluster {
 pub enum Algo {
     Flat,
     Hierarchical,
-    /// Recursive doubling (Open MPI's choice for small messages): log2(g) exchanges of the
-    /// whole message inside the node, then log2(N) across nodes, each a 2-rank all-reduce;
-    /// for the CPU check only (powers of two).
-    RecursiveDoubling,
+    /// Open MPI's own choice for the mpi backend's MPI_Iallreduce (its libnbc component,
+    /// `nbc_iallreduce.c`): below 64 KiB (or under 4 ranks) a binomial tree, reduce up and
+    /// broadcast down, log2(g) rounds inside the node and log2(N) across each way, every
+    /// round a message of the whole buffer; above, reduce-scatter + all-gather, whose
+    /// bandwidth term is the ring's (taken here with the ring's latency). For the CPU check
+    /// only (powers of two).
+    OpenMpiDefault,
 }
 
 impl Algo {
@@ -55,7 +58,7 @@ impl Algo {
         match self {
             Algo::Flat => "flat ring",
             Algo::Hierarchical => "hierarchical",
-            Algo::RecursiveDoubling => "recursive doubling",
+            Algo::OpenMpiDefault => "libnbc's binomial tree below 64 KiB, ring above",
         }
     }
 }
@@ -101,9 +104,14 @@ impl Cluster {
                 let share = (self.nics.min(g) as f64) / g as f64;
                 2.0 * half_ring(bytes, g, &self.intra) + ring(bytes / g as f64, nodes, &self.inter, share)
             }
-            Algo::RecursiveDoubling => {
-                let steps = |n: usize| (n as f64).log2().ceil();
-                steps(g) * ring(bytes, 2, &self.intra, 1.0) + steps(nodes) * ring(bytes, 2, &self.inter, 1.0)
+            Algo::OpenMpiDefault if bytes >= 65536.0 && p >= 4 => {
+                self.all_reduce_us(bytes, nodes, Algo::Flat)
+            }
+            Algo::OpenMpiDefault => {
+                // A 2-rank all-reduce is one message up and one down: the fits' `a + n/b`.
+                let rounds = |n: usize| (n as f64).log2().ceil();
+                rounds(g) * ring(bytes, 2, &self.intra, 1.0)
+                    + rounds(nodes) * ring(bytes, 2, &self.inter, 1.0)
             }
         }
     }

@@ -143,7 +143,7 @@ fn main() {
     let mut cpu_checks = vec![];
     let checks = [
         ("mpi-2h2r-ring", "mpi 2 hosts x 2 ranks, Open MPI's ring forced", Algo::Flat),
-        ("mpi-2h2r", "mpi 2 hosts x 2 ranks, Open MPI's default choice", Algo::RecursiveDoubling),
+        ("mpi-2h2r", "mpi 2 hosts x 2 ranks, Open MPI's default choice", Algo::OpenMpiDefault),
     ];
     for (s, label, algo) in checks {
         let pts = series(s);

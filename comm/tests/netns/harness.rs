@@ -142,7 +142,8 @@ impl Net {
         c
     }
 
-    /// `ADDR=NAMESPACE,...` for `scripts/netns/rsh-agent.sh`.
+    /// `ADDR=NAMESPACE,...` for `scripts/netns/rsh-agent.sh` (the mpirun tests).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub fn host_map(&self) -> String {
         self.hosts.iter().map(|h| format!("{}={}", h.addr, h.ns)).collect::<Vec<_>>().join(",")
     }

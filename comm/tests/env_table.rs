@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// The types that read the environment (see the README's "Environment variables").
-const READERS: [&str; 3] = ["src/options.rs", "src/shm/options.rs", "src/nvshmem/options.rs"];
+const READERS: [&str; 4] =
+    ["src/options.rs", "src/shm/options.rs", "src/nvshmem/options.rs", "src/ddp/options.rs"];
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

@@ -96,7 +96,9 @@ const SEQ: usize = 256;
 fn build(a: &Args, device: Device) -> Net {
     oxtrain_tensor::manual_seed(0);
     match a.model.as_str() {
-        "resnet50" => Net::ResNet(Box::new(ResNet::new(&ResNetConfig::resnet50(), device).expect("ResNet-50"))),
+        "resnet50" => {
+            Net::ResNet(Box::new(ResNet::new(&ResNetConfig::resnet50(), device).expect("ResNet-50")))
+        }
         "gpt2" => {
             let mut c = Gpt2Config::gpt2();
             // No dropout: ranks and the single process must compute the same function.

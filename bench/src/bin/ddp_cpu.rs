@@ -185,11 +185,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let (o1, o2) = (median(ox1), median(ox2));
     let ox_eff = o2 / (2.0 * o1);
-    let (p_eff, p2) = if pt1.is_empty() || pt2.is_empty() {
-        (None, None)
+    let (p_eff, p1, p2) = if pt1.is_empty() || pt2.is_empty() {
+        (None, None, None)
     } else {
         let (p1, p2) = (median(pt1), median(pt2));
-        (Some(p2 / (2.0 * p1)), Some(p2))
+        (Some(p2 / (2.0 * p1)), Some(p1), Some(p2))
     };
     let torch_version = Command::new(&python)
         .args(["-c", "import torch; print(torch.__version__)"])
@@ -205,7 +205,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          communication of oxtrain's 2-process step {:.1} ms (median). Load average {load_before} before; other \
          processes kept {:.0}% of the machine busy during the run.",
         steps(),
-        p2.map(|_| String::new()).unwrap_or_default(),
+        p1.map(|p| format!(", {p:.2} img/s (PyTorch)")).unwrap_or_default(),
         1e3 * median(ox_exposed),
         others.percent()
     );

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# DDP on ONE H200 (issue 23's one-GPU part): 2 PEs of the nvshmem backend share the GPU under
+# CUDA MPS, train ResNet-50 (SyncBatchNorm, bf16 autocast) and GPT-2 124M, and are checked
+# against one process on the combined batch: parameters bit-identical across ranks at every
+# step, losses within bf16 tolerance. Run from the repository root with ddp_gpu in
+# .gpu/bin/ (BIN overrides); writes the logs to $OUT (default ./gpu-out).
+set -uo pipefail
+here=$(pwd)
+bin="${BIN:-$here/.gpu/bin/ddp_gpu}"
+OUT="${OUT:-$here/gpu-out}"
+mkdir -p "$OUT"
+[ -x "$bin" ] || { echo "ddp_gpu_one.sh: $bin not found"; exit 2; }
+nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
+dirs=""
+if [ -n "$nv" ]; then for d in "$nv"/*/lib; do [ -d "$d" ] && dirs="$dirs:$d"; done; fi
+export OXTRAIN_CUDA_LIB_DIRS="${dirs#:}"
+export LD_LIBRARY_PATH="${OXTRAIN_CUDA_LIB_DIRS}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+[ -n "$nv" ] && [ -d "$nv/nvshmem" ] && export OXTRAIN_NVSHMEM_HOME="$nv/nvshmem"
+export OXTRAIN_KERNEL_CACHE="${OXTRAIN_KERNEL_CACHE:-/tmp/oxtrain-kernel-cache}"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+mps=$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/oxtrain-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/oxtrain-mps-log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+[ -n "$mps" ] && "$mps" -d
+status=0
+for spec in "resnet50 16 20" "gpt2 4 20"; do
+  set -- $spec
+  echo "== ddp_gpu --model $1 --batch $2 --steps $3 (nvshmem, 2 PEs on 1 GPU)"
+  timeout 240 "$bin" --model "$1" --backend nvshmem --world 2 --gpus 1 --batch "$2" --steps "$3" \
+    --precision bf16 > "$OUT/ddp-$1.log" 2> "$OUT/ddp-$1.err" || status=1
+  tail -n 3 "$OUT/ddp-$1.log"; tail -n 5 "$OUT/ddp-$1.err"
+done
+[ -n "$mps" ] && echo quit | "$mps"
+exit $status

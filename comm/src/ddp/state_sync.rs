@@ -52,8 +52,11 @@ pub(crate) fn check_same_model(
         return Ok(());
     }
     let mine = signature(params, buffers);
-    let input = Tensor::from_vec(mine.to_vec(), 5, Device::Cpu).map_err(io("the model signature"))?;
-    let output = Tensor::zeros(5 * world, DType::I64, Device::Cpu).map_err(io("the model signature"))?;
+    // As 16-bit pieces in f32 (exact), since some backends (nvshmem) move float dtypes only.
+    let pieces: Vec<f32> = mine.iter().flat_map(|&v| to_pieces(v)).collect();
+    let n = pieces.len();
+    let input = Tensor::from_vec(pieces, n, Device::Cpu).map_err(io("the model signature"))?;
+    let output = Tensor::zeros(n * world, DType::F32, Device::Cpu).map_err(io("the model signature"))?;
     let (input, output) = match device_of(params) {
         Device::Cpu => (input, output),
         d => (
@@ -62,7 +65,8 @@ pub(crate) fn check_same_model(
         ),
     };
     comm.all_gather(&output, &input)?.synchronize()?;
-    let all: Vec<i64> = output.to_device(Device::Cpu).map_err(io("the model signature"))?.to_vec();
+    let gathered: Vec<f32> = output.to_device(Device::Cpu).map_err(io("the model signature"))?.to_vec();
+    let all: Vec<i64> = gathered.chunks(PIECES).map(from_pieces).collect();
     let first = &all[0..5];
     for r in 1..world {
         let other = &all[5 * r..5 * r + 5];
@@ -80,6 +84,18 @@ pub(crate) fn check_same_model(
         }
     }
     Ok(())
+}
+
+/// An integer as four 16-bit pieces, each exact in f32.
+const PIECES: usize = 4;
+
+fn to_pieces(v: i64) -> [f32; PIECES] {
+    let u = v as u64;
+    std::array::from_fn(|i| ((u >> (16 * i)) & 0xffff) as f32)
+}
+
+fn from_pieces(p: &[f32]) -> i64 {
+    p.iter().enumerate().fold(0u64, |acc, (i, &x)| acc | ((x as u64) << (16 * i))) as i64
 }
 
 fn device_of(tensors: &[(String, Tensor)]) -> Device {
@@ -104,16 +120,61 @@ pub(crate) fn broadcast_coalesced(comm: &dyn Communicator, tensors: &[Tensor], s
             None => groups.push((key, vec![t])),
         }
     }
-    for (_, group) in groups {
+    for ((dtype, device), group) in groups {
         let flat: Vec<Tensor> = group.iter().map(|t| t.contiguous().reshape(t.elem_count())).collect();
         let packed = Tensor::cat(flat.as_slice(), 0);
-        comm.broadcast(&packed, src)?.wait()?;
+        let values = if dtype.is_float() {
+            comm.broadcast(&packed, src)?.wait()?;
+            packed
+        } else {
+            broadcast_integers(comm, &packed, src, device)?
+        };
         let mut offset = 0;
         for t in group {
             let n = t.elem_count();
-            t.copy_(&packed.narrow(0, offset, n).reshape(t.dims()));
+            t.copy_(&values.narrow(0, offset, n).reshape(t.dims()));
             offset += n;
         }
     }
     Ok(())
+}
+
+/// Broadcasts integer values (batch counters) as 16-bit pieces in f32, which every backend
+/// moves (nvshmem moves float dtypes only); they are few, so the detour costs nothing.
+fn broadcast_integers(
+    comm: &dyn Communicator,
+    packed: &Tensor,
+    src: usize,
+    device: Device,
+) -> Result<Tensor> {
+    let host = packed.to_device(Device::Cpu).map_err(io("integer buffers"))?;
+    let values: Vec<i64> = host.to_dtype(DType::I64).to_vec();
+    let pieces: Vec<f32> = values.iter().flat_map(|&v| to_pieces(v)).collect();
+    let n = pieces.len();
+    let mut t = Tensor::from_vec(pieces, n, Device::Cpu).map_err(io("integer buffers"))?;
+    if device != Device::Cpu {
+        t = t.to_device(device).map_err(io("integer buffers"))?;
+    }
+    comm.broadcast(&t, src)?.synchronize()?;
+    let got: Vec<f32> = t.to_device(Device::Cpu).map_err(io("integer buffers"))?.to_vec();
+    let decoded: Vec<i64> = got.chunks(PIECES).map(from_pieces).collect();
+    let len = decoded.len();
+    let out =
+        Tensor::from_vec(decoded, len, Device::Cpu).map_err(io("integer buffers"))?.to_dtype(packed.dtype());
+    match device {
+        Device::Cpu => Ok(out),
+        d => out.to_device(d).map_err(io("integer buffers")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_survive_the_f32_pieces() {
+        for v in [0i64, 1, -1, 65_535, 65_536, 25_557_032, i64::MAX, i64::MIN, -123_456_789_012] {
+            assert_eq!(from_pieces(&to_pieces(v)), v);
+        }
+    }
 }

@@ -23,7 +23,7 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/oxtrain-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 [ -n "$mps" ] && "$mps" -d
 status=0
-for spec in "resnet50 16 20" "gpt2 4 20"; do
+for spec in "resnet50 16 30" "gpt2 4 30"; do
   set -- $spec
   echo "== ddp_gpu --model $1 --batch $2 --steps $3 (nvshmem, 2 PEs on 1 GPU)"
   timeout 240 "$bin" --model "$1" --backend nvshmem --world 2 --gpus 1 --batch "$2" --steps "$3" \

@@ -236,6 +236,7 @@ fn launch(a: &Args, world: usize) -> Vec<Vec<(f64, String)>> {
         ("--backend", a.backend.clone()),
         ("--steps", a.steps.to_string()),
         ("--batch", (a.batch * a.world / world).to_string()),
+        ("--world", world.to_string()),
         ("--precision", a.precision.clone()),
     ] {
         argv.push(k.into());

@@ -2,6 +2,7 @@
 //! the built-in example that `oxtrain train` runs.
 
 pub mod builtin;
+pub mod config;
 
 pub use oxtrain_autograd as autograd;
 pub use oxtrain_nn as nn;

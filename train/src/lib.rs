@@ -3,6 +3,11 @@
 
 pub mod builtin;
 pub mod config;
+pub mod eval;
+pub mod launch;
+pub mod metrics;
+pub mod tasks;
+pub mod trainer;
 
 pub use oxtrain_autograd as autograd;
 pub use oxtrain_nn as nn;

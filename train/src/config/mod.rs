@@ -17,6 +17,7 @@ mod sections;
 #[cfg(test)]
 mod tests;
 
+pub use check::{enum_name, parse_device};
 pub use error::ConfigError;
 pub use sections::*;
 

@@ -97,7 +97,8 @@ pub struct DataConfig {
     /// Images: evaluation resizes the shorter side to this, then center-crops `image_size`;
     /// 0: image_size * 8 / 7 (256 for 224, torchvision's ratio).
     pub eval_resize: u32,
-    /// Images: RandomResizedCrop's smallest area fraction (torchvision: 0.08).
+    /// Images: RandomResizedCrop's smallest area fraction (torchvision: 0.08; the built-in
+    /// example: 1, whole pictures, flipped only).
     pub min_scale: f64,
     /// Images: probability of a horizontal flip.
     pub hflip: f64,
@@ -126,7 +127,7 @@ impl Default for DataConfig {
             workers: 2,
             image_size: 32,
             eval_resize: 0,
-            min_scale: 0.35,
+            min_scale: 1.0,
             hflip: 0.5,
             tokenizer: String::new(),
             block_size: 128,
@@ -288,7 +289,7 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
-            epochs: 12,
+            epochs: 4,
             steps: 0,
             grad_accum: 1,
             clip_grad_norm: 0.0,

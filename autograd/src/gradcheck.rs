@@ -1,7 +1,7 @@
 //! Gradient checking: analytic gradients against central finite differences, in f64.
 
 use crate::{no_grad, Var};
-use oxtrain_tensor::{DType, Generator, Tensor};
+use oxtrain_tensor::{DType, Distribution, Generator, Tensor};
 
 /// Checks the gradients `f` computes for each of `inputs` against central differences with
 /// step `eps`, all in f64. A non-scalar output is reduced to `sum(f(x) * r)` with fixed random
@@ -15,7 +15,8 @@ pub fn gradcheck(f: impl Fn(&[Var]) -> Var, inputs: &[Tensor], eps: f64, tol: f6
     let params: Vec<Var> = inputs.iter().cloned().map(Var::parameter).collect();
     let out = f(&params);
     let device = out.device();
-    let weights = Tensor::uniform_with(&mut Generator::new(7), out.dims(), -1.0, 1.0, DType::F64, device)
+    let weights = Distribution::Uniform { low: -1.0, high: 1.0 }
+        .sample_with(&mut Generator::new(7), out.dims(), DType::F64, device)
         .map_err(|e| format!("gradcheck: {e}"))?;
     if out.requires_grad() {
         out.backward_with(weights.to_dtype(out.dtype()), false);

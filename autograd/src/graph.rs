@@ -5,6 +5,7 @@
 //! tensors the op saved, and edges to the nodes of its inputs). Nodes hold no forward values
 //! except what their backward saved, so the graph keeps alive only what backward needs.
 
+use crate::callback::{BackwardError, Frame};
 use oxtrain_tensor::{DType, Tensor};
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,9 @@ pub(crate) struct Node {
 pub(crate) enum NodeKind {
     Leaf {
         grad: Mutex<Option<Tensor>>,
+        /// Where this leaf's gradient lives when someone preallocated it (a DDP bucket view):
+        /// backward copies or adds into it in place instead of allocating a new `.grad`.
+        grad_buffer: Mutex<Option<Tensor>>,
         hooks: Mutex<Vec<(u64, Hook)>>,
     },
     /// `None` once a backward without `retain_graph` has run through this op.
@@ -56,7 +60,11 @@ impl Node {
             name: "leaf",
             dims: tensor.dims().to_vec(),
             dtype: tensor.dtype(),
-            kind: NodeKind::Leaf { grad: Mutex::new(None), hooks: Mutex::new(Vec::new()) },
+            kind: NodeKind::Leaf {
+                grad: Mutex::new(None),
+                grad_buffer: Mutex::new(None),
+                hooks: Mutex::new(Vec::new()),
+            },
         })
     }
 
@@ -95,6 +103,23 @@ impl Node {
         }
     }
 
+    pub(crate) fn set_grad_buffer(&self, buffer: Option<Tensor>) {
+        match &self.kind {
+            NodeKind::Leaf { grad_buffer, .. } => *lock(grad_buffer) = buffer,
+            NodeKind::Op(_) => panic!(
+                "set_grad_buffer: only leaves (parameters) keep a gradient; this is a {} result",
+                self.name
+            ),
+        }
+    }
+
+    pub(crate) fn grad_buffer(&self) -> Option<Tensor> {
+        match &self.kind {
+            NodeKind::Leaf { grad_buffer, .. } => lock(grad_buffer).clone(),
+            NodeKind::Op(_) => None,
+        }
+    }
+
     pub(crate) fn add_hook(&self, hook: Hook) -> u64 {
         match &self.kind {
             NodeKind::Leaf { hooks, .. } => {
@@ -128,15 +153,31 @@ impl Node {
 
     /// Adds a final gradient to a leaf's `.grad`, then fires its hooks with the result.
     fn finish_leaf(&self, g: Tensor) {
-        let NodeKind::Leaf { grad, hooks } = &self.kind else { unreachable!("finish_leaf on an op") };
+        let NodeKind::Leaf { grad, grad_buffer, hooks } = &self.kind else {
+            unreachable!("finish_leaf on an op")
+        };
         let total = {
             let mut slot = lock(grad);
-            let total = match slot.take() {
-                Some(old) => old.add(&g),
+            let buffer = lock(grad_buffer).clone();
+            let total = match (slot.take(), buffer) {
+                // The gradient lives in a preallocated buffer: accumulate there in place, so
+                // `.grad()` stays a view of it (DDP's gradient as bucket view).
+                (Some(old), Some(buf)) if old.same_storage(&buf) && old.layout() == buf.layout() => {
+                    buf.add_(&g);
+                    buf
+                }
+                (old, Some(buf)) => {
+                    match old {
+                        Some(old) => buf.copy_(&old.add(&g)),
+                        None => buf.copy_(&g),
+                    };
+                    buf
+                }
+                (Some(old), None) => old.add(&g),
                 // A gradient some other node also holds (an add passes its gradient through to
                 // both inputs) gets a copy, so updating one `.grad` in place cannot change another.
-                None if g.is_contiguous() && g.storage_ref_count() == 1 => g,
-                None => g.copy(),
+                (None, None) if g.is_contiguous() && g.storage_ref_count() == 1 => g,
+                (None, None) => g.copy(),
             };
             *slot = Some(total.clone());
             total
@@ -235,8 +276,15 @@ fn key(node: &Arc<Node>) -> usize {
     Arc::as_ptr(node) as usize
 }
 
-/// Runs backward from `root` with gradient `grad`, without recursion.
-pub(crate) fn backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
+/// Runs backward from `root` with gradient `grad`, then the callbacks queued during it.
+pub(crate) fn backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) -> Result<(), BackwardError> {
+    let frame = Frame::open();
+    walk_backward(root, grad, retain_graph);
+    frame.finish()
+}
+
+/// The backward walk itself, without recursion.
+fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
     assert!(
         grad.dims() == root.dims.as_slice(),
         "backward: the gradient has shape {:?}, the output has shape {:?}",

@@ -8,12 +8,15 @@
 #![doc = include_str!("../README.md")]
 
 mod autocast;
+mod callback;
+mod convert;
 mod gradcheck;
 mod graph;
 mod ops;
 mod var;
 
 pub use autocast::{autocast, autocast_disabled, autocast_dtype};
+pub use callback::{in_backward, queue_callback, BackwardError};
 pub use gradcheck::gradcheck;
 pub use graph::sum_to_shape;
 pub use var::{is_grad_enabled, no_grad, HookHandle, Var};

@@ -1,5 +1,6 @@
 //! `Var`: a tensor plus its place in the recorded graph, and the `no_grad` scope.
 
+use crate::callback::BackwardError;
 use crate::graph::{self, BackwardFn, Node};
 use oxtrain_tensor::Tensor;
 use std::cell::Cell;
@@ -139,22 +140,73 @@ impl Var {
     }
 
     /// Backward from a one-element output (a loss), with gradient 1, freeing the graph.
+    ///
+    /// # Panics
+    /// When an end-of-backward callback fails (under DDP: a collective that failed or a
+    /// parameter that got no gradient), with its message; [`try_backward`](Var::try_backward)
+    /// returns that error instead.
     pub fn backward(&self) {
+        if let Err(e) = self.try_backward() {
+            panic!("backward: {e}");
+        }
+    }
+
+    /// [`backward`](Var::backward) that returns the error of a failed end-of-backward
+    /// callback (see [`queue_callback`](crate::queue_callback)) instead of panicking. The
+    /// gradients are computed either way.
+    pub fn try_backward(&self) -> Result<(), BackwardError> {
         assert!(
             self.elem_count() == 1,
             "backward: the output has shape {:?}; backward() needs one element, use backward_with for others",
             self.dims()
         );
-        self.backward_with(self.tensor.ones_like(), false);
+        self.try_backward_with(self.tensor.ones_like(), false)
     }
 
     /// Backward with the output's gradient `grad`. With `retain_graph` the saved tensors stay,
     /// so backward can run through the graph again; without it they are freed as it goes.
+    /// Panics as [`backward`](Var::backward) does when a callback fails.
     pub fn backward_with(&self, grad: Tensor, retain_graph: bool) {
+        if let Err(e) = self.try_backward_with(grad, retain_graph) {
+            panic!("backward: {e}");
+        }
+    }
+
+    /// [`backward_with`](Var::backward_with) returning a failed callback's error.
+    pub fn try_backward_with(&self, grad: Tensor, retain_graph: bool) -> Result<(), BackwardError> {
         let node = self.node.as_ref().unwrap_or_else(|| {
             panic!("backward: this value does not require grad (no parameter leads to it, or it came from no_grad)")
         });
-        graph::backward(node, grad, retain_graph);
+        graph::backward(node, grad, retain_graph)
+    }
+
+    /// Makes backward accumulate this parameter's gradient in place into `buffer` (same shape
+    /// and dtype), so [`grad`](Var::grad) is `buffer` itself (sharing its storage) instead of
+    /// a fresh tensor: DDP's gradient as bucket view. When `.grad()` is empty (after
+    /// `zero_grad`) backward copies the new gradient into `buffer`; when it is `buffer`,
+    /// backward adds to it. `None` goes back to allocating gradients.
+    pub fn set_grad_buffer(&self, buffer: Option<Tensor>) {
+        if let Some(b) = &buffer {
+            assert!(
+                b.dims() == self.dims() && b.dtype() == self.dtype() && b.device() == self.device(),
+                "set_grad_buffer: a buffer of shape {:?} ({}, {:?}) for a parameter of shape {:?} ({}, {:?})",
+                b.dims(),
+                b.dtype(),
+                b.device(),
+                self.dims(),
+                self.dtype(),
+                self.device()
+            );
+        }
+        match &self.node {
+            Some(n) if n.is_leaf() => n.set_grad_buffer(buffer),
+            _ => panic!("set_grad_buffer: only parameters (leaves made with Var::parameter) keep a gradient"),
+        }
+    }
+
+    /// The buffer set with [`set_grad_buffer`](Var::set_grad_buffer), if any.
+    pub fn grad_buffer(&self) -> Option<Tensor> {
+        self.node.as_ref().and_then(|n| n.grad_buffer())
     }
 
     /// Calls `hook` with the leaf's accumulated gradient the moment a backward pass has

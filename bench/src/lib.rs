@@ -33,19 +33,27 @@ fn median_of(warmup: usize, reps: usize, f: &mut dyn FnMut(), clock: impl Fn() -
     for _ in 0..warmup {
         f();
     }
-    let mut times: Vec<f64> = (0..reps.max(1))
+    let times: Vec<f64> = (0..reps.max(1))
         .map(|_| {
             let t = clock();
             f();
             clock() - t
         })
         .collect();
-    times.sort_by(f64::total_cmp);
-    let mid = times.len() / 2;
-    if times.len() % 2 == 1 {
-        times[mid]
+    median(&times)
+}
+
+/// The median of `values` (the mean of the middle two for an even count), for programs that
+/// interleave several measurements in one loop.
+pub fn median(values: &[f64]) -> f64 {
+    assert!(!values.is_empty(), "median of no values");
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
     } else {
-        (times[mid - 1] + times[mid]) / 2.0
+        (v[mid - 1] + v[mid]) / 2.0
     }
 }
 

@@ -43,11 +43,11 @@ run check-nvshmem 180 --backend nvshmem --algo all --ranks 2 --sizes $odd,8,4096
 run check-nvshmem-symm 150 --backend nvshmem --algo symm,symm-tensor --ranks 2 --sizes $odd,16777222,16M,64M \
   --iters 3 --warmup 1 --dtypes f32,bf16,f16 > /dev/null
 # Windows: a 1 MiB staging slot makes several launches per call (and odd windows at the end);
-# 4 KiB streaming chunks in rings of 2 wrap thousands of times; 64 KiB low-latency slots.
+# 64 KiB low-latency slots.
 run check-nvshmem-windows 120 --backend nvshmem --algo all --chunk 1M --ranks 2 --sizes 4194310,8M \
   --graph-max 8M --iters 3 --warmup 1 --dtypes f32,bf16 > /dev/null
-OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES=4096 OXTRAIN_NVSHMEM_LL_MAX_BYTES=65536 run check-nvshmem-rings 120 \
-  --backend nvshmem --algo stream,ll --blocks 16 --ranks 2 --sizes $odd,33554438 --iters 3 --warmup 1 --graph-max 64M \
+OXTRAIN_NVSHMEM_LL_MAX_BYTES=65536 run check-nvshmem-ll-slots 120 \
+  --backend nvshmem --algo ll --blocks 16 --ranks 2 --sizes $odd,33554438 --iters 3 --warmup 1 --graph-max 64M \
   --dtypes f32,bf16,f16 > /dev/null
 # The multi-node path on one node: each GPU taken as a node of its own, so every op runs in
 # stages over the rail (hier.rs) and reaches the other PE by NVSHMEM puts with signals.
@@ -61,7 +61,7 @@ fi
 
 # 1b. A rank that never calls: rank 1 skips an all_reduce, rank 0's kernel must give up after
 #     OXTRAIN_COMM_TIMEOUT (2 s here) and the call fail naming rank 1; then every call fails.
-for algo in ll twoshot stream; do
+for algo in ll twoshot; do
   OXTRAIN_COMM_TIMEOUT=2 run timeout-$algo 60 --backend nvshmem --ranks 2 --timeout-check 1 --algo $algo
 done
 # 1c. Ranks that pass different symmetric tensors (1), or a symmetric and an ordinary one (2),

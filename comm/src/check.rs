@@ -2,10 +2,10 @@
 //! together, naming the ranks and the difference, when the calls do not match. Without it
 //! a mismatch shows up as a timeout or as wrong numbers.
 
-use crate::communicator::Request;
 use crate::engine::CpuEngine;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
+use crate::request::Request;
 use oxtrain_tensor::DType;
 use std::collections::BTreeMap;
 

@@ -5,6 +5,8 @@ use crate::element::ReduceElement;
 use crate::engine::CpuEngine;
 use crate::error::{CommError, Result};
 use crate::op::{shard_range, ReduceOp};
+use crate::options::CommOptions;
+use crate::request::Request;
 use crate::work::Work;
 use oxtrain_tensor::{CpuStorage, DType, Device, Shape, Storage, Tensor};
 use std::sync::mpsc::{channel, Sender};
@@ -49,53 +51,7 @@ pub trait Communicator: Send + Sync {
     }
 }
 
-/// A collective call, as data: what the worker thread executes and what checking mode
-/// compares across ranks.
-pub(crate) enum Request {
-    AllReduce { tensor: Tensor, op: ReduceOp },
-    Reduce { tensor: Tensor, op: ReduceOp, root: usize },
-    ReduceScatter { output: Tensor, input: Tensor, op: ReduceOp },
-    AllGather { output: Tensor, input: Tensor },
-    Broadcast { tensor: Tensor, root: usize },
-    Barrier,
-}
-
-impl Request {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Request::AllReduce { .. } => "all_reduce",
-            Request::Reduce { .. } => "reduce",
-            Request::ReduceScatter { .. } => "reduce_scatter",
-            Request::AllGather { .. } => "all_gather",
-            Request::Broadcast { .. } => "broadcast",
-            Request::Barrier => "barrier",
-        }
-    }
-}
-
 type Job = (Request, Sender<Result<()>>);
-
-/// Options shared by the CPU backends.
-#[derive(Debug, Clone)]
-pub struct CommOptions {
-    /// Every wait gives up after this long with an error naming the missing ranks.
-    pub timeout: Duration,
-    /// Compare each call's kind, dtype, size, op and root across ranks first (costs one
-    /// small exchange per call). Also on with `OXTRAIN_COMM_CHECK=1`.
-    pub check: bool,
-}
-
-impl Default for CommOptions {
-    fn default() -> Self {
-        let timeout = std::env::var("OXTRAIN_COMM_TIMEOUT")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .map(Duration::from_secs_f64)
-            .unwrap_or(Duration::from_secs(300));
-        let check = std::env::var("OXTRAIN_COMM_CHECK").map(|v| v == "1" || v == "true").unwrap_or(false);
-        CommOptions { timeout, check }
-    }
-}
 
 /// A [`Communicator`] whose collectives run on a worker thread, in call order, on CPU
 /// tensors. The `local`, `shm` and `mpi` backends are this type around their engine.

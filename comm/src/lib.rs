@@ -8,6 +8,8 @@
 //!   for tests), `mpi` (feature `mpi`). GPU backends plug into the same traits.
 //! - Bootstrap: [`LaunchEnv`] reads torchrun / mpirun / srun variables, [`TcpStore`] exchanges
 //!   ids, [`init_from_env`] makes a process group.
+//! - `ddp` (default feature): `DistributedDataParallel`, gradient buckets all-reduced while
+//!   backward runs, `SyncBatchNorm`.
 #![doc = include_str!("../README.md")]
 
 #[macro_use]
@@ -15,14 +17,19 @@ mod element;
 pub mod bootstrap;
 mod check;
 mod communicator;
+#[cfg(feature = "ddp")]
+pub mod ddp;
 mod engine;
 mod error;
 mod gpu;
+mod init;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod nccl;
 pub mod nvshmem;
 mod op;
+mod options;
+mod request;
 pub mod shm;
 pub mod symmetric;
 mod work;
@@ -32,11 +39,13 @@ pub use half as __half;
 #[doc(hidden)]
 pub use oxtrain_tensor::DType as __DType;
 
-pub use bootstrap::{init_from_env, LaunchEnv, Launcher, ProcessGroup, TcpStore};
-pub use communicator::{CommOptions, Communicator, CpuCommunicator};
+pub use bootstrap::{store_from_env, LaunchEnv, Launcher, TcpStore};
+pub use communicator::{Communicator, CpuCommunicator};
 pub use element::{CommElement, ReduceElement};
 pub use error::{CommError, Result};
+pub use init::{init_from_env, ProcessGroup};
 pub use op::{shard_range, ReduceOp};
+pub use options::{CommOptions, InitOptions};
 pub use shm::{ShmHeap, ShmOptions, ShmWorld};
 pub use symmetric::{AtomicElement, Cmp, Signal, SignalOp, SymBuffer, SymmetricMemory};
 pub use work::{Work, WorkWaiter};

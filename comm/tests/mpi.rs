@@ -161,3 +161,53 @@ fn a_rank_that_skips_a_collective_times_the_others_out() {
         eprintln!("np {n}: the job ended after {:?}", start.elapsed());
     }
 }
+
+/// One rank of DDP over MPI: a small CNN (SGD momentum) and a small Transformer (AdamW) for 5
+/// steps, checked against one process on the combined batch; prints a digest of the final
+/// parameters for the parent to compare across ranks.
+#[cfg(feature = "ddp")]
+#[test]
+fn mpi_ddp_rank() {
+    use common::ddp_train::{self as t, Model, Opt};
+    if !under_mpirun() || std::env::var("OXTRAIN_TEST_MPI_DDP").is_err() {
+        return;
+    }
+    let comm: std::sync::Arc<dyn Communicator> =
+        std::sync::Arc::new(oxtrain_comm::mpi::connect(&CommOptions::default()).unwrap());
+    let (rank, world) = (comm.rank(), comm.world_size());
+    for (model, opt) in [(Model::Cnn, Opt::SgdMomentum), (Model::Transformer, Opt::AdamW)] {
+        let ddp = t::train_rank(comm.clone(), model, opt, 5, 3, 1, oxtrain_comm::ddp::DdpConfig::default());
+        let got = t::params(ddp.module());
+        let reference = t::params(&t::train_single(model, opt, 5, 3 * world, 1));
+        t::assert_close(&format!("{model:?} on MPI rank {rank}"), &got, &reference, 1e-6);
+        let bits: Vec<String> =
+            got.iter().flat_map(|(_, v)| v.iter().map(|x| format!("{:08x}", x.to_bits()))).collect();
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in bits.concat().bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        println!("DDP-PARAMS {model:?} {h:016x}");
+    }
+}
+
+#[cfg(feature = "ddp")]
+#[test]
+fn ddp_on_2_and_3_mpi_ranks() {
+    if under_mpirun() {
+        return;
+    }
+    for n in [2, 3] {
+        let (ok, out, err) =
+            mpirun(n, "mpi_ddp_rank", &[("OXTRAIN_TEST_MPI_DDP", "1".into())], Duration::from_secs(120));
+        assert!(ok, "mpirun -np {n} (DDP) failed:\n{out}\n{err}");
+        for model in ["Cnn", "Transformer"] {
+            let digests: Vec<&str> = out
+                .lines()
+                .filter(|l| l.starts_with(&format!("DDP-PARAMS {model} ")))
+                .map(|l| l.rsplit(' ').next().unwrap())
+                .collect();
+            assert_eq!(digests.len(), n, "{model}: expected one digest per rank in:\n{out}");
+            assert!(digests.iter().all(|d| *d == digests[0]), "{model}: ranks differ: {digests:?}");
+        }
+    }
+}

@@ -20,6 +20,10 @@ pub enum Error {
     #[error("{}:{line}: {reason}", path.display())]
     BadRecord { path: PathBuf, line: usize, reason: String },
 
+    /// A setting that cannot work (a batch size of 0, ...): what it was and what to use.
+    #[error("invalid setting: {0}")]
+    Config(String),
+
     /// A saved sampler or loader state that does not fit.
     #[error("cannot restore state: {0}")]
     State(String),

@@ -12,6 +12,11 @@ pub enum ModelError {
     #[error("{path}: {reason}")]
     BadFile { path: PathBuf, reason: String },
 
+    /// A configuration that cannot build a model (`n_embd` not divisible by `n_head`, ...),
+    /// made in code; read from a file it is a [`ModelError::BadFile`] naming the file.
+    #[error("{model} config: {reason}")]
+    BadConfig { model: &'static str, reason: String },
+
     /// The weights do not fit the model (names and shapes listed).
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -24,6 +29,18 @@ pub enum ModelError {
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+impl ModelError {
+    /// The same error, named after the file the configuration came from.
+    pub(crate) fn in_file(self, path: &std::path::Path) -> ModelError {
+        match self {
+            ModelError::BadConfig { model, reason } => {
+                ModelError::BadFile { path: path.to_path_buf(), reason: format!("{model} config: {reason}") }
+            }
+            other => other,
+        }
+    }
+}
 
 pub(crate) fn read_to_string(path: &std::path::Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })

@@ -23,7 +23,8 @@ fn dir() -> PathBuf {
 fn classifier_matches_transformers() {
     let fx = Fixtures::parse(FIXTURES, "bert.json");
     let t = |name: &str| fx.tensor("bert", name, Device::Cpu);
-    let (model, report) = BertForSequenceClassification::from_pretrained(dir(), Device::Cpu).unwrap();
+    let model = BertForSequenceClassification::from_pretrained(dir(), None, Device::Cpu).unwrap();
+    let report = model.load_weights(dir()).unwrap();
     assert!(report.missing.is_empty() && report.unexpected.is_empty(), "{report:?}");
     assert_eq!(model.num_labels, 3);
     model.eval();
@@ -56,7 +57,7 @@ fn classifier_matches_transformers() {
 fn prefix_is_added_or_stripped_as_in_transformers() {
     let fx = Fixtures::parse(FIXTURES, "bert.json");
     let t = |name: &str| fx.tensor("bert", name, Device::Cpu);
-    let bare = BertModel::from_pretrained(dir(), Device::Cpu).unwrap();
+    let bare = BertModel::from_pretrained(dir(), None, Device::Cpu).unwrap();
     bare.eval();
     let out = bare.forward(&t("ids"), Some(&t("mask")), Some(&t("types")));
     assert_rel(

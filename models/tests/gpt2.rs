@@ -21,7 +21,7 @@ fn dir() -> PathBuf {
 #[test]
 fn sharded_checkpoint_matches_transformers() {
     let fx = Fixtures::parse(FIXTURES, "gpt2.json");
-    let model = Gpt2LMHeadModel::from_pretrained(dir(), Device::Cpu).unwrap();
+    let model = Gpt2LMHeadModel::from_pretrained(dir(), None, Device::Cpu).unwrap();
     model.eval();
     let ids = fx.tensor("gpt2", "ids", Device::Cpu);
     let logits = model.forward(&ids, None);
@@ -67,7 +67,7 @@ fn lm_head_is_tied_to_wte() {
 fn checkpoint_names_with_or_without_prefix_and_head() {
     let fx = Fixtures::parse(FIXTURES, "gpt2.json");
     let ids = fx.tensor("gpt2", "ids", Device::Cpu);
-    let reference = Gpt2LMHeadModel::from_pretrained(dir(), Device::Cpu).unwrap();
+    let reference = Gpt2LMHeadModel::from_pretrained(dir(), None, Device::Cpu).unwrap();
     let state: Vec<(String, Tensor)> = reference.state_dict();
     let tmp = std::env::temp_dir().join(format!("oxtrain-gpt2-names-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();

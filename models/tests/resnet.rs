@@ -8,7 +8,7 @@ use common::{assert_rel, assert_scalar, check_grads, fill, uniform};
 use oxtrain_autograd::Var;
 use oxtrain_models::loss::cross_entropy;
 use oxtrain_models::{ResNet, ResNetConfig};
-use oxtrain_nn::{Forward, Module};
+use oxtrain_nn::Module;
 use oxtrain_tensor::testing::Fixtures;
 use oxtrain_tensor::{manual_seed, Device, Tensor};
 

@@ -32,7 +32,10 @@ pub use error::{Error, Result};
 pub use layout::Layout;
 pub use ops::binary::{BinaryOp, CmpOp};
 pub use ops::optim::{AdamWStep, SgdStep};
-pub use ops::random::{manual_seed, Generator, GeneratorState};
+pub use ops::random::{
+    default_generator_state, manual_seed, set_default_generator_state, Distribution, Generator,
+    GeneratorState,
+};
 pub use ops::reduce::ReduceOp;
 pub use ops::softmax::SoftmaxOp;
 pub use ops::unary::UnaryOp;

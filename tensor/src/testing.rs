@@ -5,8 +5,37 @@
 //! as the independent reference) and embedded with `include_str!`, so test binaries carry them
 //! to machines without this checkout (the GPU machine).
 
-use crate::{DType, Device, Tensor};
+use crate::{DType, Device, Tensor, UnaryOp};
 use std::collections::BTreeMap;
+
+/// Every [`UnaryOp`], the parameterised ones with parameters that keep the results finite on
+/// inputs in [-2, 2]: the list the unary tests of every backend run. A new op goes here.
+pub const UNARY_OPS: [UnaryOp; 24] = [
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Log1p,
+    UnaryOp::Sqrt,
+    UnaryOp::Rsqrt,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::Gelu,
+    UnaryOp::GeluTanh,
+    UnaryOp::Silu,
+    UnaryOp::Square,
+    UnaryOp::Recip,
+    UnaryOp::Sign,
+    UnaryOp::Floor,
+    UnaryOp::Ceil,
+    UnaryOp::Round,
+    UnaryOp::Affine { mul: 1.5, add: -0.25 },
+    UnaryOp::Powf(2.0),
+    UnaryOp::Clamp { min: -1.0, max: 0.5 },
+];
 
 /// One fixture file: named cases, each a map from names to tensors (inputs, outputs, and
 /// scalar parameters stored as rank-0 tensors).

@@ -34,9 +34,8 @@ fn resnet50_imagenet_at_toy_size() {
             "data.workers=1".into(),
             "data.image_size=32".into(),
             "data.eval_resize=36".into(),
-            // The recipe's 0.1 x batch / 256, at the toy batch of 8.
-            "optim.lr_reference_batch=8".into(),
-            "train.steps=12".into(),
+            // The recipe's lr is 0.1 x batch / 256: 0.003 at the toy batch of 8.
+            "train.steps=16".into(),
             "log.every_steps=1".into(),
         ],
     );

@@ -2,6 +2,7 @@
 //! contracts (hooks, retain_graph, no_grad, freeing, deep graphs).
 
 mod autocast;
+mod callbacks;
 mod elementwise;
 mod engine;
 mod index;
@@ -11,16 +12,18 @@ mod reduce;
 mod shape;
 
 use crate::{gradcheck, Var};
-use oxtrain_tensor::{DType, Device, Generator, Tensor};
+use oxtrain_tensor::{DType, Device, Distribution, Generator, Tensor};
 
 /// Standard normal f64 samples, reproducible per `seed`.
 pub(crate) fn randn(shape: &[usize], seed: u64, dev: Device) -> Tensor {
-    Tensor::randn_with(&mut Generator::new(seed), shape, DType::F64, dev).unwrap()
+    Distribution::STANDARD_NORMAL.sample_with(&mut Generator::new(seed), shape, DType::F64, dev).unwrap()
 }
 
 /// Samples in [0.5, 2.5): inside the domain of log, sqrt, reciprocal, ...
 pub(crate) fn positive(shape: &[usize], seed: u64, dev: Device) -> Tensor {
-    Tensor::uniform_with(&mut Generator::new(seed), shape, 0.5, 2.5, DType::F64, dev).unwrap()
+    Distribution::Uniform { low: 0.5, high: 2.5 }
+        .sample_with(&mut Generator::new(seed), shape, DType::F64, dev)
+        .unwrap()
 }
 
 /// Gradcheck with the tolerances every f64 op here meets; panics naming `what`.

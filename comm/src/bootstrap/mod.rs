@@ -1,5 +1,6 @@
-//! Getting ranks together: the launcher's environment, the TCP store, and
-//! [`init_from_env`], which picks a backend.
+//! Getting ranks together: the launcher's environment and the TCP store. Below the
+//! backends (they exchange their ids through the store); the choice of a backend is above
+//! them, in [`init_from_env`](crate::init_from_env).
 
 mod env;
 mod store;
@@ -7,19 +8,7 @@ mod store;
 pub use env::{LaunchEnv, Launcher};
 pub use store::TcpStore;
 
-use crate::communicator::Communicator;
-use crate::error::{CommError, Result};
-use crate::shm::{ShmOptions, ShmWorld};
-
-/// A process group made from the environment: the communicator, the store it was made
-/// with (for exchanging ids), and where this process sits.
-pub struct ProcessGroup {
-    pub comm: Box<dyn Communicator>,
-    pub store: TcpStore,
-    pub env: LaunchEnv,
-    /// The symmetric heap, when the backend has one (shm).
-    pub heap: Option<crate::shm::ShmHeap>,
-}
+use crate::error::Result;
 
 /// Connects to (rank 0: hosts) the store at `MASTER_ADDR:MASTER_PORT`.
 pub fn store_from_env(env: &LaunchEnv, timeout: std::time::Duration) -> Result<TcpStore> {
@@ -34,79 +23,5 @@ pub fn store_from_env(env: &LaunchEnv, timeout: std::time::Duration) -> Result<T
         TcpStore::host(bind, env.master_port, timeout)
     } else {
         TcpStore::connect(&env.master_addr, env.master_port, timeout)
-    }
-}
-
-/// The GPU of this process: its local rank (one process per GPU, as torchrun starts them).
-fn gpu_ordinal(env: &LaunchEnv) -> Result<usize> {
-    let count = oxtrain_tensor::cuda::device_count();
-    if env.local_rank >= count {
-        return Err(CommError::Bootstrap(format!(
-            "local rank {} needs cuda:{}, but this process sees {count} CUDA device(s) (one process per GPU; check \
-             CUDA_VISIBLE_DEVICES and LOCAL_RANK)",
-            env.local_rank, env.local_rank
-        )));
-    }
-    Ok(env.local_rank)
-}
-
-/// The process group of a job started by torchrun, mpirun or srun (see [`LaunchEnv`]).
-///
-/// The backend is `OXTRAIN_COMM_BACKEND` (`shm`, `mpi`, `nccl`, `nvshmem`; the GPU backends
-/// use GPU `LOCAL_RANK` and CUDA tensors), else `shm` when every rank is on
-/// this host, else `mpi` when built with the `mpi` feature. Timeouts and checking mode come
-/// from `OXTRAIN_COMM_TIMEOUT` (seconds) and `OXTRAIN_COMM_CHECK=1`.
-pub fn init_from_env() -> Result<ProcessGroup> {
-    let env = LaunchEnv::from_env()?;
-    let opts = ShmOptions::default();
-    let backend = match std::env::var("OXTRAIN_COMM_BACKEND") {
-        Ok(b) => b,
-        Err(_) if env.single_node() => "shm".into(),
-        Err(_) if cfg!(feature = "mpi") => "mpi".into(),
-        Err(_) => {
-            return Err(CommError::Bootstrap(format!(
-                "{} ranks over several hosts need a network backend: build with `--features mpi` and launch with \
-                 mpirun or srun, or use the nccl backend for GPUs",
-                env.world_size
-            )))
-        }
-    };
-    let store = store_from_env(&env, opts.comm.timeout)?;
-    match backend.as_str() {
-        "shm" => {
-            if !env.single_node() {
-                return Err(CommError::Bootstrap(format!(
-                    "backend shm needs every rank on one host, but LOCAL_WORLD_SIZE={} < WORLD_SIZE={}",
-                    env.local_world_size, env.world_size
-                )));
-            }
-            let ShmWorld { comm, heap } = crate::shm::connect(env.rank, env.world_size, &store, &opts)?;
-            Ok(ProcessGroup { comm: Box::new(comm), store, env, heap: Some(heap) })
-        }
-        "nccl" | "nvshmem" => {
-            let ordinal = gpu_ordinal(&env)?;
-            let comm: Box<dyn Communicator> = if backend == "nccl" {
-                Box::new(crate::nccl::NcclCommunicator::connect(env.rank, env.world_size, ordinal, &store)?)
-            } else {
-                Box::new(crate::nvshmem::NvshmemCommunicator::connect(
-                    env.rank,
-                    env.world_size,
-                    ordinal,
-                    &store,
-                    Default::default(),
-                )?)
-            };
-            Ok(ProcessGroup { comm, store, env, heap: None })
-        }
-        #[cfg(feature = "mpi")]
-        "mpi" => {
-            let comm = crate::mpi::connect(&opts.comm)?;
-            Ok(ProcessGroup { comm: Box::new(comm), store, env, heap: None })
-        }
-        other => Err(CommError::Bootstrap(format!(
-            "OXTRAIN_COMM_BACKEND={other:?} is not available in this build (CPU backends: shm{}; GPU backends: nccl, \
-             nvshmem)",
-            if cfg!(feature = "mpi") { ", mpi" } else { "; mpi needs --features mpi" }
-        ))),
     }
 }

@@ -19,11 +19,12 @@
 
 mod wait;
 
-use crate::communicator::{CommOptions, CpuCommunicator};
+use crate::communicator::CpuCommunicator;
 use crate::element::{Accumulator, ReduceElement};
 use crate::engine::CpuEngine;
 use crate::error::{CommError, Result};
 use crate::op::{shard_range, ReduceOp};
+use crate::options::CommOptions;
 use mpi::collective::SystemOperation;
 use mpi::datatype::{Equivalence, PartitionMut};
 use mpi::topology::{Communicator as _, SimpleCommunicator};

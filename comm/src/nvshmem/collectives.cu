@@ -51,7 +51,7 @@ __device__ bool ox_exchange(const CollArgs& a, unsigned long long sig_base, bool
 // buffer's offset from the signal array, a symmetric object, and its length) to every peer
 // before its first signal, and compares what the peers published after it (a peer that ran an
 // ordinary all-reduce instead published nothing for this epoch). The descriptors
-// are a fifth array after the four signal arrays (connect.rs); a descriptor is rewritten only
+// are a third array after the two signal arrays (connect.rs); a descriptor is rewritten only
 // in the next call, after the peer's `done` signal, raised after its comparison.
 // The descriptor also carries the epoch, so a descriptor left by an earlier call never matches
 // (a peer running an ordinary all-reduce meanwhile publishes none).
@@ -60,7 +60,7 @@ __device__ __forceinline__ unsigned long long ox_desc_of(const CollArgs& a) {
            ox_epoch() * 0x9E3779B97F4A7C15ull;
 }
 __device__ __forceinline__ uint64_t* ox_desc(const CollArgs& a, int block, int m) {
-    return ox_sig(a, a.ready + 4 * (a.done - a.ready), block, m);
+    return ox_sig(a, a.ready + 2 * (a.done - a.ready), block, m);
 }
 // The members' global PEs, a byte each (the symmetric modes run on one node of at most 8).
 __device__ __forceinline__ unsigned long long ox_pes8(const CollArgs& a) {

@@ -18,7 +18,6 @@ namespace std { using namespace cuda::std; }
 #define OX_ONESHOT 0
 #define OX_TWOSHOT 1
 #define OX_LL 2     // all_reduce of small messages: data and flag in each 8-byte word (ll.cu)
-#define OX_STREAM 3 // all_reduce of large messages: pipelined pushes through rings (stream.cu)
 #define OX_SYMM 4   // all_reduce in place of a buffer on the symmetric heap, no staging (symmetric.cu)
 #define OX_SYMM_PUSH 5 // the same as two-shot pushes: results stored into the peers' copies (collectives.cu)
 // Where output element i comes from.
@@ -55,10 +54,7 @@ struct CollArgs {
     long long count;             // elements in the whole tensor
     long long win_lo, win_hi;    // this launch's window
     long long in_lo, in_hi;      // global indices of this PE's input (all_gather: its shard)
-    long long chunk_packs;       // OX_STREAM: 16-byte packs per ring chunk
     int npes, me, mode, src, op, root, aligned, out;
-    int depth;                   // OX_STREAM: chunks per ring
-    int reducers;                // OX_STREAM: reducer blocks (the rest of the grid pushes)
     int pes[OX_MAX_PES];         // global PE of every member
     int sig_stride;              // columns of a signal row: the world size (one per global PE)
     int put_mask;                // bit p: member p is reached by NVSHMEM puts (another node), not
@@ -71,7 +67,7 @@ struct CollArgs {
     int prev_blocks;             //   (empty when prev_hi <= prev_lo), and its launch's grid
     int pad;
 };
-static_assert(sizeof(CollArgs) == 288, "CollArgs must match the Rust side");
+static_assert(sizeof(CollArgs) == 272, "CollArgs must match the Rust side");
 
 // This launch's epoch and staging set, read from the device counters by ox_entry (entry.cu)
 // rather than passed by the host: a launch captured in a CUDA graph replays with the same

@@ -140,7 +140,6 @@ impl NvshmemCommunicator {
                 Ok(kernels::Kernels {
                     coll: get(dtype)?,
                     ll: get(&format!("ll_{dtype}"))?,
-                    stream: get(&format!("stream_{dtype}"))?,
                     symm: get(&format!("symm_{dtype}"))?,
                 })
             };
@@ -169,14 +168,14 @@ impl NvshmemCommunicator {
         let node_of = |pe: usize| pe / per_node;
         let remote = |pe: usize| node_of(pe) != node_of(rank);
         let (signals, teams) = unsafe {
-            // Five arrays: ready, done, the streaming all-reduce's ready and done, and the
-            // symmetric all-reduce's buffer descriptors (collectives.cu, ox_desc).
-            let signals = (api.malloc)(5 * signal_array as usize) as u64;
+            // Three arrays: ready, done, and the symmetric all-reduce's buffer descriptors
+            // (collectives.cu, ox_desc).
+            let signals = (api.malloc)(3 * signal_array as usize) as u64;
             if signals == 0 {
                 return Err(nv_err("nvshmem_malloc of the signals failed: raise NVSHMEM_SYMMETRIC_SIZE"));
             }
             // Signals start at zero on every PE before anyone can raise one.
-            drv::memset_d8_sync(signals, 0, 5 * signal_array as usize)
+            drv::memset_d8_sync(signals, 0, 3 * signal_array as usize)
                 .map_err(|e| cuda_err("zeroing the signals", format!("{e:?}")))?;
             let everyone: Vec<usize> = (0..world).collect();
             let mut teams: [Option<Team>; 4] = [None, None, None, None];
@@ -204,11 +203,12 @@ impl NvshmemCommunicator {
         // Block b waits only for block b of the peers; with more blocks than fit at once that
         // could wait on a block that is never scheduled. So at most one wave: all SMs, split
         // between the PEs that share them.
-        let stream_resident = shared_resident(resident_blocks(&device, &module)?, sharing);
+        let resident = shared_resident(resident_blocks(&device, &module)?, sharing);
         let mut opts = opts;
-        opts.max_blocks = opts.max_blocks.min(stream_resident);
+        opts.max_blocks = opts.max_blocks.min(resident);
         let fault = fault::Fault::new(rank, crate::CommOptions::default().timeout)?;
         let algorithm = opts.algorithm;
+        let dependent_launch = opts.dependent_launch;
         Ok(NvshmemCommunicator {
             rank,
             world,
@@ -220,14 +220,11 @@ impl NvshmemCommunicator {
             signals,
             signal_array,
             counters,
-            stream_resident,
             fault,
             // A dependently launched collective waits on the SMs for its predecessor, so each PE
             // holds two grids there: PEs sharing a GPU then fill it and starve one another's
             // current launch (4 PEs of 32 blocks hung on one H200 under MPS).
-            dependent_launch: device.arch() >= 90
-                && sharing == 1
-                && std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v != "0"),
+            dependent_launch: device.arch() >= 90 && sharing == 1 && dependent_launch,
             state: Mutex::new(State { algorithm }),
             tensors: Default::default(),
             scratch: Default::default(),
@@ -235,9 +232,8 @@ impl NvshmemCommunicator {
     }
 }
 
-/// How many blocks of the collective kernels stay resident at once on this GPU: the streaming
-/// all-reduce's pushers and reducers wait on each other across GPUs, so all of its blocks must
-/// run together.
+/// How many blocks of the collective kernels stay resident at once on this GPU: block b waits
+/// for block b of the peers, so every block of a launch must run at once.
 fn resident_blocks(device: &oxtrain_tensor::cuda::CudaDevice, module: &Module) -> Result<u32> {
     let sms = device
         .context()

@@ -23,13 +23,12 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 /// The kernel source, embedded in the binary: the shared pieces, the one-shot/two-shot
-/// collectives, the low-latency all-reduce, the streaming all-reduce, the symmetric buffers'
+/// collectives, the low-latency all-reduce, the symmetric buffers'
 /// all-reduce, the heap's atomics, then the collectives' entry points.
 pub const SOURCE: &str = concat!(
     include_str!("common.cu"),
     include_str!("collectives.cu"),
     include_str!("ll.cu"),
-    include_str!("stream.cu"),
     include_str!("symmetric.cu"),
     include_str!("atomics.cu"),
     include_str!("entry.cu")
@@ -55,15 +54,11 @@ pub struct Toolchain {
 
 /// NVSHMEM's installation folder (with `include/` and `lib/`), or None.
 pub fn nvshmem_home() -> Option<PathBuf> {
-    let mut candidates: Vec<PathBuf> = vec![];
-    for var in ["OXTRAIN_NVSHMEM_HOME", "NVSHMEM_HOME"] {
-        if let Ok(v) = std::env::var(var) {
-            candidates.push(v.into());
-        }
-    }
-    if let Ok(lib) = std::env::var("OXTRAIN_NVSHMEM_LIB") {
+    let paths = super::options::NvshmemPaths::from_env();
+    let mut candidates: Vec<PathBuf> = paths.home.into_iter().collect();
+    if let Some(lib) = paths.lib {
         // .../lib/libnvshmem_host.so.3 -> ...
-        if let Some(home) = Path::new(&lib).parent().and_then(Path::parent) {
+        if let Some(home) = lib.parent().and_then(Path::parent) {
             candidates.push(home.to_path_buf());
         }
     }
@@ -82,10 +77,7 @@ pub fn nvshmem_home() -> Option<PathBuf> {
 }
 
 fn cuda_include_candidates() -> Vec<PathBuf> {
-    let mut c: Vec<PathBuf> = vec![];
-    if let Ok(v) = std::env::var("OXTRAIN_CUDA_INCLUDE_DIR") {
-        c.push(v.into());
-    }
+    let mut c: Vec<PathBuf> = super::options::NvshmemPaths::from_env().cuda_include_dir.into_iter().collect();
     // The headers of the toolkit whose NVRTC we run first: NVRTC and its headers must agree.
     if let LibStatus::Loaded(p) = libs::preload(CudaLib::Nvrtc) {
         if let Some(root) = p.parent().and_then(Path::parent) {

@@ -1,4 +1,4 @@
-// The kernels' entry points (appended last to collectives.cu, ll.cu, stream.cu and symmetric.cu by
+// The kernels' entry points (appended last to collectives.cu, ll.cu and symmetric.cu by
 // device_code.rs): one per dtype, dispatching on the mode.
 
 // Programmatic dependent launch (Hopper): launched with that attribute, a collective may be
@@ -64,7 +64,7 @@ __device__ __forceinline__ void ox_counters_take(const CollArgs& a) {
     if (blockIdx.x == 0) ox_counters_fill(a.counters, a.kind, ox_s_epoch, s_launches);
 }
 
-// One kernel per algorithm family and dtype (mode M: OX_LL, OX_STREAM, OX_SYMM, or any other for
+// One kernel per algorithm family and dtype (mode M: OX_LL, OX_SYMM, or any other for
 // ox_collective): compiled apart, each gets the registers it needs alone; in one kernel the
 // families' register needs added up and the bf16 and f16 kernels spilled.
 template <typename E, int M>
@@ -76,20 +76,18 @@ __device__ __forceinline__ void ox_entry(const CollArgs& a) {
         return;
     }
     ox_counters_take<M>(a);
-    if (M == OX_STREAM) ox_stream_all_reduce<E>(a);
-    else if (M == OX_SYMM) ox_symm_all_reduce<E>(a);
+    if (M == OX_SYMM) ox_symm_all_reduce<E>(a);
     else ox_collective<E>(a);
 }
 
 // Launched with OX_THREADS threads per block (kernels.rs THREADS); the bound keeps the register
-// count low enough for that block size. Names: oxtrain_nvshmem_coll_[ll_|stream_|symm_]<dtype>.
+// count low enough for that block size. Names: oxtrain_nvshmem_coll_[ll_|symm_]<dtype>.
 #define OX_THREADS 512
 #define OX_KERNEL(name, E, M) \
     extern "C" __global__ void __launch_bounds__(OX_THREADS) oxtrain_nvshmem_coll_##name(CollArgs a) { ox_entry<E, M>(a); }
 #define OX_KERNELS(dtype, E)                    \
     OX_KERNEL(dtype, E, OX_ONESHOT)             \
     OX_KERNEL(ll_##dtype, E, OX_LL)             \
-    OX_KERNEL(stream_##dtype, E, OX_STREAM)     \
     OX_KERNEL(symm_##dtype, E, OX_SYMM)
 OX_KERNELS(f32, F32)
 OX_KERNELS(bf16, BF16)

@@ -22,7 +22,7 @@
 //! Partial results are rounded to the tensor's dtype between stages (as NCCL's rings do), and
 //! `Avg` averages each stage (every node has as many PEs, so the mean of the node means is the
 //! mean). Rail launches put from a heap copy of their input (`windows::through_heap`). The
-//! tests run the plans through a model of the kernel (`hier_sim.rs`) on every layout.
+//! tests run the plans through a model of the kernel (`tests/hier_plans.rs`) on every layout.
 
 use super::kernels::{self, CollArgs};
 use super::team::Kind;

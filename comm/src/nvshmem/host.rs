@@ -70,8 +70,8 @@ pub(crate) struct OneSided {
 fn candidates() -> Vec<PathBuf> {
     const NAME: &str = "libnvshmem_host.so.3";
     let mut c: Vec<PathBuf> = vec![];
-    if let Ok(p) = std::env::var("OXTRAIN_NVSHMEM_LIB") {
-        c.push(p.into());
+    if let Some(p) = super::options::NvshmemPaths::from_env().lib {
+        c.push(p);
     }
     if let Some(home) = super::device_code::nvshmem_home() {
         c.push(home.join("lib").join(NAME));

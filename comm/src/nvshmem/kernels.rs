@@ -13,7 +13,6 @@ pub(crate) const THREADS: u32 = 512;
 pub(crate) const ONESHOT: i32 = 0;
 pub(crate) const TWOSHOT: i32 = 1;
 pub(crate) const LL: i32 = 2;
-pub(crate) const STREAM: i32 = 3;
 pub(crate) const SYMM: i32 = 4;
 pub(crate) const SYMM_PUSH: i32 = 5;
 pub(crate) const SRC_REDUCE: i32 = 0;
@@ -42,7 +41,6 @@ pub(crate) struct CollArgs {
     pub win_hi: i64,
     pub in_lo: i64,
     pub in_hi: i64,
-    pub chunk_packs: i64,
     pub npes: i32,
     pub me: i32,
     pub mode: i32,
@@ -51,8 +49,6 @@ pub(crate) struct CollArgs {
     pub root: i32,
     pub aligned: i32,
     pub out: i32,
-    pub depth: i32,
-    pub reducers: i32,
     /// Global PE of every team member.
     pub pes: [i32; MAX_PES],
     /// Columns of a signal row (the world size).
@@ -76,7 +72,7 @@ pub(crate) struct CollArgs {
     pub pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 288);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 272);
 
 impl CollArgs {
     /// A one-shot launch over the `len` elements at `ptr`, input and output in place; callers
@@ -148,24 +144,6 @@ pub(crate) fn ll_blocks(elems: usize, esz: usize, max_blocks: u32) -> u32 {
     (lines.div_ceil(THREADS as usize) as u32).clamp(1, max_blocks.clamp(1, MAX_BLOCKS))
 }
 
-/// Pusher and reducer blocks for the streaming all-reduce: `max_blocks` in all (no more than
-/// `resident`: every block must be resident at once, see stream.cu), `per_reducer` pushers per
-/// reducer, no more pushers than chunks, at least one of each.
-pub(crate) fn stream_blocks(
-    bytes: usize,
-    chunk_bytes: usize,
-    max_blocks: u32,
-    resident: u32,
-    per_reducer: u32,
-) -> (u32, u32) {
-    let chunks = bytes.div_ceil(chunk_bytes.max(16)).max(1) as u32;
-    let total = max_blocks.clamp(2, MAX_BLOCKS).min(resident.max(2));
-    let per = per_reducer.max(1);
-    // pushers + ceil(pushers / per) <= total
-    let pushers = (total * per / (per + 1)).clamp(1, chunks);
-    (pushers, pushers.div_ceil(per))
-}
-
 /// A loaded kernel function (a plain driver handle).
 #[derive(Clone, Copy)]
 pub(crate) struct Function(pub sys::CUfunction);
@@ -180,7 +158,6 @@ pub(crate) struct Kernels {
     /// One-shot, two-shot (also of symmetric buffers), and the non-reducing ops and barrier.
     pub coll: Function,
     pub ll: Function,
-    pub stream: Function,
     pub symm: Function,
 }
 
@@ -189,14 +166,13 @@ impl Kernels {
     pub fn for_mode(&self, mode: i32) -> Function {
         match mode {
             LL => self.ll,
-            STREAM => self.stream,
             SYMM => self.symm,
             _ => self.coll,
         }
     }
 
-    pub fn all(&self) -> [Function; 4] {
-        [self.coll, self.ll, self.stream, self.symm]
+    pub fn all(&self) -> [Function; 3] {
+        [self.coll, self.ll, self.symm]
     }
 }
 
@@ -264,7 +240,8 @@ mod tests {
         assert_eq!(define("OX_LL_COUNTER_BASE"), format!("({COUNTER_ROWS} * OX_MAX_BLOCKS)"));
         // One u64 per thread of the largest grid after them.
         assert_eq!(COUNTER_BYTES, (COUNTER_ROWS * MAX_BLOCKS as usize + (MAX_BLOCKS * THREADS) as usize) * 8);
-        assert!(src.contains("static_assert(sizeof(CollArgs) == 288"));
+        let size = format!("static_assert(sizeof(CollArgs) == {}", std::mem::size_of::<CollArgs>());
+        assert!(src.contains(&size), "the kernels' CollArgs must be the Rust side's size: {size}");
     }
 
     /// The low-latency kernel's per-thread launch counters (ll.cu) need every line of a window
@@ -305,19 +282,10 @@ mod tests {
     }
 
     #[test]
-    fn ll_and_stream_block_counts() {
+    fn ll_block_counts() {
         assert_eq!(ll_blocks(1, 4, 32), 1);
         assert_eq!(ll_blocks(1024, 4, 32), 1); // 512 lines
         assert_eq!(ll_blocks(1025, 4, 32), 2);
         assert_eq!(ll_blocks(1 << 20, 4, 32), 32);
-        // One pusher per reducer: half the blocks each; three: three quarters push.
-        assert_eq!(stream_blocks(256 << 20, 64 << 10, 128, 132, 1), (64, 64));
-        assert_eq!(stream_blocks(256 << 20, 64 << 10, 128, 132, 3), (96, 32));
-        // Never more blocks than stay resident together (a GPU of 72 SMs, one block each).
-        let (p, r) = stream_blocks(256 << 20, 64 << 10, 128, 72, 3);
-        assert!(p + r <= 72 && p == 54, "{p} {r}");
-        // No more pushers than chunks.
-        assert_eq!(stream_blocks(300 << 10, 128 << 10, 128, 132, 3), (3, 1));
-        assert_eq!(stream_blocks(16, 128 << 10, 1, 132, 1), (1, 1));
     }
 }

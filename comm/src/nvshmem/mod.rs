@@ -7,14 +7,11 @@
 //!   `libnvshmem_device.a`, see [`device_code`]), loads them and registers the module with
 //!   NVSHMEM (`nvshmemx_cumodule_init`), then allocates its staging buffers and signals on the
 //!   symmetric heap and looks up the peers' addresses (`nvshmem_ptr`).
-//! - Collectives (one kernel per dtype serving every op; `collectives.cu`, `ll.cu`,
-//!   `stream.cu`): all-reduce is low-latency (flags in the data, `ll.cu`) up to
-//!   `ll_max_bytes`, one-shot (push every input to every peer, reduce locally) up to
-//!   `oneshot_max_bytes`, then two-shot (reduce-scatter then all-gather by pushes), or on two
-//!   GPUs from `stream_min_bytes` (unset by default) streaming (pushers and reducers pipelined
-//!   through rings); see
-//!   `options.rs`. Kernels use `max_blocks` blocks at most (default 32) so that compute keeps
-//!   most SMs. Messages larger than a staging slot run in windows, a launch each; a two-shot
+//! - Collectives (one kernel per dtype serving every op; `collectives.cu`, `ll.cu`):
+//!   all-reduce is low-latency (flags in the data, `ll.cu`) up to `ll_max_bytes`, one-shot
+//!   (push every input to every peer, reduce locally) up to `oneshot_max_bytes`, then two-shot
+//!   (reduce-scatter then all-gather by pushes); see `options.rs`. Kernels use `max_blocks`
+//!   blocks at most (default 32) so that compute keeps most SMs. Messages larger than a staging slot run in windows, a launch each; a two-shot
 //!   window leaves its local copy-out to the next launch (`windows.rs`). On sm_90 launches are
 //!   programmatic dependent launches, hiding the gap between back-to-back collectives.
 //! - Across nodes (`ranks_per_node` < world, see `team.rs`): every op runs in stages on the
@@ -25,14 +22,8 @@
 //! - dtypes: reductions in f32, bf16, f16 (accumulating in f32, as the CPU backends);
 //!   broadcast and all_gather move f32, bf16, f16, u32.
 //!
-//! Environment: `OXTRAIN_NVSHMEM_LIB` (the host library file), `OXTRAIN_NVSHMEM_HOME`
-//! (folder with include/ and lib/), `OXTRAIN_NVSHMEM_BLOCKS`, `OXTRAIN_NVSHMEM_ALGO` (auto,
-//! ll, oneshot, twoshot, stream), `OXTRAIN_NVSHMEM_LL_MAX_BYTES`,
-//! `OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES`, `OXTRAIN_NVSHMEM_STREAM_MIN_BYTES`,
-//! `OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES`, `OXTRAIN_NVSHMEM_STREAM_DEPTH`,
-//! `OXTRAIN_NVSHMEM_STREAM_PUSHERS_PER_REDUCER`, `OXTRAIN_NVSHMEM_CHUNK_BYTES`,
-//! `OXTRAIN_NVSHMEM_RANKS_PER_NODE`, `OXTRAIN_NVSHMEM_PDL`, `OXTRAIN_NVSHMEM_SYMM` (push, pull, auto);
-//! NVSHMEM's own
+//! Environment: the backend's variables are read by [`NvshmemOptions`] and [`NvshmemPaths`]
+//! (comm's README has the table); NVSHMEM's own
 //! (`NVSHMEM_SYMMETRIC_SIZE`, `NVSHMEM_REMOTE_TRANSPORT=none` without InfiniBand,
 //! `NVSHMEM_DISABLE_NVLS=1`).
 //!
@@ -49,8 +40,6 @@ pub mod device_code;
 mod fault;
 mod heap;
 mod hier;
-#[cfg(test)]
-mod hier_sim;
 mod host;
 mod kernels;
 pub mod nvjitlink;
@@ -58,6 +47,8 @@ mod ops;
 mod options;
 mod symmetric;
 mod team;
+#[cfg(test)]
+mod tests;
 mod windows;
 
 use crate::error::{CommError, Result};
@@ -66,7 +57,7 @@ use crate::work::Work;
 use cudarc::driver::{result as drv, sys as cu};
 pub use heap::NvshmemHeap;
 use kernels::{CollArgs, Function, Kernels};
-pub use options::{Algorithm, NvshmemOptions};
+pub use options::{Algorithm, NvshmemOptions, NvshmemPaths};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Tensor};
 use std::ffi::c_void;
@@ -121,9 +112,8 @@ pub struct NvshmemCommunicator {
     per_node: usize,
     /// The teams by `Kind`: `All` and `Ll` on one node, `Node` and `Rail` across nodes.
     teams: [Option<Team>; 4],
-    /// Five arrays of [MAX_BLOCKS][world] u64: the signals ready, done, and the streaming
-    /// algorithm's own ready and done (its values are of another scale, see stream.cu); then
-    /// the symmetric all-reduce's buffer descriptors.
+    /// Three arrays of [MAX_BLOCKS][world] u64: the signals ready and done, then the
+    /// symmetric all-reduce's buffer descriptors.
     signals: u64,
     /// Bytes of one signal array.
     signal_array: u64,
@@ -131,8 +121,6 @@ pub struct NvshmemCommunicator {
     /// the kernels count their launches themselves, so each launch finds its epoch and
     /// staging set on the device and a CUDA graph can replay collectives (see entry.cu).
     counters: u64,
-    /// Collective-kernel blocks that fit on the GPU at once (SMs x occupancy).
-    stream_resident: u32,
     /// Launch with programmatic dependent launch (sm_90 and newer, `OXTRAIN_NVSHMEM_PDL` not 0).
     dependent_launch: bool,
     /// Where a kernel that gave up waiting says so (device-side timeouts).
@@ -244,9 +232,8 @@ impl NvshmemCommunicator {
         let raw = self.stream.stream.raw().cu_stream();
         let count = base.count as usize;
         let window = match base.mode {
-            // The rings take a tensor of any length in one launch; a symmetric buffer needs no
-            // staging.
-            kernels::STREAM | kernels::SYMM => count.max(1),
+            // A symmetric buffer needs no staging: one launch.
+            kernels::SYMM => count.max(1),
             kernels::LL => team.slot_bytes / 2 / esz,
             _ => team.slot_bytes / esz,
         };
@@ -302,21 +289,10 @@ impl NvshmemCommunicator {
             a.aligned = i32::from(in_w.is_multiple_of(16) && out_w.is_multiple_of(16));
             let blocks = match base.mode {
                 kernels::LL => kernels::ll_blocks(hi - lo, esz, self.opts.max_blocks),
-                kernels::STREAM => {
-                    a.ready = self.signals + 2 * self.signal_array;
-                    a.done = self.signals + 3 * self.signal_array;
-                    let (pushers, reducers, chunk_packs, depth) =
-                        self.stream_shape(count * esz, team.slot_bytes);
-                    a.chunk_packs = chunk_packs as i64;
-                    a.depth = depth as i32;
-                    a.reducers = reducers as i32;
-                    pushers + reducers
-                }
                 _ => kernels::blocks_for(hi - lo, esz, self.opts.max_blocks),
             };
-            // Dependent launch hides the gap between short collectives; a streaming one runs for
-            // hundreds of microseconds, and its successor's blocks would sit on SMs meanwhile.
-            let dependent = self.dependent_launch && base.mode != kernels::STREAM;
+            // Dependent launch hides the gap between back-to-back collectives.
+            let dependent = self.dependent_launch;
             // SAFETY: the window lies inside the caller's tensors (checked by the callers'
             // sizes) and inside every member's staging slots (window <= slot); the context is
             // bound.
@@ -326,32 +302,9 @@ impl NvshmemCommunicator {
         Ok(())
     }
 
-    /// Streaming all-reduce of `bytes`: pusher and reducer blocks, packs per chunk and ring
-    /// depth, such that every pusher's ring fits a staging slot.
-    fn stream_shape(&self, bytes: usize, slot_bytes: usize) -> (u32, u32, usize, usize) {
-        let depth = self.opts.stream_depth.clamp(1, 64);
-        let (pushers, reducers) = kernels::stream_blocks(
-            bytes,
-            self.opts.stream_chunk_bytes,
-            self.opts.max_blocks,
-            self.stream_resident,
-            self.opts.stream_pushers_per_reducer as u32,
-        );
-        let fit = slot_bytes / 16 / (pushers as usize * depth);
-        // A pusher holds a chunk in registers: 8 packs per thread (OX_PUSH_REGS).
-        let most = (8 * kernels::THREADS as usize).min(fit.max(1));
-        (pushers, reducers, (self.opts.stream_chunk_bytes / 16).clamp(1, most), depth)
-    }
-
     /// The algorithm an all-reduce of `v` runs.
     fn all_reduce_mode(&self, v: &CudaView) -> i32 {
-        options::all_reduce_mode(
-            &self.opts,
-            self.algorithm(),
-            self.world,
-            v.bytes(),
-            v.ptr.is_multiple_of(16),
-        )
+        options::all_reduce_mode(&self.opts, self.algorithm(), v.bytes())
     }
 
     /// The driver's floor under a collective's enqueue time: host microseconds per launch of an

@@ -1,33 +1,30 @@
 //! The nvshmem backend's tuning: [`NvshmemOptions`] (read from `OXTRAIN_NVSHMEM_*` by
-//! `Default`), the all-reduce [`Algorithm`]s, and which one runs for a given call.
+//! `Default`), where its libraries and headers are ([`NvshmemPaths`]), the all-reduce
+//! [`Algorithm`]s, and which one runs for a given call. Only these types read the backend's
+//! variables; comm's README has the table of them, with the measurements behind the defaults.
 
 use super::kernels;
+use std::path::PathBuf;
 
 /// Which all-reduce algorithm runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
-    /// Low-latency up to `ll_max_bytes`, one-shot up to `oneshot_max_bytes`, then two-shot
-    /// (streaming from `stream_min_bytes` on two GPUs with 16-byte aligned tensors, when set).
+    /// Low-latency up to `ll_max_bytes`, one-shot up to `oneshot_max_bytes`, then two-shot.
     Auto,
     /// Data and flags in every 8-byte word, one NVLink crossing, no signals (`ll.cu`).
     LowLatency,
     OneShot,
     TwoShot,
-    /// Pushes and reductions pipelined through rings in one launch (`stream.cu`). Every GPU
-    /// receives the whole tensor from every peer: the least time on two GPUs, more traffic
-    /// than two-shot on more.
-    Stream,
 }
 
 impl Algorithm {
-    /// `auto`, `ll`, `oneshot`, `twoshot` or `stream`.
+    /// `auto`, `ll`, `oneshot` or `twoshot`.
     pub fn parse(s: &str) -> Option<Algorithm> {
         Some(match s {
             "auto" => Algorithm::Auto,
             "ll" => Algorithm::LowLatency,
             "oneshot" => Algorithm::OneShot,
             "twoshot" => Algorithm::TwoShot,
-            "stream" => Algorithm::Stream,
             _ => return None,
         })
     }
@@ -37,29 +34,21 @@ impl Algorithm {
 #[derive(Debug, Clone)]
 pub struct NvshmemOptions {
     /// Most blocks a collective kernel uses (1..=256, and at most one per SM); fewer SMs taken
-    /// from compute.
+    /// from compute. `OXTRAIN_NVSHMEM_BLOCKS`, default 32.
     pub max_blocks: u32,
     /// All-reduces of at most this many bytes run low-latency under `Algorithm::Auto`; it
     /// also sizes the low-latency slots (2 x world x 2 x this on the heap).
+    /// `OXTRAIN_NVSHMEM_LL_MAX_BYTES`, default 256 KiB.
     pub ll_max_bytes: usize,
     /// All-reduces of at most this many bytes (and more than `ll_max_bytes`) run one-shot
-    /// under `Algorithm::Auto`.
+    /// under `Algorithm::Auto`. `OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES`, default 8 MiB.
     pub oneshot_max_bytes: usize,
+    /// `OXTRAIN_NVSHMEM_ALGO`: auto (default), ll, oneshot, twoshot.
     pub algorithm: Algorithm,
     /// Bytes of one staging slot: larger messages run in windows of this size. The heap
-    /// holds 2 x world x this (0: 128 MiB, at most 256 MiB / world: 512 MiB of heap). On
-    /// 2xH200 128 MiB windows took two-shot from 323 to 329 GB/s at 256 MiB and the symmetric
-    /// all-reduce from 342 to 351 against 64 MiB (each window costs about 10 us).
+    /// holds 2 x world x this (0: 128 MiB, at most 256 MiB / world: 512 MiB of heap).
+    /// `OXTRAIN_NVSHMEM_CHUNK_BYTES`, default 0.
     pub chunk_bytes: usize,
-    /// All-reduces of at least this many bytes stream under `Algorithm::Auto` (two GPUs);
-    /// between `oneshot_max_bytes` and this they run two-shot.
-    pub stream_min_bytes: usize,
-    /// Streaming all-reduce: bytes per ring chunk (at most 64 KiB: a pusher block holds one in
-    /// registers), and chunks per ring. Defaults 64 KiB and 2, the best of a sweep on 2xH200.
-    pub stream_chunk_bytes: usize,
-    pub stream_depth: usize,
-    /// Streaming all-reduce: pusher blocks per reducer block.
-    pub stream_pushers_per_reducer: usize,
     /// The zero-copy all-reduce of symmetric memory: Some(true) pushes (two-shot, results
     /// stored into the peers' copies; whole 16-byte packs only), Some(false) one pass loading
     /// the peers' copies, None picks by blocks and size ([`symmetric_pushes`]).
@@ -68,7 +57,35 @@ pub struct NvshmemOptions {
     /// GPUs per node (PEs numbered node by node); fewer than the world makes the collectives
     /// hierarchical (see `hier.rs`). 0: the launcher's (torchrun's `LOCAL_WORLD_SIZE`, Open
     /// MPI's `OMPI_COMM_WORLD_LOCAL_SIZE`, Slurm's tasks per node), else every PE on one node.
+    /// `OXTRAIN_NVSHMEM_RANKS_PER_NODE`, default 0.
     pub ranks_per_node: usize,
+    /// Launch collectives as programmatic dependent launches on sm_90 and newer (hides the
+    /// gap between back-to-back collectives); off with `OXTRAIN_NVSHMEM_PDL=0`. Off anyway
+    /// when several PEs share a GPU.
+    pub dependent_launch: bool,
+}
+
+/// Where the backend finds NVSHMEM and CUDA's headers, from the environment.
+#[derive(Debug, Clone, Default)]
+pub struct NvshmemPaths {
+    /// `OXTRAIN_NVSHMEM_LIB`: the host library file (`libnvshmem_host.so.3`).
+    pub lib: Option<PathBuf>,
+    /// `OXTRAIN_NVSHMEM_HOME`, else NVSHMEM's own `NVSHMEM_HOME`: the folder with `include/`
+    /// and `lib/`.
+    pub home: Option<PathBuf>,
+    /// `OXTRAIN_CUDA_INCLUDE_DIR`: the folder holding `cuda.h`, for the kernels' compile.
+    pub cuda_include_dir: Option<PathBuf>,
+}
+
+impl NvshmemPaths {
+    pub fn from_env() -> NvshmemPaths {
+        let path = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        NvshmemPaths {
+            lib: path("OXTRAIN_NVSHMEM_LIB"),
+            home: path("OXTRAIN_NVSHMEM_HOME").or_else(|| path("NVSHMEM_HOME")),
+            cuda_include_dir: path("OXTRAIN_CUDA_INCLUDE_DIR"),
+        }
+    }
 }
 
 fn env_num(name: &str) -> Option<usize> {
@@ -83,65 +100,36 @@ impl Default for NvshmemOptions {
             .unwrap_or(Algorithm::Auto);
         NvshmemOptions {
             max_blocks: env_num("OXTRAIN_NVSHMEM_BLOCKS").unwrap_or(32) as u32,
-            // Measured on 2xH200 (bench/results/comm-2xh200.json, f32): one-shot is faster up to
-            // 8 MiB (40.3 vs 42.4 us), two-shot from 16 MiB (65.5 vs 69.7 us).
             oneshot_max_bytes: env_num("OXTRAIN_NVSHMEM_ONESHOT_MAX_BYTES").unwrap_or(8 << 20),
             ll_max_bytes: env_num("OXTRAIN_NVSHMEM_LL_MAX_BYTES").unwrap_or(256 << 10),
             algorithm,
             chunk_bytes: env_num("OXTRAIN_NVSHMEM_CHUNK_BYTES").unwrap_or(0),
-            stream_chunk_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_CHUNK_BYTES").unwrap_or(64 << 10),
-            stream_depth: env_num("OXTRAIN_NVSHMEM_STREAM_DEPTH").unwrap_or(2).max(1),
-            // One: with two or three pushers per reducer the reducers fell behind (232 and 192
-            // GB/s at 256 MiB on 2xH200 against 321).
-            stream_pushers_per_reducer: env_num("OXTRAIN_NVSHMEM_STREAM_PUSHERS_PER_REDUCER")
-                .unwrap_or(1)
-                .max(1),
             ranks_per_node: env_num("OXTRAIN_NVSHMEM_RANKS_PER_NODE").unwrap_or(0),
+            dependent_launch: std::env::var("OXTRAIN_NVSHMEM_PDL").map_or(true, |v| v.trim() != "0"),
             symmetric_push: match std::env::var("OXTRAIN_NVSHMEM_SYMM").as_deref().map(str::trim) {
                 Ok("push") => Some(true),
                 Ok("pull") => Some(false),
                 _ => None,
             },
-            // Auto does not stream unless asked: with 128 MiB windows two-shot measured 329 GB/s at
-            // 256 MiB against streaming's 316-319, and 329-330 at 1 GiB against 323-332 (2xH200,
-            // f32, 128 and 132 blocks). With 64 MiB windows streaming had been ahead at 256 MiB.
-            stream_min_bytes: env_num("OXTRAIN_NVSHMEM_STREAM_MIN_BYTES").unwrap_or(usize::MAX),
         }
     }
 }
 
 /// Whether the zero-copy all-reduce of `bytes` of symmetric memory pushes (two-shot) rather
 /// than loads the peers' copies in one pass; `packs`: the buffer is whole aligned 16-byte packs,
-/// which pushing needs. Measured on 2xH200 (f32, GB/s at 64 MiB / 256 MiB / 1 GiB): with 32
-/// blocks pull 286/300/306 against push 253/257/257; with 64 push 321/330/330 against
-/// 308/324/330; with 128 push 340/349/350 against 319/335/340; at 8 MiB push leads with 32 too
-/// (231 against 220).
+/// which pushing needs. The thresholds come from the measurements in comm's README.
 pub(crate) fn symmetric_pushes(opts: &NvshmemOptions, bytes: usize, packs: bool) -> bool {
     packs && opts.symmetric_push.unwrap_or(opts.max_blocks >= 64 || bytes < (64 << 20))
 }
 
-/// The kernel mode of an all-reduce of `bytes` on `world` GPUs of one node (`aligned`: the
-/// tensor starts on 16 bytes) under `algorithm`.
-pub(crate) fn all_reduce_mode(
-    opts: &NvshmemOptions,
-    algorithm: Algorithm,
-    world: usize,
-    bytes: usize,
-    aligned: bool,
-) -> i32 {
-    // Streaming moves whole 16-byte packs, and needs many blocks: with 32 it moved 110 GB/s at
-    // 256 MiB on 2xH200, where two-shot moves about 220; with 128 the two are within 2-3%
-    // (either ahead, run to run). On more than two GPUs it sends more than two-shot.
-    let stream = world == 2 && aligned && bytes >= opts.stream_min_bytes && opts.max_blocks >= 128;
+/// The kernel mode of an all-reduce of `bytes` under `algorithm`.
+pub(crate) fn all_reduce_mode(opts: &NvshmemOptions, algorithm: Algorithm, bytes: usize) -> i32 {
     match algorithm {
         Algorithm::LowLatency => kernels::LL,
         Algorithm::OneShot => kernels::ONESHOT,
         Algorithm::TwoShot => kernels::TWOSHOT,
-        Algorithm::Stream if aligned => kernels::STREAM,
-        Algorithm::Stream => kernels::TWOSHOT,
         Algorithm::Auto if bytes <= opts.ll_max_bytes => kernels::LL,
         Algorithm::Auto if bytes <= opts.oneshot_max_bytes => kernels::ONESHOT,
-        Algorithm::Auto if stream => kernels::STREAM,
         Algorithm::Auto => kernels::TWOSHOT,
     }
 }
@@ -157,12 +145,9 @@ mod tests {
             oneshot_max_bytes: 8 << 20,
             algorithm: Algorithm::Auto,
             chunk_bytes: 0,
-            stream_min_bytes: 256 << 20,
-            stream_chunk_bytes: 64 << 10,
-            stream_depth: 2,
-            stream_pushers_per_reducer: 1,
             ranks_per_node: 0,
             symmetric_push: None,
+            dependent_launch: true,
         }
     }
 
@@ -182,34 +167,23 @@ mod tests {
     }
 
     #[test]
-    fn auto_goes_low_latency_one_shot_two_shot_then_streaming() {
+    fn auto_goes_low_latency_one_shot_then_two_shot() {
         let o = opts(128);
-        let mode = |bytes| all_reduce_mode(&o, Algorithm::Auto, 2, bytes, true);
+        let mode = |bytes| all_reduce_mode(&o, Algorithm::Auto, bytes);
         assert_eq!(mode(8), kernels::LL);
         assert_eq!(mode(256 << 10), kernels::LL);
         assert_eq!(mode((256 << 10) + 4), kernels::ONESHOT);
         assert_eq!(mode(8 << 20), kernels::ONESHOT);
         assert_eq!(mode(64 << 20), kernels::TWOSHOT);
-        assert_eq!(mode(256 << 20), kernels::STREAM);
-    }
-
-    #[test]
-    fn streaming_only_on_two_gpus_with_many_blocks_and_aligned_tensors() {
-        let big = 1 << 30;
-        assert_eq!(all_reduce_mode(&opts(128), Algorithm::Auto, 4, big, true), kernels::TWOSHOT);
-        assert_eq!(all_reduce_mode(&opts(32), Algorithm::Auto, 2, big, true), kernels::TWOSHOT);
-        assert_eq!(all_reduce_mode(&opts(128), Algorithm::Auto, 2, big, false), kernels::TWOSHOT);
-        // Forced, it still needs 16-byte packs.
-        assert_eq!(all_reduce_mode(&opts(32), Algorithm::Stream, 4, 64, true), kernels::STREAM);
-        assert_eq!(all_reduce_mode(&opts(32), Algorithm::Stream, 2, 64, false), kernels::TWOSHOT);
+        assert_eq!(mode(1 << 30), kernels::TWOSHOT);
     }
 
     #[test]
     fn forced_algorithms_win_at_any_size() {
         let o = opts(32);
-        assert_eq!(all_reduce_mode(&o, Algorithm::LowLatency, 2, 1 << 30, true), kernels::LL);
-        assert_eq!(all_reduce_mode(&o, Algorithm::OneShot, 2, 1 << 30, true), kernels::ONESHOT);
-        assert_eq!(all_reduce_mode(&o, Algorithm::TwoShot, 2, 8, true), kernels::TWOSHOT);
+        assert_eq!(all_reduce_mode(&o, Algorithm::LowLatency, 1 << 30), kernels::LL);
+        assert_eq!(all_reduce_mode(&o, Algorithm::OneShot, 1 << 30), kernels::ONESHOT);
+        assert_eq!(all_reduce_mode(&o, Algorithm::TwoShot, 8), kernels::TWOSHOT);
     }
 
     #[test]
@@ -219,10 +193,10 @@ mod tests {
             ("ll", Algorithm::LowLatency),
             ("oneshot", Algorithm::OneShot),
             ("twoshot", Algorithm::TwoShot),
-            ("stream", Algorithm::Stream),
         ] {
             assert_eq!(Algorithm::parse(s), Some(a));
         }
-        assert_eq!(Algorithm::parse("ring"), None);
+        // The streaming all-reduce measured slower than two-shot and was removed.
+        assert_eq!(Algorithm::parse("stream"), None);
     }
 }

@@ -9,46 +9,20 @@
 
 mod collectives;
 mod heap;
+mod options;
 mod segment;
 
 pub use heap::ShmHeap;
+pub use options::ShmOptions;
 
 use crate::bootstrap::TcpStore;
-use crate::communicator::{CommOptions, CpuCommunicator};
+use crate::communicator::CpuCommunicator;
 use crate::error::{CommError, Result};
 use collectives::ShmEngine;
 pub(crate) use segment::{pid_alive, Attachment, Segment, SegmentLayout, MAGIC, VERSION};
 use std::ffi::CString;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// Sizes and naming of the shared segment.
-#[derive(Debug, Clone)]
-pub struct ShmOptions {
-    pub comm: CommOptions,
-    /// Bytes of each staging buffer per rank (two per rank). Larger tensors go through in
-    /// chunks. `OXTRAIN_SHM_CHUNK_BYTES`, default 1 MiB.
-    pub chunk_bytes: usize,
-    /// Bytes of symmetric heap per rank. `OXTRAIN_SHM_HEAP_BYTES`, default 16 MiB.
-    pub heap_bytes: usize,
-    /// Segment name (under /dev/shm). `OXTRAIN_SHM_NAME`, default `oxtrain-comm-p<store port>`.
-    pub name: Option<String>,
-}
-
-fn env_bytes(key: &str, default: usize) -> usize {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-impl Default for ShmOptions {
-    fn default() -> Self {
-        ShmOptions {
-            comm: CommOptions::default(),
-            chunk_bytes: env_bytes("OXTRAIN_SHM_CHUNK_BYTES", 1 << 20),
-            heap_bytes: env_bytes("OXTRAIN_SHM_HEAP_BYTES", 16 << 20),
-            name: std::env::var("OXTRAIN_SHM_NAME").ok(),
-        }
-    }
-}
 
 impl ShmOptions {
     pub(crate) fn layout(&self, world: usize) -> SegmentLayout {

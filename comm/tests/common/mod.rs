@@ -2,6 +2,8 @@
 //! references computed here in f64 from each rank's deterministic input.
 #![allow(dead_code)]
 
+#[cfg(feature = "ddp")]
+pub mod ddp_train;
 pub mod procs;
 
 use oxtrain_comm::{shard_range, Communicator, ReduceOp};

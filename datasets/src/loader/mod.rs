@@ -89,7 +89,11 @@ impl<D: Dataset> DataLoader<D> {
     /// A loader over `dataset` in the order `sampler` gives (use
     /// `DistributedSampler::single(len)` for one process).
     pub fn new(dataset: D, sampler: DistributedSampler, config: LoaderConfig) -> Result<DataLoader<D>> {
-        assert!(config.batch_size > 0, "DataLoader: batch_size must be positive");
+        if config.batch_size == 0 {
+            return Err(Error::Config(
+                "DataLoader: batch_size is 0; set it to the number of samples per batch (1 or more)".into(),
+            ));
+        }
         let ordinal = match config.pin_memory {
             PinMemory::Off => None,
             PinMemory::Device(n) => {

@@ -252,3 +252,15 @@ fn pinned_batches_reach_the_gpu_unchanged() {
     assert_eq!(got, want);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn batch_size_zero_is_an_error_that_says_what_to_set() {
+    let d = tmp("batch0");
+    crate::synthetic::write_shapes_image_folder(&d, 2, 2, 16, 1).unwrap();
+    let ds = ImageFolder::new(&d, ImageTransform::imagenet_train(8)).unwrap();
+    let sampler = DistributedSampler::single(ds.len());
+    let err = DataLoader::new(ds, sampler, config(0, 0)).err().expect("batch size 0 must be refused");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("batch_size is 0"), "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -96,6 +96,11 @@ pub struct LmDataset {
 impl LmDataset {
     /// From `.txt` and `.jsonl` files, in the order given.
     pub fn from_files(paths: &[PathBuf], tokenizer: &dyn Tokenizer, block_size: usize) -> Result<LmDataset> {
+        if block_size == 0 {
+            return Err(Error::Config(
+                "LmDataset: block_size is 0; set it to the tokens per training sequence (1 or more)".into(),
+            ));
+        }
         let mut tokens = Vec::new();
         for p in paths {
             for doc in documents(p)? {

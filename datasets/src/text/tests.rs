@@ -86,3 +86,12 @@ fn fn_tokenizer_plugs_in() {
     assert!(ds.is_empty());
     assert_eq!(words.encode("a bb ccc"), vec![1, 2, 3]);
 }
+
+#[test]
+fn lm_block_size_zero_is_an_error() {
+    let d = tmp("lm0");
+    std::fs::write(d.join("a.txt"), "hello").unwrap();
+    let err = LmDataset::from_files(&[d.join("a.txt")], &ByteTokenizer, 0).unwrap_err();
+    assert!(matches!(err, Error::Config(_)) && err.to_string().contains("block_size is 0"), "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -1,6 +1,6 @@
 //! `BertConfig` as Hugging Face writes it in `config.json`.
 
-use crate::error::{read_json, Result};
+use crate::error::{read_json, ModelError, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -57,9 +57,29 @@ pub struct BertConfig {
 }
 
 impl BertConfig {
-    /// Reads a Hugging Face `config.json`.
+    /// Reads a Hugging Face `config.json` and [checks](BertConfig::check) it.
     pub fn from_file(path: impl AsRef<Path>) -> Result<BertConfig> {
-        read_json(path.as_ref())
+        let path = path.as_ref();
+        let config: BertConfig = read_json(path)?;
+        config.check().map_err(|e| e.in_file(path))?;
+        Ok(config)
+    }
+
+    /// Whether the numbers can make a model: heads that split `hidden_size` evenly, a known
+    /// activation. [`BertModel::new`](super::BertModel::new) calls it.
+    pub fn check(&self) -> Result<()> {
+        let (hs, h) = (self.hidden_size, self.num_attention_heads);
+        if h == 0 || !hs.is_multiple_of(h) {
+            return Err(ModelError::BadConfig {
+                model: "BERT",
+                reason: format!(
+                    "hidden_size ({hs}) must be divisible by num_attention_heads ({h}): each head \
+                     takes hidden_size / num_attention_heads channels"
+                ),
+            });
+        }
+        crate::gpt2::Activation::parse(&self.hidden_act)?;
+        Ok(())
     }
 
     /// The number of classes of a sequence-classification head.

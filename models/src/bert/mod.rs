@@ -13,7 +13,7 @@ pub use layers::{
 
 use crate::gpt2::Activation;
 use crate::list::List;
-use crate::loading::{load_pretrained, read_checkpoint, NameRules};
+use crate::loading::{given_or_read, load_pretrained, read_checkpoint, NameRules};
 use crate::mask::additive_mask;
 use crate::Result;
 use oxtrain_autograd::Var;
@@ -71,6 +71,7 @@ impl BertModel {
     /// A freshly initialised model (N(0, initializer_range) weights as Hugging Face's
     /// `_init_weights`, from the global generator); `add_pooling_layer` as in `BertModel`.
     pub fn new(config: &BertConfig, add_pooling_layer: bool, device: Device) -> Result<BertModel> {
+        config.check()?;
         let act = Activation::parse(&config.hidden_act)?;
         let layers = (0..config.num_hidden_layers)
             .map(|_| BertLayer::new(config, act, device))
@@ -93,13 +94,20 @@ impl BertModel {
         })
     }
 
-    /// Builds the model from `dir/config.json` and loads its checkpoint
-    /// (`BertModel.from_pretrained(dir)`); a checkpoint of a model with a head (`bert.` names)
-    /// loads too, its head names reported as unexpected.
-    pub fn from_pretrained(dir: impl AsRef<Path>, device: Device) -> Result<BertModel> {
-        let dir = dir.as_ref();
-        let model = BertModel::new(&BertConfig::from_file(dir.join("config.json"))?, true, device)?;
-        model.load_weights(dir)?;
+    /// The model of a checkpoint (`BertModel.from_pretrained(path)`), with its pooler:
+    /// `path_or_dir` and `config` as in
+    /// [`Gpt2LMHeadModel::from_pretrained`](crate::Gpt2LMHeadModel::from_pretrained); built
+    /// without random initialisation and filled from the file. A checkpoint of a model with a
+    /// head (`bert.` names) loads too, its head left out.
+    pub fn from_pretrained(
+        path_or_dir: impl AsRef<Path>,
+        config: impl Into<Option<BertConfig>>,
+        device: Device,
+    ) -> Result<BertModel> {
+        let path = path_or_dir.as_ref();
+        let config = given_or_read(config.into(), path, |p| BertConfig::from_file(p))?;
+        let model = init::no_init_weights(|| BertModel::new(&config, true, device))?;
+        model.load_weights(path)?;
         Ok(model)
     }
 
@@ -176,6 +184,14 @@ pub struct BertForSequenceClassification {
 impl BertForSequenceClassification {
     /// A freshly initialised model with `config.num_labels()` classes.
     pub fn new(config: &BertConfig, device: Device) -> Result<BertForSequenceClassification> {
+        BertForSequenceClassification::with_encoder(BertModel::new(config, true, device)?, config, device)
+    }
+
+    fn with_encoder(
+        bert: BertModel,
+        config: &BertConfig,
+        device: Device,
+    ) -> Result<BertForSequenceClassification> {
         let num_labels = config.num_labels();
         let classifier = Linear::new(config.hidden_size, num_labels, device)?;
         init::normal_(&classifier.weight.tensor(), 0.0, config.initializer_range, None);
@@ -183,7 +199,7 @@ impl BertForSequenceClassification {
             init::zeros_(&b.tensor());
         }
         Ok(BertForSequenceClassification {
-            bert: BertModel::new(config, true, device)?,
+            bert,
             classifier,
             num_labels,
             p: config.classifier_dropout.unwrap_or(config.hidden_dropout_prob),
@@ -191,18 +207,24 @@ impl BertForSequenceClassification {
         })
     }
 
-    /// From `dir/config.json` and its checkpoint. A `BertModel` checkpoint (no `bert.`
-    /// prefix, no classifier) loads too: the classifier keeps its fresh initialisation and is
-    /// listed in the returned report's `missing`, the usual start of fine-tuning.
+    /// The model of a checkpoint, `path_or_dir` and `config` as in
+    /// [`BertModel::from_pretrained`]. The encoder is built without random initialisation and
+    /// filled from the file. A `BertModel` checkpoint (no `bert.` prefix, no classifier) loads
+    /// too: the classifier keeps its fresh initialisation, the usual start of fine-tuning
+    /// ([`load_weights`](Self::load_weights) returns the report that lists it as missing).
     pub fn from_pretrained(
-        dir: impl AsRef<Path>,
+        path_or_dir: impl AsRef<Path>,
+        config: impl Into<Option<BertConfig>>,
         device: Device,
-    ) -> Result<(BertForSequenceClassification, LoadReport)> {
-        let dir = dir.as_ref();
-        let model =
-            BertForSequenceClassification::new(&BertConfig::from_file(dir.join("config.json"))?, device)?;
-        let report = model.load_weights(dir)?;
-        Ok((model, report))
+    ) -> Result<BertForSequenceClassification> {
+        let path = path_or_dir.as_ref();
+        let config = given_or_read(config.into(), path, |p| BertConfig::from_file(p))?;
+        // Only the encoder skips its initialisation: the classifier may be absent from the
+        // checkpoint and must then start from Hugging Face's initialisation.
+        let bert = init::no_init_weights(|| BertModel::new(&config, true, device))?;
+        let model = BertForSequenceClassification::with_encoder(bert, &config, device)?;
+        model.load_weights(path)?;
+        Ok(model)
     }
 
     pub fn load_weights(&self, path: impl AsRef<Path>) -> Result<LoadReport> {

@@ -1,6 +1,6 @@
 //! `GPT2Config` as Hugging Face writes it in `config.json`.
 
-use crate::error::{read_json, Result};
+use crate::error::{read_json, ModelError, Result};
 use std::path::Path;
 
 fn default_eps() -> f64 {
@@ -51,9 +51,26 @@ pub struct Gpt2Config {
 }
 
 impl Gpt2Config {
-    /// Reads a Hugging Face `config.json`.
+    /// Reads a Hugging Face `config.json` and [checks](Gpt2Config::check) it.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Gpt2Config> {
-        read_json(path.as_ref())
+        let path = path.as_ref();
+        let config: Gpt2Config = read_json(path)?;
+        config.check().map_err(|e| e.in_file(path))?;
+        Ok(config)
+    }
+
+    /// Whether the numbers can make a model: heads that split `n_embd` evenly, a known
+    /// activation. [`Gpt2Model::new`](super::Gpt2Model::new) calls it.
+    pub fn check(&self) -> Result<()> {
+        let bad = |reason: String| Err(ModelError::BadConfig { model: "GPT-2", reason });
+        if self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
+            return bad(format!(
+                "n_embd ({}) must be divisible by n_head ({}): each head takes n_embd / n_head channels",
+                self.n_embd, self.n_head
+            ));
+        }
+        super::Activation::parse(&self.activation_function)?;
+        Ok(())
     }
 
     /// GPT-2 small (124M): 12 layers, 768 wide, 12 heads, 1024 positions, 50257 tokens.

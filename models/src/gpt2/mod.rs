@@ -9,7 +9,7 @@ pub use config::Gpt2Config;
 pub use layers::{Activation, Conv1D, Gpt2Attention, Gpt2Block, Gpt2Mlp};
 
 use crate::list::List;
-use crate::loading::{load_pretrained, read_checkpoint, NameRules};
+use crate::loading::{given_or_read, load_pretrained, read_checkpoint, NameRules};
 use crate::Result;
 use layers::layer_norm;
 use oxtrain_autograd::Var;
@@ -38,6 +38,7 @@ impl Gpt2Model {
     /// A freshly initialised model (N(0, 0.02) weights as Hugging Face's `_init_weights`,
     /// from the global generator).
     pub fn new(config: &Gpt2Config, device: Device) -> Result<Gpt2Model> {
+        config.check()?;
         let act = Activation::parse(&config.activation_function)?;
         let c = config;
         let wte = Embedding::new(c.vocab_size, c.n_embd, device)?;
@@ -55,6 +56,28 @@ impl Gpt2Model {
             config: c.clone(),
             training: TrainingFlag::default(),
         })
+    }
+
+    /// The bare model of a checkpoint (`GPT2Model.from_pretrained(path)`), `path_or_dir` and
+    /// `config` as in [`Gpt2LMHeadModel::from_pretrained`]; a checkpoint of the model with a
+    /// head loads too, its `lm_head.weight` left out.
+    pub fn from_pretrained(
+        path_or_dir: impl AsRef<Path>,
+        config: impl Into<Option<Gpt2Config>>,
+        device: Device,
+    ) -> Result<Gpt2Model> {
+        let path = path_or_dir.as_ref();
+        let config = given_or_read(config.into(), path, |p| Gpt2Config::from_file(p))?;
+        let model = init::no_init_weights(|| Gpt2Model::new(&config, device))?;
+        model.load_weights(path)?;
+        Ok(model)
+    }
+
+    /// Loads a checkpoint (folder, file or index; see [`read_checkpoint`]) saved from
+    /// `GPT2Model` or `GPT2LMHeadModel` (whose `lm_head.weight` is then reported unexpected).
+    pub fn load_weights(&self, path: impl AsRef<Path>) -> Result<LoadReport> {
+        let rules = NameRules { base_prefix: "transformer", ignore_suffixes: IGNORED, may_be_missing: &[] };
+        load_pretrained(self, read_checkpoint(path)?, &rules)
     }
 
     /// Token ids `[B, T]` (integers) and an optional `attention_mask [B, T]` (1 = token,
@@ -129,12 +152,22 @@ impl Gpt2LMHeadModel {
         Ok(Gpt2LMHeadModel { transformer, lm_head: LmHead { weight } })
     }
 
-    /// Builds the model from `dir/config.json` and loads `dir/model.safetensors` (or the
-    /// shards of `dir/model.safetensors.index.json`), as `GPT2LMHeadModel.from_pretrained(dir)`.
-    pub fn from_pretrained(dir: impl AsRef<Path>, device: Device) -> Result<Gpt2LMHeadModel> {
-        let dir = dir.as_ref();
-        let model = Gpt2LMHeadModel::new(&Gpt2Config::from_file(dir.join("config.json"))?, device)?;
-        model.load_weights(dir)?;
+    /// The model of a checkpoint, as `GPT2LMHeadModel.from_pretrained(path)`: `path_or_dir`
+    /// is a folder (`model.safetensors`, or the shards of `model.safetensors.index.json`), a
+    /// `.safetensors` file or an index; `config` is `None` to read the `config.json` in (or
+    /// beside) it. The model is built without random initialisation
+    /// ([`init::no_init_weights`]) and filled from the file; a checkpoint that misses a weight
+    /// fails with every missing name. [`load_weights`](Self::load_weights) loads into an
+    /// existing model and returns what was skipped.
+    pub fn from_pretrained(
+        path_or_dir: impl AsRef<Path>,
+        config: impl Into<Option<Gpt2Config>>,
+        device: Device,
+    ) -> Result<Gpt2LMHeadModel> {
+        let path = path_or_dir.as_ref();
+        let config = given_or_read(config.into(), path, |p| Gpt2Config::from_file(p))?;
+        let model = init::no_init_weights(|| Gpt2LMHeadModel::new(&config, device))?;
+        model.load_weights(path)?;
         Ok(model)
     }
 

@@ -90,6 +90,29 @@ fn read_sharded(index_path: &Path) -> Result<HashMap<String, Tensor>> {
     Ok(out)
 }
 
+/// The `config.json` of a Hugging Face checkpoint at `path`: inside it when `path` is a
+/// folder, beside it when it is a file (`model.safetensors`, an index).
+pub fn config_path(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.parent().unwrap_or(Path::new(".")).join("config.json")
+    }
+}
+
+/// `config` when given, else `read` of the `config.json` in or beside `path`
+/// ([`config_path`]): what `from_pretrained` builds.
+pub(crate) fn given_or_read<C>(
+    config: Option<C>,
+    path: &Path,
+    read: impl FnOnce(&Path) -> Result<C>,
+) -> Result<C> {
+    match config {
+        Some(config) => Ok(config),
+        None => read(&config_path(path)),
+    }
+}
+
 /// How a model family fits checkpoint names to its own, as Hugging Face models do.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NameRules<'a> {

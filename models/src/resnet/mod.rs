@@ -7,13 +7,17 @@ mod block;
 
 pub use block::{BasicBlock, Block, Bottleneck, Stage};
 
+use crate::error::{ModelError, Result};
+use crate::loading::read_checkpoint;
 use block::{bn, conv, BlockSpec};
 use oxtrain_autograd::Var;
 use oxtrain_nn::{
     AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Forward, Linear, LinearConfig, MaxPool2d, MaxPool2dConfig,
     Module, Visitor,
 };
-use oxtrain_tensor::{DType, Device, Result};
+use oxtrain_tensor::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::path::Path;
 
 /// Which residual block a ResNet stacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +90,59 @@ impl ResNetConfig {
         self
     }
 
+    /// Whether the numbers can make a network ([`ResNet::new`] calls it).
+    pub fn check(&self) -> Result<()> {
+        let bad = |reason: String| Err(ModelError::BadConfig { model: "ResNet", reason });
+        if self.num_classes == 0 || self.groups == 0 || self.width_per_group == 0 {
+            return bad(format!(
+                "num_classes ({}), groups ({}) and width_per_group ({}) must be positive",
+                self.num_classes, self.groups, self.width_per_group
+            ));
+        }
+        if self.block == BlockKind::Basic && (self.groups != 1 || self.width_per_group != 64) {
+            return bad(format!(
+                "basic blocks (ResNet-18/34) take groups = 1 and width_per_group = 64 only, as in \
+                 torchvision; got {} and {} (grouped and wide shapes need bottleneck blocks)",
+                self.groups, self.width_per_group
+            ));
+        }
+        Ok(())
+    }
+
+    /// The architecture a torchvision ResNet state dict was saved from: the block kind
+    /// (`conv3` in the blocks), blocks per stage, classes (`fc.weight`), and for bottlenecks
+    /// the groups and width of the 3x3 convolution (`layer1.0.conv2.weight`).
+    pub fn from_state_dict(state: &HashMap<String, Tensor>) -> std::result::Result<ResNetConfig, String> {
+        let dims = |name: &str| -> std::result::Result<Vec<usize>, String> {
+            state.get(name).map(|t| t.dims().to_vec()).ok_or_else(|| {
+                format!("no `{name}`: not a torchvision ResNet state dict (pass the ResNetConfig it was saved from)")
+            })
+        };
+        let fc = dims("fc.weight")?;
+        let bottleneck = state.contains_key("layer1.0.conv3.weight");
+        let mut layers = [0; 4];
+        for (i, n) in layers.iter_mut().enumerate() {
+            *n =
+                (0..).take_while(|j| state.contains_key(&format!("layer{}.{j}.conv1.weight", i + 1))).count();
+            if *n == 0 {
+                return Err(format!(
+                    "no `layer{}.0.conv1.weight`: not a torchvision ResNet state dict",
+                    i + 1
+                ));
+            }
+        }
+        let block = if bottleneck { BlockKind::Bottleneck } else { BlockKind::Basic };
+        let mut config = ResNetConfig::new(block, layers).with_num_classes(fc[0]);
+        if bottleneck {
+            // layer1's 3x3 has `width_per_group * groups` outputs and `width / groups` inputs.
+            let conv2 = dims("layer1.0.conv2.weight")?;
+            let (width, per_group) = (conv2[0], conv2[1].max(1));
+            config.groups = width / per_group;
+            config.width_per_group = width / config.groups.max(1);
+        }
+        Ok(config)
+    }
+
     fn expansion(&self) -> usize {
         match self.block {
             BlockKind::Basic => 1,
@@ -115,9 +172,10 @@ impl ResNet {
     /// A freshly initialised network (weights from the global generator; seed it with
     /// `oxtrain_tensor::manual_seed`).
     pub fn new(config: &ResNetConfig, device: Device) -> Result<ResNet> {
+        config.check()?;
         let dtype = config.dtype;
         let mut inplanes = 64;
-        let mut stage = |planes: usize, blocks: usize, stride: usize| -> Result<Stage> {
+        let mut stage = |planes: usize, blocks: usize, stride: usize| -> oxtrain_tensor::Result<Stage> {
             let mut out = Vec::with_capacity(blocks);
             for i in 0..blocks {
                 let spec = BlockSpec {
@@ -165,8 +223,56 @@ impl ResNet {
         })
     }
 
+    /// A network with the weights of a torchvision checkpoint (a `state_dict` saved with
+    /// `safetensors.torch.save_file`): `path_or_dir` is the `.safetensors` file or a folder
+    /// holding `model.safetensors`; `config` is the architecture, or `None` to read it from the
+    /// names and shapes in the file ([`ResNetConfig::from_state_dict`]). The network is built
+    /// without random initialisation and filled from the file; every weight must be there
+    /// (batch norms' `num_batches_tracked` may be absent, as in torchvision's own files, and
+    /// stays 0). Names the network lacks fail too. For partial loads use
+    /// [`Module::load_state_dict`] on a network from [`ResNet::new`].
+    pub fn from_pretrained(
+        path_or_dir: impl AsRef<Path>,
+        config: impl Into<Option<ResNetConfig>>,
+        device: Device,
+    ) -> Result<ResNet> {
+        let path = path_or_dir.as_ref();
+        let state = read_checkpoint(path)?;
+        let config = match config.into() {
+            Some(config) => config,
+            None => ResNetConfig::from_state_dict(&state)
+                .map_err(|reason| ModelError::BadFile { path: path.to_path_buf(), reason })?,
+        };
+        let model = oxtrain_nn::init::no_init_weights(|| ResNet::new(&config, device))?;
+        let counters: Vec<String> = model
+            .state_dict()
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.ends_with(".num_batches_tracked") && !state.contains_key(n))
+            .collect();
+        let report = model.load_state_dict(&state, false)?;
+        let missing: Vec<String> = report.missing.into_iter().filter(|n| !counters.contains(n)).collect();
+        if !missing.is_empty() || !report.unexpected.is_empty() {
+            return Err(oxtrain_nn::LoadError::Mismatch {
+                missing,
+                unexpected: report.unexpected,
+                mismatched: vec![],
+            }
+            .into());
+        }
+        Ok(model)
+    }
+
+    /// Images `[N, 3, H, W]` to logits `[N, num_classes]`; the images are a `Tensor` (from a
+    /// loader: they get no gradient) or a `Var`, by value or by reference.
+    pub fn forward(&self, images: impl Into<Var>) -> Var {
+        self.fc.forward(&self.forward_features(images))
+    }
+
     /// Everything up to the pooled features `[N, 512 * expansion]` (the input of `fc`).
-    pub fn forward_features(&self, x: &Var) -> Var {
+    pub fn forward_features(&self, images: impl Into<Var>) -> Var {
+        let x: Var = images.into();
+        let x = &x;
         assert!(
             x.rank() == 4 && x.dims()[1] == 3,
             "ResNet: expected images [N, 3, H, W], got shape {:?}",
@@ -197,8 +303,8 @@ impl Module for ResNet {
 }
 
 impl Forward for ResNet {
-    /// Images `[N, 3, H, W]` to logits `[N, num_classes]`.
+    /// [`ResNet::forward`].
     fn forward(&self, x: &Var) -> Var {
-        self.fc.forward(&self.forward_features(x))
+        ResNet::forward(self, x)
     }
 }

@@ -3,7 +3,33 @@
 //! given, else from the process-wide generator that `oxtrain_tensor::manual_seed` seeds, like
 //! PyTorch's `generator=None`.
 
-use oxtrain_tensor::{Generator, Tensor};
+use oxtrain_tensor::{Distribution, Generator, Tensor};
+use std::cell::Cell;
+
+thread_local! {
+    static SKIP_RANDOM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `build` with the random initialisers ([`uniform_`], [`normal_`] and every function
+/// built on them) leaving tensors as they are, as Hugging Face's `no_init_weights()`: a model
+/// about to be overwritten by a checkpoint is built without drawing millions of random
+/// numbers it would throw away (and without moving the generator). The deterministic fills
+/// (`zeros_`, `ones_`, `constant_`) still run. Applies to this thread only; nests.
+pub fn no_init_weights<R>(build: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SKIP_RANDOM.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SKIP_RANDOM.with(|s| s.replace(true)));
+    build()
+}
+
+/// Whether this thread is inside [`no_init_weights`].
+pub fn is_init_skipped() -> bool {
+    SKIP_RANDOM.with(Cell::get)
+}
 
 /// Which fan `kaiming_*` scales by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,8 +96,11 @@ fn expect_float(op: &str, t: &Tensor) {
 /// Fills with samples of U(low, high) (`nn.init.uniform_`).
 pub fn uniform_(t: &Tensor, low: f64, high: f64, gen: Option<&mut Generator>) {
     expect_float("uniform_", t);
+    if is_init_skipped() {
+        return;
+    }
     let values = match gen {
-        Some(g) => Tensor::uniform_with(g, t.dims(), low, high, t.dtype(), t.device()),
+        Some(g) => Distribution::Uniform { low, high }.sample_with(g, t.dims(), t.dtype(), t.device()),
         None => Tensor::uniform(t.dims(), low, high, t.dtype(), t.device()),
     };
     t.copy_(&values.expect("random values on the tensor's own device"));
@@ -80,8 +109,11 @@ pub fn uniform_(t: &Tensor, low: f64, high: f64, gen: Option<&mut Generator>) {
 /// Fills with samples of N(mean, std^2) (`nn.init.normal_`).
 pub fn normal_(t: &Tensor, mean: f64, std: f64, gen: Option<&mut Generator>) {
     expect_float("normal_", t);
+    if is_init_skipped() {
+        return;
+    }
     let values = match gen {
-        Some(g) => Tensor::normal_with(g, t.dims(), mean, std, t.dtype(), t.device()),
+        Some(g) => Distribution::Normal { mean, std }.sample_with(g, t.dims(), t.dtype(), t.device()),
         None => Tensor::normal(t.dims(), mean, std, t.dtype(), t.device()),
     };
     t.copy_(&values.expect("random values on the tensor's own device"));

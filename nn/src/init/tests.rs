@@ -101,3 +101,26 @@ fn norm_and_embedding_defaults_are_pytorchs() {
         assert!(t.to_f64_vec().iter().all(|&v| v == expected), "{name}: {:?}", t.to_f64_vec());
     }
 }
+
+#[test]
+fn no_init_weights_leaves_layers_unfilled_on_this_thread_only() {
+    let linear = no_init_weights(|| {
+        assert!(is_init_skipped());
+        let nested = no_init_weights(|| Linear::new(3, 2, Device::Cpu).unwrap());
+        assert!(is_init_skipped(), "the inner scope must not end the outer one");
+        assert!(nested.weight.tensor().to_f64_vec().iter().all(|&x| x == 0.0));
+        Linear::new(8, 4, Device::Cpu).unwrap()
+    });
+    assert!(!is_init_skipped());
+    assert!(linear.weight.tensor().to_f64_vec().iter().all(|&x| x == 0.0));
+    // Deterministic fills still run inside the scope.
+    let ones = no_init_weights(|| {
+        let t = zeros(&[3]);
+        ones_(&t);
+        t
+    });
+    assert_eq!(ones.to_f64_vec(), [1.0; 3]);
+    // Outside it the same constructor draws again.
+    let drawn = Linear::new(8, 4, Device::Cpu).unwrap();
+    assert!(drawn.weight.tensor().to_f64_vec().iter().any(|&x| x != 0.0));
+}

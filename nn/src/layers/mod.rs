@@ -18,7 +18,7 @@ pub use conv::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;
 pub use embedding::{Embedding, EmbeddingConfig};
 pub use linear::{Linear, LinearConfig};
-pub use norm::{BatchNorm2d, BatchNormConfig, LayerNorm, LayerNormConfig, RunningStats};
+pub use norm::{BatchNorm2d, BatchNormConfig, CrossReplicaNorm, LayerNorm, LayerNormConfig, RunningStats};
 pub use pool::{AdaptiveAvgPool2d, AvgPool2d, AvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
 pub use shape::{Flatten, Identity};
 

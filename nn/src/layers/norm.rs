@@ -4,6 +4,35 @@
 use crate::{Buffer, Forward, Module, Parameter, TrainingFlag, Visitor};
 use oxtrain_autograd::Var;
 use oxtrain_tensor::{DType, Device, Result, Tensor};
+use std::sync::{Arc, PoisonError, RwLock};
+
+/// Batch statistics over the batches of several replicas: what turns a [`BatchNorm2d`] into a
+/// synchronised one (PyTorch's `SyncBatchNorm`). nn only defines the seam; `oxtrain-comm`'s
+/// DDP implements it over a communicator (`convert_sync_batchnorm`).
+pub trait CrossReplicaNorm: Send + Sync {
+    /// Training-mode batch norm of `x` (`[N, C, H, W]`) normalised with the mean and biased
+    /// variance over every replica's batch, differentiable (its backward reduces the
+    /// gradient's statistics across replicas too). Returns the output, the global per-channel
+    /// mean and biased variance, and the number of values per channel over all replicas.
+    fn batch_norm_training(
+        &self,
+        x: &Var,
+        weight: Option<&Var>,
+        bias: Option<&Var>,
+        eps: f64,
+    ) -> (Var, Tensor, Tensor, usize);
+}
+
+/// Where a [`CrossReplicaNorm`] is plugged into a batch norm (empty: local statistics).
+#[derive(Default)]
+struct CrossReplicaSlot(RwLock<Option<Arc<dyn CrossReplicaNorm>>>);
+
+impl std::fmt::Debug for CrossReplicaSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = self.0.read().unwrap_or_else(PoisonError::into_inner).is_some();
+        f.write_str(if set { "cross-replica" } else { "local" })
+    }
+}
 
 /// Options of [`BatchNorm2d`]; `Default` is PyTorch's.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,6 +80,7 @@ pub struct BatchNorm2d {
     pub running: Option<RunningStats>,
     pub config: BatchNormConfig,
     training: TrainingFlag,
+    statistics: CrossReplicaSlot,
 }
 
 impl BatchNorm2d {
@@ -77,7 +107,26 @@ impl BatchNorm2d {
         } else {
             None
         };
-        Ok(BatchNorm2d { weight, bias, running, config, training: TrainingFlag::default() })
+        Ok(BatchNorm2d {
+            weight,
+            bias,
+            running,
+            config,
+            training: TrainingFlag::default(),
+            statistics: CrossReplicaSlot::default(),
+        })
+    }
+
+    /// Computes training statistics with `sync` (over several replicas) instead of over the
+    /// local batch alone; `None` goes back to local statistics. Evaluation mode is unchanged
+    /// (it uses the running statistics).
+    pub fn set_cross_replica(&self, sync: Option<Arc<dyn CrossReplicaNorm>>) {
+        *self.statistics.0.write().unwrap_or_else(PoisonError::into_inner) = sync;
+    }
+
+    /// Whether training statistics are computed across replicas.
+    pub fn is_cross_replica(&self) -> bool {
+        self.statistics.0.read().unwrap_or_else(PoisonError::into_inner).is_some()
     }
 
     /// `running = (1 - f) * running + f * batch`, with the unbiased batch variance.
@@ -115,6 +164,10 @@ impl Module for BatchNorm2d {
     fn training_flag(&self) -> Option<&TrainingFlag> {
         Some(&self.training)
     }
+
+    fn as_batch_norm(&self) -> Option<&BatchNorm2d> {
+        Some(self)
+    }
 }
 
 impl Forward for BatchNorm2d {
@@ -132,13 +185,20 @@ impl Forward for BatchNorm2d {
                 eps,
             ),
             (running, training) => {
-                let per_channel = x.elem_count() / x.dims()[1];
+                let sync = self.statistics.0.read().unwrap_or_else(PoisonError::into_inner).clone();
+                let (out, mean, var, per_channel) = match &sync {
+                    Some(sync) => sync.batch_norm_training(x, weight.as_ref(), bias.as_ref(), eps),
+                    None => {
+                        let per_channel = x.elem_count() / x.dims()[1];
+                        let (out, mean, var) = x.batch_norm_training(weight.as_ref(), bias.as_ref(), eps);
+                        (out, mean, var, per_channel)
+                    }
+                };
                 assert!(
                     per_channel > 1 || !training,
                     "BatchNorm2d: expected more than 1 value per channel when training, got input of shape {:?}",
                     x.dims()
                 );
-                let (out, mean, var) = x.batch_norm_training(weight.as_ref(), bias.as_ref(), eps);
                 if let (Some(stats), true) = (running, training) {
                     self.update_running_stats(stats, &mean, &var, per_channel);
                 }

@@ -5,13 +5,61 @@ use super::{bad_state, LrScheduler};
 use crate::optim::Optimizer;
 use serde_json::json;
 
-/// Runs `schedulers[i]` from `milestones[i - 1]` on (`SequentialLR`); a schedule that takes
-/// over starts from its closed form at epoch 0, as in PyTorch.
-pub struct SequentialLR {
+/// A schedule made of schedules; [`Stepping`] says how one epoch steps them. What the two
+/// kinds share (the last epoch and rates, the state dict of every inner schedule, undo) lives
+/// here once.
+pub struct Composite<S: Stepping> {
     schedulers: Vec<Box<dyn LrScheduler>>,
-    milestones: Vec<i64>,
+    stepping: S,
     last_epoch: i64,
     last_lr: Vec<f64>,
+}
+
+/// How a [`Composite`] advances its schedules by one epoch.
+pub trait Stepping {
+    /// The PyTorch class, for messages.
+    const NAME: &'static str;
+    /// Steps `schedulers` into epoch `epoch` and returns the rates they set.
+    fn step(&self, schedulers: &mut [Box<dyn LrScheduler>], epoch: i64, opt: &mut dyn Optimizer) -> Vec<f64>;
+}
+
+/// Runs `schedulers[i]` from `milestones[i - 1]` on (`SequentialLR`); a schedule that takes
+/// over starts from its closed form at epoch 0, as in PyTorch.
+pub type SequentialLR = Composite<AtMilestones>;
+
+/// Steps every schedule each epoch (`ChainedScheduler`): their changes multiply.
+pub type ChainedScheduler = Composite<AllAtOnce>;
+
+/// [`SequentialLR`]'s stepping: the schedule whose milestone range holds the epoch.
+pub struct AtMilestones {
+    milestones: Vec<i64>,
+}
+
+/// [`ChainedScheduler`]'s stepping: every schedule, in order.
+pub struct AllAtOnce;
+
+impl Stepping for AtMilestones {
+    const NAME: &'static str = "SequentialLR";
+    fn step(&self, schedulers: &mut [Box<dyn LrScheduler>], epoch: i64, opt: &mut dyn Optimizer) -> Vec<f64> {
+        let idx = self.milestones.partition_point(|&m| m <= epoch);
+        let s = &mut schedulers[idx];
+        if idx > 0 && self.milestones[idx - 1] == epoch {
+            s.update_lr_to(opt, 0);
+        } else {
+            s.step(opt);
+        }
+        s.get_last_lr()
+    }
+}
+
+impl Stepping for AllAtOnce {
+    const NAME: &'static str = "ChainedScheduler";
+    fn step(&self, schedulers: &mut [Box<dyn LrScheduler>], _: i64, opt: &mut dyn Optimizer) -> Vec<f64> {
+        for s in schedulers.iter_mut() {
+            s.step(opt);
+        }
+        (0..opt.num_groups()).map(|g| opt.lr(g)).collect()
+    }
 }
 
 impl SequentialLR {
@@ -39,70 +87,23 @@ impl SequentialLR {
         let idx = milestones.partition_point(|&m| m <= 0);
         schedulers[idx].initial_step(opt);
         let last_lr = schedulers[idx].get_last_lr();
-        SequentialLR { schedulers, milestones: milestones.to_vec(), last_epoch: 0, last_lr }
+        let stepping = AtMilestones { milestones: milestones.to_vec() };
+        Composite { schedulers, stepping, last_epoch: 0, last_lr }
     }
-}
-
-impl LrScheduler for SequentialLR {
-    fn step(&mut self, opt: &mut dyn Optimizer) {
-        self.last_epoch += 1;
-        let idx = self.milestones.partition_point(|&m| m <= self.last_epoch);
-        let s = &mut self.schedulers[idx];
-        if idx > 0 && self.milestones[idx - 1] == self.last_epoch {
-            s.update_lr_to(opt, 0);
-        } else {
-            s.step(opt);
-        }
-        self.last_lr = s.get_last_lr();
-    }
-    fn get_last_lr(&self) -> Vec<f64> {
-        self.last_lr.clone()
-    }
-    fn last_epoch(&self) -> i64 {
-        self.last_epoch
-    }
-    fn state_dict(&self) -> serde_json::Value {
-        composite_state(self.last_epoch, &self.last_lr, &self.schedulers)
-    }
-    fn load_state_dict(&mut self, state: &serde_json::Value) -> oxtrain_tensor::Result<()> {
-        (self.last_epoch, self.last_lr) = load_composite(state, &mut self.schedulers)?;
-        Ok(())
-    }
-    fn update_lr_to(&mut self, _: &mut dyn Optimizer, _: i64) {
-        panic!("SequentialLR has no closed form; it cannot be nested inside another SequentialLR");
-    }
-    fn initial_step(&mut self, opt: &mut dyn Optimizer) {
-        self.step(opt);
-    }
-    fn undo(&mut self) {
-        for s in &mut self.schedulers {
-            s.undo();
-        }
-    }
-}
-
-/// Steps every schedule each epoch (`ChainedScheduler`): their changes multiply.
-pub struct ChainedScheduler {
-    schedulers: Vec<Box<dyn LrScheduler>>,
-    last_lr: Vec<f64>,
-    last_epoch: i64,
 }
 
 impl ChainedScheduler {
     pub fn new(opt: &dyn Optimizer, schedulers: Vec<Box<dyn LrScheduler>>) -> Self {
         assert!(!schedulers.is_empty(), "ChainedScheduler: expects at least one scheduler");
         let last_lr = (0..opt.num_groups()).map(|g| opt.lr(g)).collect();
-        ChainedScheduler { schedulers, last_lr, last_epoch: 0 }
+        Composite { schedulers, stepping: AllAtOnce, last_epoch: 0, last_lr }
     }
 }
 
-impl LrScheduler for ChainedScheduler {
+impl<S: Stepping> LrScheduler for Composite<S> {
     fn step(&mut self, opt: &mut dyn Optimizer) {
-        for s in &mut self.schedulers {
-            s.step(opt);
-        }
         self.last_epoch += 1;
-        self.last_lr = (0..opt.num_groups()).map(|g| opt.lr(g)).collect();
+        self.last_lr = self.stepping.step(&mut self.schedulers, self.last_epoch, opt);
     }
     fn get_last_lr(&self) -> Vec<f64> {
         self.last_lr.clone()
@@ -118,7 +119,7 @@ impl LrScheduler for ChainedScheduler {
         Ok(())
     }
     fn update_lr_to(&mut self, _: &mut dyn Optimizer, _: i64) {
-        panic!("ChainedScheduler has no closed form; it cannot be a later stage of a SequentialLR");
+        panic!("{} has no closed form; it cannot be a later stage of a SequentialLR", S::NAME);
     }
     fn initial_step(&mut self, opt: &mut dyn Optimizer) {
         self.step(opt);

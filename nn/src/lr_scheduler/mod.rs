@@ -13,7 +13,7 @@ mod rules;
 #[cfg(test)]
 mod tests;
 
-pub use composite::{ChainedScheduler, SequentialLR};
+pub use composite::{AllAtOnce, AtMilestones, ChainedScheduler, Composite, SequentialLR, Stepping};
 pub use rules::{
     ConstantLR, CosineAnnealingLR, ExponentialLR, LambdaLR, LinearLR, MultiStepLR, PolynomialLR, Rule,
     Scheduler, StepLR,

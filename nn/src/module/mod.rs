@@ -103,6 +103,23 @@ pub trait Module: Send + Sync {
         None
     }
 
+    /// This module as a [`BatchNorm2d`](crate::BatchNorm2d), if it is one: how
+    /// `convert_sync_batchnorm` finds the batch norms of a model (PyTorch checks
+    /// `isinstance(m, _BatchNorm)`). Only `BatchNorm2d` overrides it.
+    fn as_batch_norm(&self) -> Option<&crate::BatchNorm2d> {
+        None
+    }
+
+    /// Every module below this one (not itself) with its dotted name, depth first, in
+    /// registration order (`named_modules()` without the root).
+    fn visit_modules(&self, on: &mut dyn FnMut(&str, &dyn Module)) {
+        walk(&|v| self.visit(v), "", &mut |name, item| {
+            if let Item::Module(m) = item {
+                on(name, m);
+            }
+        });
+    }
+
     /// Every parameter with its state-dict name (`layer1.0.conv1.weight`), in PyTorch's order:
     /// a module's own parameters first, then its children's, depth first. A parameter shared
     /// by two modules (tied weights) appears once, under its first name, as in PyTorch.
@@ -369,6 +386,9 @@ impl<T: Module + ?Sized> Module for Box<T> {
     fn training_flag(&self) -> Option<&TrainingFlag> {
         (**self).training_flag()
     }
+    fn as_batch_norm(&self) -> Option<&crate::BatchNorm2d> {
+        (**self).as_batch_norm()
+    }
 }
 
 impl<T: Forward + ?Sized> Forward for Box<T> {
@@ -384,6 +404,9 @@ impl<T: Module + ?Sized> Module for &T {
     fn training_flag(&self) -> Option<&TrainingFlag> {
         (**self).training_flag()
     }
+    fn as_batch_norm(&self) -> Option<&crate::BatchNorm2d> {
+        (**self).as_batch_norm()
+    }
 }
 
 impl<T: Module + ?Sized> Module for std::sync::Arc<T> {
@@ -392,6 +415,9 @@ impl<T: Module + ?Sized> Module for std::sync::Arc<T> {
     }
     fn training_flag(&self) -> Option<&TrainingFlag> {
         (**self).training_flag()
+    }
+    fn as_batch_norm(&self) -> Option<&crate::BatchNorm2d> {
+        (**self).as_batch_norm()
     }
 }
 

@@ -35,7 +35,10 @@ impl Parameter {
         self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// The current value (shares storage with the parameter).
+    /// The current value (shares storage with the parameter). Owned, where `Var::tensor`
+    /// borrows: the value sits behind a lock (so `to_device` can swap it through `&self`) and a
+    /// borrow could not outlive the guard; the clone is an `Arc`, as cheap as the borrow. The
+    /// same holds for [`Buffer::tensor`].
     pub fn tensor(&self) -> Tensor {
         self.var().tensor().clone()
     }

@@ -5,7 +5,7 @@ use super::*;
 use crate::amp::{GradScaler, GradScalerConfig};
 use oxtrain_autograd::Var;
 use oxtrain_tensor::testing::{assert_close, Fixtures};
-use oxtrain_tensor::{device_test, DType, Device, Generator, Tensor};
+use oxtrain_tensor::{device_test, DType, Device, Distribution, Generator, Tensor};
 
 fn fixtures() -> Fixtures {
     Fixtures::parse(include_str!("fixtures.json"), "nn/src/optim/fixtures.json")
@@ -94,7 +94,11 @@ fn random_grads(params: &[Var], steps: usize) -> Vec<Vec<Tensor>> {
         .map(|_| {
             params
                 .iter()
-                .map(|p| Tensor::randn_with(&mut gen, p.dims(), DType::F32, p.device()).unwrap())
+                .map(|p| {
+                    Distribution::STANDARD_NORMAL
+                        .sample_with(&mut gen, p.dims(), DType::F32, p.device())
+                        .unwrap()
+                })
                 .collect()
         })
         .collect()
@@ -103,8 +107,8 @@ fn random_grads(params: &[Var], steps: usize) -> Vec<Vec<Tensor>> {
 fn fresh_params(dev: Device) -> Vec<Var> {
     let mut gen = Generator::new(5);
     vec![
-        Var::parameter(Tensor::randn_with(&mut gen, (3, 4), DType::F32, dev).unwrap()),
-        Var::parameter(Tensor::randn_with(&mut gen, 4, DType::F32, dev).unwrap()),
+        Var::parameter(Distribution::STANDARD_NORMAL.sample_with(&mut gen, (3, 4), DType::F32, dev).unwrap()),
+        Var::parameter(Distribution::STANDARD_NORMAL.sample_with(&mut gen, 4, DType::F32, dev).unwrap()),
     ]
 }
 

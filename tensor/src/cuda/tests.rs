@@ -192,32 +192,7 @@ fn check(gpu: &Tensor, cpu: &Tensor, what: &str) {
 #[ignore = "needs a CUDA GPU"]
 fn unary_ops_match_the_cpu_backend() {
     use crate::UnaryOp::*;
-    let ops = [
-        Neg,
-        Abs,
-        Exp,
-        Log,
-        Log1p,
-        Sqrt,
-        Rsqrt,
-        Sin,
-        Cos,
-        Tanh,
-        Sigmoid,
-        Relu,
-        Gelu,
-        GeluTanh,
-        Silu,
-        Square,
-        Recip,
-        Sign,
-        Floor,
-        Ceil,
-        Round,
-        Affine { mul: 1.5, add: -0.25 },
-        Powf(2.0),
-        Clamp { min: -1.0, max: 0.5 },
-    ];
+    let ops = crate::testing::UNARY_OPS;
     for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         let (cpu, gpu) = both(&[7, 33, 9], dtype, 1);
         // Contiguous and a transposed, narrowed view.

@@ -28,7 +28,7 @@
 mod tests;
 mod write;
 
-pub use write::{save, NamedTensor};
+pub use write::{save, write_to, NamedTensor};
 
 use crate::storage::CpuStorage;
 use crate::{DType, Device, Element, Error, Result, Tensor};

@@ -57,54 +57,98 @@ where
     I::Item: NamedTensor,
 {
     let path = path.as_ref();
-    let mut entries: Vec<I::Item> = tensors.into_iter().collect();
-    let mut seen = HashSet::new();
-    for e in &entries {
-        let reason = if e.name() == "__metadata__" {
-            "this name is reserved for the metadata map; rename the tensor"
-        } else if !seen.insert(e.name()) {
-            "two tensors have this name; names in a safetensors file must be unique"
-        } else {
-            continue;
-        };
-        return Err(Error::SafetensorsTensor {
-            path: path.into(),
-            name: e.name().into(),
-            reason: reason.into(),
-        });
-    }
-    entries.sort_by_key(|e| std::cmp::Reverse(e.tensor().dtype().size_in_bytes()));
+    let layout = FileLayout::new(tensors, metadata, path)?;
+    write_atomically(path, |w| layout.write_to(w))
+}
 
-    let mut header = serde_json::Map::new();
-    if let Some(metadata) = metadata {
-        header.insert("__metadata__".into(), serde_json::to_value(metadata).expect("strings serialise"));
-    }
-    let mut offset = 0usize;
-    for e in &entries {
-        let t = e.tensor();
-        let nbytes = t.elem_count() * t.dtype().size_in_bytes();
-        header.insert(
-            e.name().into(),
-            serde_json::json!({
-                "dtype": dtype_to_str(t.dtype()),
-                "shape": t.dims(),
-                "data_offsets": [offset, offset + nbytes],
-            }),
-        );
-        offset += nbytes;
-    }
-    let mut header = serde_json::to_vec(&header).expect("a JSON map serialises");
-    // Pad with spaces (valid JSON whitespace) so the data section starts 8-byte aligned.
-    header.resize(header.len().next_multiple_of(8), b' ');
+/// The bytes of the safetensors file [`save`] would write, into `out` (a file the caller
+/// manages, a socket, a hashing writer). `name` stands for the destination in error messages.
+/// Returns the number of bytes written.
+pub fn write_to<I>(
+    tensors: I,
+    metadata: Option<&HashMap<String, String>>,
+    out: &mut impl Write,
+    name: &Path,
+) -> Result<u64>
+where
+    I: IntoIterator,
+    I::Item: NamedTensor,
+{
+    let layout = FileLayout::new(tensors, metadata, name)?;
+    layout.write_to(out).map_err(|source| Error::SaveFailed {
+        path: name.into(),
+        stage: "writing",
+        source,
+    })?;
+    Ok(layout.len_bytes())
+}
 
-    write_atomically(path, |w| {
-        w.write_all(&(header.len() as u64).to_le_bytes())?;
-        w.write_all(&header)?;
+/// A validated, ordered set of tensors and the header that describes them.
+struct FileLayout<T> {
+    header: Vec<u8>,
+    entries: Vec<T>,
+    data_bytes: usize,
+}
+
+impl<T: NamedTensor> FileLayout<T> {
+    fn new<I>(tensors: I, metadata: Option<&HashMap<String, String>>, path: &Path) -> Result<FileLayout<T>>
+    where
+        I: IntoIterator<Item = T>,
+    {
+        let mut entries: Vec<T> = tensors.into_iter().collect();
+        let mut seen = HashSet::new();
         for e in &entries {
+            let reason = if e.name() == "__metadata__" {
+                "this name is reserved for the metadata map; rename the tensor"
+            } else if !seen.insert(e.name()) {
+                "two tensors have this name; names in a safetensors file must be unique"
+            } else {
+                continue;
+            };
+            return Err(Error::SafetensorsTensor {
+                path: path.into(),
+                name: e.name().into(),
+                reason: reason.into(),
+            });
+        }
+        entries.sort_by_key(|e| std::cmp::Reverse(e.tensor().dtype().size_in_bytes()));
+
+        let mut header = serde_json::Map::new();
+        if let Some(metadata) = metadata {
+            header.insert("__metadata__".into(), serde_json::to_value(metadata).expect("strings serialise"));
+        }
+        let mut offset = 0usize;
+        for e in &entries {
+            let t = e.tensor();
+            let nbytes = t.elem_count() * t.dtype().size_in_bytes();
+            header.insert(
+                e.name().into(),
+                serde_json::json!({
+                    "dtype": dtype_to_str(t.dtype()),
+                    "shape": t.dims(),
+                    "data_offsets": [offset, offset + nbytes],
+                }),
+            );
+            offset += nbytes;
+        }
+        let mut header = serde_json::to_vec(&header).expect("a JSON map serialises");
+        // Pad with spaces (valid JSON whitespace) so the data section starts 8-byte aligned.
+        header.resize(header.len().next_multiple_of(8), b' ');
+        Ok(FileLayout { header, entries, data_bytes: offset })
+    }
+
+    fn len_bytes(&self) -> u64 {
+        (8 + self.header.len() + self.data_bytes) as u64
+    }
+
+    fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
+        w.write_all(&(self.header.len() as u64).to_le_bytes())?;
+        w.write_all(&self.header)?;
+        for e in &self.entries {
             write_row_major(w, e.tensor())?;
         }
         Ok(())
-    })
+    }
 }
 
 /// The elements' little-endian bytes in row-major order, copying only non-contiguous views.

@@ -12,7 +12,8 @@ pub use error::TrainError;
 pub use save::{read_model_dir, write_model_dir};
 pub use strategy::Strategy;
 
-use crate::config::{parse_device, Config, ModelName, NonFinite, PrecisionDtype};
+use crate::config::{parse_device, Config, DdpBackend, GradCompression, ModelName, NonFinite, PrecisionDtype};
+use oxtrain_comm::ddp::{Compression, DdpConfig};
 use crate::metrics::{unix_time, EvalRecord, MetricsLog, Progress, StepRecord};
 use crate::tasks::{self, Evaluation, Placement, Task};
 use oxtrain_autograd::autocast;
@@ -95,12 +96,6 @@ pub fn placement(config: &Config) -> Result<Placement, TrainError> {
 /// Trains what the config says and returns the summary.
 pub fn train(config: &Config) -> Result<Summary, TrainError> {
     let place = placement(config)?;
-    if place.world_size > 1 {
-        return Err(TrainError::Comm(format!(
-            "WORLD_SIZE={} asks for data parallelism, which this build of the trainer does not have yet; run one process",
-            place.world_size
-        )));
-    }
     oxtrain_tensor::manual_seed(config.train.seed);
     match config.model.name {
         ModelName::Gpt2 => fit(tasks::language_model::LanguageModel::new(config, place)?, config, place),
@@ -109,6 +104,37 @@ pub fn train(config: &Config) -> Result<Summary, TrainError> {
         }
         _ => fit(tasks::image::ImageClassification::new(config, place)?, config, place),
     }
+}
+
+/// One process alone, or DDP over the process group the launcher's variables describe
+/// (`ddp.backend` picks the communicator; auto: nccl on GPUs, comm's choice on CPUs).
+fn make_strategy<M: Module>(model: M, config: &Config, place: Placement) -> Result<Strategy<M>, TrainError> {
+    if place.world_size == 1 {
+        return Ok(Strategy::single(model));
+    }
+    let backend = match (config.ddp.backend, place.device) {
+        (DdpBackend::Auto, Device::Cuda(_)) => Some("nccl".to_string()),
+        (DdpBackend::Auto, Device::Cpu) => None,
+        (b, _) => Some(crate::config::enum_name(&b)),
+    };
+    if let Some(b) = backend {
+        if std::env::var_os("OXTRAIN_COMM_BACKEND").is_none() {
+            // Read by comm's init_from_env just below, on this thread, before any other starts.
+            std::env::set_var("OXTRAIN_COMM_BACKEND", b);
+        }
+    }
+    let group = oxtrain_comm::init_from_env().map_err(|e| TrainError::Comm(e.to_string()))?;
+    let ddp = DdpConfig {
+        bucket_cap_mb: config.ddp.bucket_cap_mb,
+        first_bucket_cap_mb: config.ddp.first_bucket_cap_mb,
+        find_unused_parameters: config.ddp.find_unused_parameters,
+        compression: match config.ddp.compression {
+            GradCompression::None => Compression::None,
+            GradCompression::Bf16 => Compression::Bf16,
+        },
+        ..DdpConfig::default()
+    };
+    Strategy::ddp(model, group, ddp, config.ddp.sync_batchnorm).map_err(TrainError::Comm)
 }
 
 /// How far the run goes: optimizer steps per epoch, epochs, total steps.
@@ -131,7 +157,7 @@ fn plan(config: &Config, batches_per_epoch: usize) -> Result<(usize, usize, usiz
 /// The loop. The task gives model, batches and metrics; the strategy gives the model wrapper,
 /// `no_sync` and the sums over ranks; the loop knows neither the task nor the backend.
 pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summary, TrainError> {
-    let strategy = Strategy::single(task.build_model()?);
+    let strategy = make_strategy(task.build_model()?, config, place)?;
     let (rank, world) = (strategy.rank(), strategy.world_size());
     let (per_epoch, epochs, total) = plan(config, task.batches_per_epoch())?;
     let lr = optim::base_lr(config, world);

@@ -6,9 +6,9 @@ use super::{fail, print_header, run_rank, short, write_json_with, Config, Row};
 
 mod symmetric;
 use cudarc::driver::{sys, CudaGraph};
-use oxtrain_comm::bootstrap::store_from_env;
 use oxtrain_comm::nccl::NcclCommunicator;
 use oxtrain_comm::nvshmem::{Algorithm, NvshmemCommunicator, NvshmemOptions};
+use oxtrain_comm::store_from_env;
 use oxtrain_comm::{Cmp, Communicator, LaunchEnv, SignalOp, SymmetricMemory};
 use oxtrain_tensor::cuda::Stream;
 use oxtrain_tensor::{DType, Device};
@@ -207,7 +207,7 @@ fn nvshmem_options(cfg: &Config) -> NvshmemOptions {
 /// all-reduce of a buffer on the symmetric heap (`NvshmemHeap::all_reduce`), and `all_reduce`
 /// (auto) of tensors made by `Communicator::symmetric_tensor` (on the nvshmem backend).
 fn algorithms(cfg: &Config) -> Vec<(Option<Algorithm>, String)> {
-    const ALL: [&str; 7] = ["auto", "ll", "oneshot", "twoshot", "stream", "symm", "symm-tensor"];
+    const ALL: [&str; 6] = ["auto", "ll", "oneshot", "twoshot", "symm", "symm-tensor"];
     let names: Vec<&str> = if cfg.algo == "all" { ALL.to_vec() } else { cfg.algo.split(',').collect() };
     names
         .into_iter()
@@ -218,7 +218,7 @@ fn algorithms(cfg: &Config) -> Vec<(Option<Algorithm>, String)> {
             }
             let algo = Algorithm::parse(n).unwrap_or_else(|| {
                 fail(&format!(
-                    "--algo {n}: expected all or a list of auto, ll, oneshot, twoshot, stream, symm"
+                    "--algo {n}: expected all or a list of auto, ll, oneshot, twoshot, symm, symm-tensor"
                 ))
             });
             let label = if algo == Algorithm::Auto { "nvshmem".to_string() } else { format!("nvshmem-{n}") };
@@ -298,12 +298,10 @@ pub fn child(cfg: &Config) -> i32 {
             );
             let o = comm.options();
             println!(
-                "# nvshmem: at most {} blocks; auto: low-latency up to {} B, one-shot up to {} B, then two-shot, \
-                 streaming from {} B on 2 GPUs{}",
+                "# nvshmem: at most {} blocks; auto: low-latency up to {} B, one-shot up to {} B, then two-shot{}",
                 o.max_blocks,
                 o.ll_max_bytes,
                 o.oneshot_max_bytes,
-                o.stream_min_bytes,
                 if comm.is_hierarchical() { "; PEs span nodes: hierarchical collectives" } else { "" }
             );
         }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 const USAGE: &str = "comm-bench [--backend local|shm|mpi|nccl|nvshmem|all] [--ranks N] [--min-bytes B] [--max-bytes B] \
 [--ops all_reduce,reduce_scatter,all_gather,broadcast,reduce] [--dtypes f32,bf16,f16] [--iters N] [--warmup N] [--json PATH]
 [--sizes B1,B2,..] (instead of the doubling sweep)
-GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,stream] [--blocks N] [--oneshot-max B] [--chunk B]
+GPU backends (one process per GPU): [--algo all|auto,ll,oneshot,twoshot,symm,symm-tensor] [--blocks N] [--oneshot-max B] [--chunk B]
   [--compare nccl] [--compare-dtype f32|bf16] [--host-ahead-max B] [--graph-max B] [--gpus N]
   --gpus N (nvshmem): rank r runs on cuda:(r % N) instead of cuda:r, so N GPUs hold several PEs each: a check
   of the multi-PE paths (4 or 8 PEs, the node and rail stages) on fewer GPUs; run it under CUDA MPS, as PEs
@@ -451,21 +451,16 @@ fn short(d: DType) -> &'static str {
     }
 }
 
-/// Today as YYYY-MM-DD (UTC), from the days since 1970 (Howard Hinnant's civil calendar).
+/// Today as YYYY-MM-DD (UTC), from `date` (the results' date; comm has no calendar crate, and
+/// a copy of the civil-calendar arithmetic in oxtrain-bench was the alternative).
 fn today() -> String {
-    let days = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() / 86400)
-        .unwrap_or(0) as i64;
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    format!("{:04}-{m:02}-{d:02}", yoe + era * 400 + i64::from(m <= 2))
+    std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn write_json(path: &str, rows: &[Row]) {

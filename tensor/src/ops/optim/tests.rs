@@ -2,7 +2,7 @@
 //! every option, reduced-precision gradients, offset views and a parameter large enough to be
 //! split across threads.
 
-use crate::{device_test, AdamWStep, DType, Device, Generator, SgdStep, Tensor};
+use crate::{device_test, AdamWStep, DType, Device, Distribution, Generator, SgdStep, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Fresh normal values from a generator of their own: the default generator is left to the
@@ -10,7 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 fn randn(n: usize, dev: Device) -> Tensor {
     static SEED: AtomicU64 = AtomicU64::new(7);
     let mut gen = Generator::new(SEED.fetch_add(1, Ordering::Relaxed));
-    Tensor::randn_with(&mut gen, n, DType::F32, Device::Cpu).unwrap().to_device(dev).unwrap()
+    Distribution::STANDARD_NORMAL
+        .sample_with(&mut gen, n, DType::F32, Device::Cpu)
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
 }
 
 fn f64s(t: &Tensor) -> Vec<f64> {

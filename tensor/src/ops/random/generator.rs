@@ -105,3 +105,15 @@ pub fn default_generator() -> MutexGuard<'static, Generator> {
 pub fn manual_seed(seed: u64) {
     default_generator().manual_seed(seed);
 }
+
+/// The default generator's state, for a checkpoint. One generator serves every device (a CUDA
+/// draw advances the same Philox counter as a CPU one), so this is the whole random state of
+/// `Tensor::rand`, dropout and init.
+pub fn default_generator_state() -> GeneratorState {
+    default_generator().state()
+}
+
+/// Restores what [`default_generator_state`] returned: the next draws continue that stream.
+pub fn set_default_generator_state(state: GeneratorState) {
+    default_generator().set_state(state);
+}

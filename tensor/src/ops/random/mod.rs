@@ -2,7 +2,7 @@
 //! `torch.randn`, `torch.bernoulli`, `torch.randint` and `torch.randperm`.
 //!
 //! Plain functions draw from the process-wide default generator ([`manual_seed`] seeds it);
-//! the `_with` variants draw from a [`Generator`] of your own.
+//! the `_with` variants (and [`Distribution::sample_with`]) draw from a [`Generator`] of your own.
 //!
 //! # The stream, exactly
 //!
@@ -38,7 +38,10 @@ pub mod philox;
 #[cfg(test)]
 mod tests;
 
-pub use generator::{default_generator, manual_seed, Generator, GeneratorState, DEFAULT_SEED};
+pub use generator::{
+    default_generator, default_generator_state, manual_seed, set_default_generator_state, Generator,
+    GeneratorState, DEFAULT_SEED,
+};
 
 use crate::shape::Shape;
 use crate::storage::{CpuStorage, Storage};
@@ -193,19 +196,52 @@ fn randperm_impl(gen: Option<&mut Generator>, n: usize, device: Device) -> Resul
     Tensor::from_cpu_on(CpuStorage::I64(cpu::randperm(n, stream)), n, device)
 }
 
-impl Tensor {
-    /// Uniform samples in [0, 1) (`torch.rand`); `dtype` must be a float type.
-    pub fn rand(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
-        uniform_impl(None, shape.into(), 0.0, 1.0, dtype, device)
+/// A continuous distribution to draw tensors from: `Distribution::Normal { mean: 0.0, std: 0.02 }
+/// .sample(shape, dtype, device)` draws from the default generator, `.sample_with(&mut gen, ...)`
+/// from your own. `Tensor::rand`, `uniform`, `randn` and `normal` are the PyTorch-named
+/// shorthands for the default generator.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Distribution {
+    /// Uniform in [low, high), up to the dtype's rounding (`tensor.uniform_(low, high)`).
+    Uniform { low: f64, high: f64 },
+    /// Normal with `mean` and standard deviation `std`, by Box-Muller (`tensor.normal_(mean, std)`).
+    Normal { mean: f64, std: f64 },
+}
+
+impl Distribution {
+    /// Uniform in [0, 1) (`torch.rand`).
+    pub const UNIT_UNIFORM: Distribution = Distribution::Uniform { low: 0.0, high: 1.0 };
+    /// Mean 0, standard deviation 1 (`torch.randn`).
+    pub const STANDARD_NORMAL: Distribution = Distribution::Normal { mean: 0.0, std: 1.0 };
+
+    /// Samples from the process-wide default generator; `dtype` must be a float type.
+    pub fn sample(self, shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        self.draw(None, shape.into(), dtype, device)
     }
 
-    pub fn rand_with(
+    /// Samples from `gen`, advancing it past the blocks the draw used.
+    pub fn sample_with(
+        self,
         gen: &mut Generator,
         shape: impl Into<Shape>,
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        uniform_impl(Some(gen), shape.into(), 0.0, 1.0, dtype, device)
+        self.draw(Some(gen), shape.into(), dtype, device)
+    }
+
+    fn draw(self, gen: Option<&mut Generator>, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+        match self {
+            Distribution::Uniform { low, high } => uniform_impl(gen, shape, low, high, dtype, device),
+            Distribution::Normal { mean, std } => normal_impl(gen, shape, mean, std, dtype, device),
+        }
+    }
+}
+
+impl Tensor {
+    /// Uniform samples in [0, 1) (`torch.rand`); `dtype` must be a float type.
+    pub fn rand(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        Distribution::UNIT_UNIFORM.sample(shape, dtype, device)
     }
 
     /// Uniform samples in [low, high) (`tensor.uniform_(low, high)`), up to the dtype's rounding.
@@ -216,32 +252,12 @@ impl Tensor {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        uniform_impl(None, shape.into(), low, high, dtype, device)
-    }
-
-    pub fn uniform_with(
-        gen: &mut Generator,
-        shape: impl Into<Shape>,
-        low: f64,
-        high: f64,
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        uniform_impl(Some(gen), shape.into(), low, high, dtype, device)
+        Distribution::Uniform { low, high }.sample(shape, dtype, device)
     }
 
     /// Standard normal samples (`torch.randn`), by Box-Muller.
     pub fn randn(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
-        normal_impl(None, shape.into(), 0.0, 1.0, dtype, device)
-    }
-
-    pub fn randn_with(
-        gen: &mut Generator,
-        shape: impl Into<Shape>,
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        normal_impl(Some(gen), shape.into(), 0.0, 1.0, dtype, device)
+        Distribution::STANDARD_NORMAL.sample(shape, dtype, device)
     }
 
     /// Normal samples with `mean` and standard deviation `std` (`tensor.normal_(mean, std)`).
@@ -252,18 +268,7 @@ impl Tensor {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        normal_impl(None, shape.into(), mean, std, dtype, device)
-    }
-
-    pub fn normal_with(
-        gen: &mut Generator,
-        shape: impl Into<Shape>,
-        mean: f64,
-        std: f64,
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        normal_impl(Some(gen), shape.into(), mean, std, dtype, device)
+        Distribution::Normal { mean, std }.sample(shape, dtype, device)
     }
 
     /// Uniform [0, 1) samples with this tensor's shape, dtype and device (`torch.rand_like`).

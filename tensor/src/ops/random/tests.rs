@@ -35,20 +35,20 @@ device_test! {
     fn draws_follow_the_documented_stream(dev: Device) {
         let seed = 0x0123_4567_89ab_cdef;
         let mut gen = Generator::new(seed);
-        let a = Tensor::rand_with(&mut gen, [2, 5], DType::F32, dev).unwrap().to_vec::<f32>();
+        let a = Distribution::UNIT_UNIFORM.sample_with(&mut gen, [2, 5], DType::F32, dev).unwrap().to_vec::<f32>();
         for (i, &x) in a.iter().enumerate() {
             let word = documented_block(seed, (i / 4) as u64)[i % 4];
             assert_eq!(x, (word >> 8) as f32 / (1u32 << 24) as f32, "f32 element {i}");
         }
         assert_eq!(gen.state().offset, 3, "10 f32 values take 3 blocks");
-        let b = Tensor::rand_with(&mut gen, [3], DType::F64, dev).unwrap().to_vec::<f64>();
+        let b = Distribution::UNIT_UNIFORM.sample_with(&mut gen, [3], DType::F64, dev).unwrap().to_vec::<f64>();
         for (i, &x) in b.iter().enumerate() {
             let w = documented_block(seed, 3 + (i / 2) as u64);
             let bits = (w[2 * (i % 2) + 1] as u64) << 32 | w[2 * (i % 2)] as u64;
             assert_eq!(x, (bits >> 11) as f64 / (1u64 << 53) as f64, "f64 element {i}");
         }
         assert_eq!(gen.state().offset, 5);
-        let z = Tensor::randn_with(&mut gen, [2], DType::F64, dev).unwrap().to_vec::<f64>();
+        let z = Distribution::STANDARD_NORMAL.sample_with(&mut gen, [2], DType::F64, dev).unwrap().to_vec::<f64>();
         let w = documented_block(seed, 5);
         let to_unit = |lo: u32, hi: u32| (((hi as u64) << 32 | lo as u64) >> 11) as f64 / (1u64 << 53) as f64;
         let (u1, u2) = (1.0 - to_unit(w[0], w[1]), to_unit(w[2], w[3]));
@@ -63,10 +63,10 @@ device_test! {
         // One draw of 100_000 (filled in parallel chunks) equals a draw of 20_000 (one thread)
         // followed by one of 80_000: each element depends only on its index in the stream.
         for dtype in [DType::F32, DType::F64, DType::BF16] {
-            let whole = Tensor::randn_with(&mut Generator::new(7), 100_000, dtype, dev).unwrap();
+            let whole = Distribution::STANDARD_NORMAL.sample_with(&mut Generator::new(7), 100_000, dtype, dev).unwrap();
             let mut gen = Generator::new(7);
-            let head = Tensor::randn_with(&mut gen, 20_000, dtype, dev).unwrap();
-            let tail = Tensor::randn_with(&mut gen, 80_000, dtype, dev).unwrap();
+            let head = Distribution::STANDARD_NORMAL.sample_with(&mut gen, 20_000, dtype, dev).unwrap();
+            let tail = Distribution::STANDARD_NORMAL.sample_with(&mut gen, 80_000, dtype, dev).unwrap();
             let mut joined = head.to_f64_vec();
             joined.extend(tail.to_f64_vec());
             assert_eq!(whole.to_f64_vec(), joined, "{dtype}");
@@ -95,7 +95,7 @@ device_test! {
     fn uniform_samples_have_the_right_moments(dev: Device) {
         let mut gen = Generator::new(1);
         for (dtype, bits) in [(DType::F32, 24), (DType::F64, 53), (DType::F16, 11), (DType::BF16, 8)] {
-            let v = Tensor::rand_with(&mut gen, [N / 100, 100], dtype, dev).unwrap().to_f64_vec();
+            let v = Distribution::UNIT_UNIFORM.sample_with(&mut gen, [N / 100, 100], dtype, dev).unwrap().to_f64_vec();
             assert!(v.iter().all(|&x| (0.0..1.0).contains(&x)), "{dtype}: a sample outside [0, 1)");
             // Uniform on the grid k / 2^bits, k < 2^bits.
             let step = 2f64.powi(-bits);
@@ -105,7 +105,7 @@ device_test! {
             within_5_sigma(var, exact_var, (1.0 / 180.0 / N as f64).sqrt(), &format!("{dtype} variance"));
             within_5_sigma(below_quarter, 0.25, (0.25 * 0.75 / N as f64).sqrt(), &format!("{dtype} P(x < 1/4)"));
         }
-        let v = Tensor::uniform_with(&mut gen, N, -2.0, 5.0, DType::F32, dev).unwrap().to_f64_vec();
+        let v = Distribution::Uniform { low: -2.0, high: 5.0 }.sample_with(&mut gen, N, DType::F32, dev).unwrap().to_f64_vec();
         assert!(v.iter().all(|&x| (-2.0..=5.0).contains(&x)));
         let (mean, var, _) = stats(&v, |_| true);
         within_5_sigma(mean, 1.5, (49.0 / 12.0 / N as f64).sqrt(), "uniform(-2, 5) mean");
@@ -118,7 +118,7 @@ device_test! {
         let mut gen = Generator::new(2);
         let n = N as f64;
         for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
-            let v = Tensor::randn_with(&mut gen, [N], dtype, dev).unwrap().to_f64_vec();
+            let v = Distribution::STANDARD_NORMAL.sample_with(&mut gen, [N], dtype, dev).unwrap().to_f64_vec();
             assert!(v.iter().all(|x| x.is_finite()), "{dtype}");
             let (mean, var, in_one_sigma) = stats(&v, |x| x.abs() < 1.0);
             let kurtosis = v.iter().map(|x| (x - mean).powi(4)).sum::<f64>() / n / (var * var);
@@ -129,7 +129,7 @@ device_test! {
             let p = 0.682_689_492_137_086; // erf(1 / sqrt 2)
             within_5_sigma(in_one_sigma, p, (p * (1.0 - p) / n).sqrt(), &format!("{dtype} P(|x| < 1)"));
         }
-        let v = Tensor::normal_with(&mut gen, [N], 3.0, 2.0, DType::F32, dev).unwrap().to_f64_vec();
+        let v = Distribution::Normal { mean: 3.0, std: 2.0 }.sample_with(&mut gen, [N], DType::F32, dev).unwrap().to_f64_vec();
         let (mean, var, _) = stats(&v, |_| true);
         within_5_sigma(mean, 3.0, 2.0 / n.sqrt(), "normal(3, 2) mean");
         within_5_sigma(var, 4.0, 4.0 * (2.0 / n).sqrt(), "normal(3, 2) variance");
@@ -216,18 +216,18 @@ device_test! {
 
 device_test! {
     fn same_seed_same_tensor_and_state_restores(dev: Device) {
-        let a = Tensor::randn_with(&mut Generator::new(42), [3, 4], DType::F32, dev).unwrap();
-        let b = Tensor::randn_with(&mut Generator::new(42), [3, 4], DType::F32, dev).unwrap();
-        let c = Tensor::randn_with(&mut Generator::new(43), [3, 4], DType::F32, dev).unwrap();
+        let a = Distribution::STANDARD_NORMAL.sample_with(&mut Generator::new(42), [3, 4], DType::F32, dev).unwrap();
+        let b = Distribution::STANDARD_NORMAL.sample_with(&mut Generator::new(42), [3, 4], DType::F32, dev).unwrap();
+        let c = Distribution::STANDARD_NORMAL.sample_with(&mut Generator::new(43), [3, 4], DType::F32, dev).unwrap();
         assert_eq!(a.to_vec::<f32>(), b.to_vec::<f32>());
         assert_ne!(a.to_vec::<f32>(), c.to_vec::<f32>());
 
         let mut gen = Generator::new(9);
-        Tensor::rand_with(&mut gen, 17, DType::F32, dev).unwrap();
+        Distribution::UNIT_UNIFORM.sample_with(&mut gen, 17, DType::F32, dev).unwrap();
         let saved = gen.state();
         let draw = |g: &mut Generator| {
             (
-                Tensor::rand_with(g, [5], DType::F64, dev).unwrap().to_vec::<f64>(),
+                Distribution::UNIT_UNIFORM.sample_with(g, [5], DType::F64, dev).unwrap().to_vec::<f64>(),
                 Tensor::randint_with(g, 0, 100, [6], dev).unwrap().to_vec::<i64>(),
                 Tensor::randperm_with(g, 8, dev).unwrap().to_vec::<i64>(),
             )
@@ -259,7 +259,7 @@ device_test! {
         assert_eq!(Tensor::rand([4, 4], DType::F32, dev).unwrap().to_vec::<f32>(), a.to_vec::<f32>());
         assert_eq!(Tensor::randn([4], DType::F64, dev).unwrap().to_vec::<f64>(), b.to_vec::<f64>());
         manual_seed(1234);
-        let mine = Tensor::rand_with(&mut Generator::new(1234), [4, 4], DType::F32, dev).unwrap();
+        let mine = Distribution::UNIT_UNIFORM.sample_with(&mut Generator::new(1234), [4, 4], DType::F32, dev).unwrap();
         assert_eq!(a.rand_like().dims(), a.dims());
         assert_eq!(mine.to_vec::<f32>(), a.to_vec::<f32>());
     }
@@ -268,7 +268,7 @@ device_test! {
 device_test! {
     #[should_panic(expected = "expected a floating-point dtype, got int64")]
     fn rand_of_an_integer_dtype_panics(dev: Device) {
-        let _ = Tensor::rand_with(&mut Generator::new(0), [2], DType::I64, dev);
+        let _ = Distribution::UNIT_UNIFORM.sample_with(&mut Generator::new(0), [2], DType::I64, dev);
     }
 }
 
@@ -290,7 +290,7 @@ device_test! {
 fn drawing_on_a_missing_device_is_an_error_and_consumes_nothing() {
     let mut gen = Generator::new(0);
     assert!(matches!(
-        Tensor::randn_with(&mut gen, [2], DType::F32, Device::Cuda(64)),
+        Distribution::STANDARD_NORMAL.sample_with(&mut gen, [2], DType::F32, Device::Cuda(64)),
         Err(Error::CudaUnavailable { .. })
     ));
     assert_eq!(gen.state().offset, 0);
@@ -311,8 +311,8 @@ fn host_bytes(t: &Tensor) -> Vec<u8> {
 fn both(seed: u64, draw: impl Fn(&mut Generator, Device) -> Tensor) -> (Tensor, Tensor) {
     let (mut cpu_gen, mut gpu_gen) = (Generator::new(seed), Generator::new(seed));
     // A draw first so the stream does not start at block 0.
-    let _ = Tensor::rand_with(&mut cpu_gen, [3], DType::F32, Device::Cpu).unwrap();
-    let _ = Tensor::rand_with(&mut gpu_gen, [3], DType::F32, Device::Cuda(0)).unwrap();
+    let _ = Distribution::UNIT_UNIFORM.sample_with(&mut cpu_gen, [3], DType::F32, Device::Cpu).unwrap();
+    let _ = Distribution::UNIT_UNIFORM.sample_with(&mut gpu_gen, [3], DType::F32, Device::Cuda(0)).unwrap();
     let c = draw(&mut cpu_gen, Device::Cpu);
     let g = draw(&mut gpu_gen, Device::Cuda(0));
     assert_eq!(cpu_gen.state(), gpu_gen.state(), "the generator advances as on the CPU");
@@ -327,9 +327,12 @@ const SIZES: [usize; 6] = [0, 1, 5, 7, 1023, 100_003];
 fn gpu_uniform_bernoulli_and_randint_equal_the_cpu_bit_for_bit() {
     for n in SIZES {
         for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
-            let (c, g) = both(7, |gen, dev| Tensor::rand_with(gen, [n], dtype, dev).unwrap());
+            let (c, g) =
+                both(7, |gen, dev| Distribution::UNIT_UNIFORM.sample_with(gen, [n], dtype, dev).unwrap());
             assert_eq!(host_bytes(&c), host_bytes(&g), "rand {n} {dtype}");
-            let (c, g) = both(8, |gen, dev| Tensor::uniform_with(gen, [n], -2.5, 3.1, dtype, dev).unwrap());
+            let (c, g) = both(8, |gen, dev| {
+                Distribution::Uniform { low: -2.5, high: 3.1 }.sample_with(gen, [n], dtype, dev).unwrap()
+            });
             assert_eq!(host_bytes(&c), host_bytes(&g), "uniform {n} {dtype}");
         }
         for dtype in DType::ALL {
@@ -348,7 +351,7 @@ fn gpu_uniform_bernoulli_and_randint_equal_the_cpu_bit_for_bit() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_bernoulli_of_a_strided_probability_tensor_equals_the_cpu() {
     let mut gen = Generator::new(11);
-    let p = Tensor::rand_with(&mut gen, [37, 29], DType::F32, Device::Cpu).unwrap();
+    let p = Distribution::UNIT_UNIFORM.sample_with(&mut gen, [37, 29], DType::F32, Device::Cpu).unwrap();
     for dtype in [DType::F32, DType::F64, DType::BF16] {
         // Transposed and narrowed on the device: element i of the view is read through its strides.
         let (c, g) = both(12, |gen, dev| {
@@ -370,9 +373,12 @@ fn gpu_normals_equal_the_cpu_to_about_an_ulp() {
             (DType::F16, 1e-3, 1e-3),
             (DType::BF16, 8e-3, 8e-3),
         ] {
-            let (c, g) = both(13, |gen, dev| Tensor::randn_with(gen, [n], dtype, dev).unwrap());
+            let (c, g) =
+                both(13, |gen, dev| Distribution::STANDARD_NORMAL.sample_with(gen, [n], dtype, dev).unwrap());
             crate::testing::assert_close(&g, &c, rtol, atol, &format!("randn {n} {dtype}"));
-            let (c, g) = both(14, |gen, dev| Tensor::normal_with(gen, [n], 3.0, 0.5, dtype, dev).unwrap());
+            let (c, g) = both(14, |gen, dev| {
+                Distribution::Normal { mean: 3.0, std: 0.5 }.sample_with(gen, [n], dtype, dev).unwrap()
+            });
             crate::testing::assert_close(&g, &c, rtol * 4.0, atol * 4.0, &format!("normal {n} {dtype}"));
         }
     }
@@ -383,13 +389,13 @@ fn gpu_normals_equal_the_cpu_to_about_an_ulp() {
 fn gpu_draws_resume_from_a_saved_state() {
     let gpu = Device::Cuda(0);
     let mut gen = Generator::new(99);
-    let _ = Tensor::randn_with(&mut gen, [10], DType::F32, gpu).unwrap();
+    let _ = Distribution::STANDARD_NORMAL.sample_with(&mut gen, [10], DType::F32, gpu).unwrap();
     let saved = GeneratorState::from_bytes(&gen.state().to_bytes()).unwrap();
-    let a = Tensor::rand_with(&mut gen, [4, 33], DType::F32, gpu).unwrap();
+    let a = Distribution::UNIT_UNIFORM.sample_with(&mut gen, [4, 33], DType::F32, gpu).unwrap();
     let b = Tensor::randint_with(&mut gen, 0, 1000, [17], gpu).unwrap();
     let mut restored = Generator::new(0);
     restored.set_state(saved);
-    let a2 = Tensor::rand_with(&mut restored, [4, 33], DType::F32, gpu).unwrap();
+    let a2 = Distribution::UNIT_UNIFORM.sample_with(&mut restored, [4, 33], DType::F32, gpu).unwrap();
     let b2 = Tensor::randint_with(&mut restored, 0, 1000, [17], gpu).unwrap();
     assert_eq!(host_bytes(&a), host_bytes(&a2));
     assert_eq!(b.to_vec::<i64>(), b2.to_vec::<i64>());

@@ -1,7 +1,7 @@
 //! Tests of the unary family against PyTorch fixtures (`fixtures.py` beside this file).
 
 use crate::testing::{assert_close, tolerance, Fixtures};
-use crate::{DType, Device, Tensor, UnaryOp};
+use crate::{DType, Device, Tensor};
 
 fn fixtures() -> Fixtures {
     Fixtures::parse(include_str!("fixtures.json"), "unary/fixtures.json")
@@ -167,32 +167,7 @@ crate::device_test! {
 
 #[test]
 fn every_op_has_a_distinct_name() {
-    let ops = [
-        UnaryOp::Neg,
-        UnaryOp::Abs,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Log1p,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Gelu,
-        UnaryOp::GeluTanh,
-        UnaryOp::Silu,
-        UnaryOp::Square,
-        UnaryOp::Recip,
-        UnaryOp::Sign,
-        UnaryOp::Floor,
-        UnaryOp::Ceil,
-        UnaryOp::Round,
-        UnaryOp::Affine { mul: 1.0, add: 0.0 },
-        UnaryOp::Powf(2.0),
-        UnaryOp::Clamp { min: 0.0, max: 1.0 },
-    ];
+    let ops = crate::testing::UNARY_OPS;
     let mut names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
     names.sort_unstable();
     names.dedup();

@@ -1,5 +1,6 @@
-//! A host model of the one-shot collective kernel (`collectives.cu`), to run the plans of
-//! `hier.rs` on layouts of up to 8 nodes of 8 GPUs without a GPU.
+//! Tests of the hierarchical plans (`hier.rs`) on layouts of up to 8 nodes of 8 GPUs, without
+//! a GPU: each plan's launches run on a host model of the one-shot collective kernel
+//! (`collectives.cu`).
 //!
 //! What it models, as the kernel does it: a sender pushes the elements of its input in its
 //! `[in_lo, in_hi)` that fall in the receiver's output range (as the sender computes it); a
@@ -11,12 +12,12 @@
 //! the same grids (windows of the same lengths), and the members' launch sequences on every
 //! team line up (else the GPUs would wait forever).
 
-use super::hier::{self, Span};
-use super::kernels::{self, CollArgs};
-use super::team::{layout, Kind};
-use super::windows::launches;
-use super::Stage;
 use crate::gpu::CudaView;
+use crate::nvshmem::hier::{self, Span};
+use crate::nvshmem::kernels::{self, CollArgs};
+use crate::nvshmem::team::{layout, Kind};
+use crate::nvshmem::windows::launches;
+use crate::nvshmem::Stage;
 use crate::op::{shard_range, ReduceOp};
 use oxtrain_tensor::DType;
 use std::collections::BTreeMap;
@@ -194,7 +195,7 @@ fn span(rank: usize, world: usize, per_node: usize) -> Span {
 /// The lengths of a stage's windows, launch by launch, as `NvshmemCommunicator::enqueue`
 /// makes them (padded to the stage's launches).
 fn window_lengths(s: &Stage) -> Vec<usize> {
-    super::windows::padded(s.args.count as usize, SLOT_ELEMS, false, s.launches)
+    crate::nvshmem::windows::padded(s.args.count as usize, SLOT_ELEMS, false, s.launches)
         .map(|w| w.hi - w.lo)
         .collect()
 }

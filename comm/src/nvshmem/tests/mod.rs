@@ -1,0 +1,3 @@
+//! Tests of the nvshmem backend that need no GPU.
+
+mod hier_plans;

@@ -1,0 +1,78 @@
+//! DDP across processes on the `shm` backend: 2 and 3 ranks train a small CNN (SGD momentum)
+//! and a small Transformer (AdamW) for 5 steps from different initial weights; every rank
+//! ends with the same parameters bit for bit, equal to one process on the combined batch.
+#![cfg(feature = "ddp")]
+
+mod common;
+
+use common::ddp_train::{self as t, Model, Opt};
+use common::procs::{assert_all_succeeded, child_role, spawn_ranks};
+use oxtrain_comm::ddp::DdpConfig;
+use oxtrain_comm::{shm, CommOptions, Communicator, ShmOptions, TcpStore};
+use std::sync::Arc;
+use std::time::Duration;
+
+const CHILD: &str = "ddp_child";
+
+/// A digest of the parameters' bits, printed by each rank and compared by the parent.
+fn digest(params: &[(String, Vec<f32>)]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (_, v) in params {
+        for x in v {
+            for b in x.to_bits().to_le_bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+    }
+    h
+}
+
+/// The ranks' entry point (a no-op in the parent's run).
+#[test]
+fn ddp_child() {
+    let Some((role, rank, world)) = child_role() else { return };
+    let port: u16 = std::env::var("OXTRAIN_TEST_STORE_PORT").unwrap().parse().unwrap();
+    let store = TcpStore::connect("127.0.0.1", port, Duration::from_secs(30)).unwrap();
+    let opts = ShmOptions {
+        comm: CommOptions { timeout: Duration::from_secs(30), check: false },
+        ..Default::default()
+    };
+    let w = shm::connect(rank, world, &store, &opts).unwrap();
+    let comm: Arc<dyn Communicator> = Arc::new(w.comm);
+    let (model, opt) = match role.as_str() {
+        "cnn" => (Model::Cnn, Opt::SgdMomentum),
+        "transformer" => (Model::Transformer, Opt::AdamW),
+        other => panic!("unknown role {other}"),
+    };
+    let ddp = t::train_rank(comm, model, opt, 5, 3, 1, DdpConfig::default());
+    let got = t::params(ddp.module());
+    let reference = t::params(&t::train_single(model, opt, 5, 3 * world, 1));
+    let err = t::assert_close(&format!("{role} on rank {rank} of {world}"), &got, &reference, 1e-6);
+    eprintln!("PARAMS {rank} {:016x} {err:.2e}", digest(&got));
+}
+
+#[test]
+fn ranks_in_processes_train_as_one_process() {
+    for world in [2, 3] {
+        for role in ["cnn", "transformer"] {
+            let store = TcpStore::host("127.0.0.1", 0, Duration::from_secs(30)).unwrap();
+            let outs =
+                spawn_ranks(CHILD, role, world, &[("OXTRAIN_TEST_STORE_PORT", store.port().to_string())]);
+            assert_all_succeeded(&outs);
+            let digests: Vec<String> =
+                outs.iter()
+                    .map(|o| {
+                        let line =
+                            o.stderr.lines().find(|l| l.starts_with("PARAMS ")).unwrap_or_else(|| {
+                                panic!("rank {} printed no digest:\n{}", o.rank, o.stderr)
+                            });
+                        line.split_whitespace().nth(2).unwrap().to_string()
+                    })
+                    .collect();
+            assert!(
+                digests.iter().all(|d| *d == digests[0]),
+                "{role}, {world} ranks: parameters differ: {digests:?}"
+            );
+        }
+    }
+}

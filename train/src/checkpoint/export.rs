@@ -1,0 +1,56 @@
+//! `oxtrain export`: the model part of a checkpoint as a plain safetensors state_dict with
+//! PyTorch's names, which `model.load_state_dict(safetensors.torch.load_file(path))` and Hugging
+//! Face's `from_pretrained` (beside a config.json) load as they are.
+
+use super::discover::{latest_valid, verify_checkpoint};
+use super::error::{io, CheckpointError, Result};
+use super::manifest::MANIFEST;
+use super::snapshot::MODEL_FILE;
+use super::write::sync_dir;
+use std::path::{Path, PathBuf};
+
+/// What [`export`] wrote.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    /// The checkpoint it came from (the newest valid one when given a checkpoint folder).
+    pub checkpoint: PathBuf,
+    pub step: u64,
+    pub out: PathBuf,
+    pub bytes: u64,
+}
+
+/// Writes the model of `checkpoint` (a step directory, or a run's checkpoint folder, whose
+/// newest valid checkpoint is used) to `out`, after checking its checksums. The file is
+/// written beside `out` and renamed into place.
+pub fn export(checkpoint: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Exported> {
+    let (checkpoint, out) = (checkpoint.as_ref(), out.as_ref());
+    let (dir, manifest) = if checkpoint.join(MANIFEST).exists() {
+        let m = verify_checkpoint(checkpoint)?
+            .map_err(|problem| CheckpointError::Invalid { path: checkpoint.to_path_buf(), problem })?;
+        (checkpoint.to_path_buf(), m)
+    } else {
+        let found = latest_valid(checkpoint)?;
+        let why =
+            found.skipped.iter().map(|s| format!("; skipped {}: {}", s.path.display(), s.problem)).collect();
+        found.chosen.ok_or_else(|| CheckpointError::NotFound { dir: checkpoint.to_path_buf(), why })?
+    };
+    let source = dir.join(MODEL_FILE);
+    let folder = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&folder).map_err(io(&folder, "creating the output folder"))?;
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let temp = folder.join(format!(".{name}.export-{}", std::process::id()));
+    let result = (|| -> Result<u64> {
+        let bytes = std::fs::copy(&source, &temp).map_err(io(&temp, "copying the model file"))?;
+        std::fs::File::open(&temp).and_then(|f| f.sync_all()).map_err(io(&temp, "flushing to disk"))?;
+        std::fs::rename(&temp, out).map_err(io(out, "renaming the exported file into place"))?;
+        sync_dir(&folder)?;
+        Ok(bytes)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    Ok(Exported { checkpoint: dir, step: manifest.step, out: out.to_path_buf(), bytes: result? })
+}

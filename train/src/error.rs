@@ -1,0 +1,92 @@
+//! `oxtrain::Error`: every crate's error behind one type, so `?` works across crates in user
+//! code. Each variant keeps the crate's own error (match on it, or read its message: the
+//! messages already say what failed and what to do).
+
+/// Any error of the oxtrain crates, or of the program around them.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Tensors: files, devices, memory, the GPU driver.
+    #[error(transparent)]
+    Tensor(#[from] oxtrain_tensor::Error),
+
+    /// A state dict that does not fit a module (`load_state_dict`).
+    #[error(transparent)]
+    Load(#[from] oxtrain_nn::LoadError),
+
+    /// Models: configs, checkpoints, tokenizers.
+    #[error(transparent)]
+    Model(#[from] oxtrain_models::ModelError),
+
+    /// Datasets and loaders: images, text files, loader settings.
+    #[error(transparent)]
+    Data(#[from] oxtrain_datasets::Error),
+
+    /// Communication: bootstrap, peers, backends.
+    #[error(transparent)]
+    Comm(#[from] oxtrain_comm::CommError),
+
+    /// A backward pass whose end-of-backward work failed (under DDP: a collective that failed
+    /// or timed out, a parameter that got no gradient), from `loss.try_backward()`.
+    #[error(transparent)]
+    Backward(#[from] oxtrain_autograd::BackwardError),
+
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+
+    /// Anything else (the trainer's own errors, a user's): see [`Error::other`].
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl Error {
+    /// Wraps any other error (`io::Error::other` style).
+    pub fn other(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Error {
+        Error::Other(error.into())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// Fallible calls of several crates, joined with `?` in one function of user code.
+    fn user_code(dir: &Path, step: u32) -> Result<()> {
+        match step {
+            0 => drop(oxtrain_tensor::safetensors::load_all(dir.join("no-such.safetensors"))?),
+            1 => drop(oxtrain_models::Gpt2Config::from_file(dir.join("no-such-config.json"))?),
+            2 => {
+                let transform = oxtrain_datasets::ImageTransform::imagenet_train(32);
+                drop(oxtrain_datasets::ImageFolder::new(dir.join("no-such-folder"), transform)?)
+            }
+            _ => drop(std::fs::read(dir.join("no-such-file"))?),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn question_mark_crosses_every_crate() {
+        let dir = std::env::temp_dir().join(format!("oxtrain-error-{}", std::process::id()));
+        assert!(matches!(user_code(&dir, 0), Err(Error::Tensor(_))));
+        assert!(matches!(user_code(&dir, 1), Err(Error::Model(_))));
+        assert!(matches!(user_code(&dir, 2), Err(Error::Data(_))));
+        assert!(matches!(user_code(&dir, 3), Err(Error::Io(_))));
+
+        let load = oxtrain_nn::LoadError::Mismatch {
+            missing: vec!["w".into()],
+            unexpected: vec![],
+            mismatched: vec![],
+        };
+        let load = Error::from(load);
+        assert!(matches!(load, Error::Load(_)) && load.to_string().contains("missing: w"), "{load}");
+
+        let comm = Error::from(oxtrain_comm::CommError::Bootstrap("RANK is not set".into()));
+        assert!(matches!(comm, Error::Comm(_)) && comm.to_string().contains("RANK is not set"));
+
+        let other = Error::other("the trainer's own reason");
+        assert_eq!(other.to_string(), "the trainer's own reason");
+    }
+}

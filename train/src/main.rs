@@ -119,7 +119,9 @@ fn train(args: TrainArgs) -> ExitCode {
     };
     match oxtrain::trainer::train(&config) {
         Ok(summary) => {
-            println!("{}", summary.line());
+            if summary.rank == 0 {
+                println!("{}", summary.line());
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

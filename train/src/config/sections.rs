@@ -365,6 +365,9 @@ pub struct CheckpointConfig {
     pub keep_every: usize,
     /// "": start fresh; "latest": the newest valid checkpoint in `dir`; or a checkpoint folder.
     pub resume: String,
+    /// Under DDP every rank, not only rank 0, writes its final model (`final-rank<N>`), to
+    /// compare the replicas.
+    pub all_ranks: bool,
 }
 
 impl Default for CheckpointConfig {
@@ -377,6 +380,7 @@ impl Default for CheckpointConfig {
             keep_last: 3,
             keep_every: 0,
             resume: String::new(),
+            all_ranks: false,
         }
     }
 }

@@ -9,7 +9,7 @@ use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::{DataLoader, DistributedSampler, ImageFolder, ImageTransform, LoaderConfig};
 use oxtrain_models::{ResNet, ResNetConfig};
 use oxtrain_nn::loss::{cross_entropy_with, CrossEntropyOptions};
-use oxtrain_nn::{Forward, Module};
+use oxtrain_nn::Module;
 use oxtrain_tensor::{DType, Tensor};
 use std::path::{Path, PathBuf};
 

@@ -12,11 +12,13 @@ pub use error::TrainError;
 pub use save::{read_model_dir, write_model_dir};
 pub use strategy::Strategy;
 
-use crate::config::{parse_device, Config, DdpBackend, GradCompression, ModelName, NonFinite, PrecisionDtype};
-use oxtrain_comm::ddp::{Compression, DdpConfig};
+use crate::config::{
+    parse_device, Config, DdpBackend, GradCompression, ModelName, NonFinite, PrecisionDtype,
+};
 use crate::metrics::{unix_time, EvalRecord, MetricsLog, Progress, StepRecord};
 use crate::tasks::{self, Evaluation, Placement, Task};
 use oxtrain_autograd::autocast;
+use oxtrain_comm::ddp::{Compression, DdpConfig};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
 use oxtrain_nn::optim::clip_grad_norm_;
 use oxtrain_nn::Module;
@@ -40,6 +42,8 @@ pub struct Summary {
     /// The folder with model.safetensors and config.toml, when one was written.
     pub model_dir: Option<PathBuf>,
     pub skipped_steps: usize,
+    /// This process's rank (the summary is printed by rank 0).
+    pub rank: usize,
 }
 
 impl Summary {
@@ -311,12 +315,13 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         _ => evaluate(&mut log, step, epochs - 1)?,
     };
     progress.finish();
-    let model_dir = if config.checkpoint.at_end && rank == 0 {
+    let model_dir = if config.checkpoint.at_end && (rank == 0 || config.checkpoint.all_ranks) {
         let dir = match config.checkpoint.dir.as_str() {
             "" => run_dir.join("checkpoints"),
             d => PathBuf::from(d),
         };
-        Some(write_model_dir(&dir.join("final"), strategy.module(), config)?)
+        let name = if rank == 0 { "final".to_string() } else { format!("final-rank{rank}") };
+        Some(write_model_dir(&dir.join(name), strategy.module(), config)?)
     } else {
         None
     };
@@ -332,5 +337,6 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         metrics: log.path().to_path_buf(),
         model_dir,
         skipped_steps: skipped,
+        rank,
     })
 }

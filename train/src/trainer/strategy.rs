@@ -24,7 +24,12 @@ impl<M: Module> Strategy<M> {
     }
 
     /// Wraps `model` in DDP over the group's communicator (SyncBatchNorm first when asked).
-    pub fn ddp(model: M, group: ProcessGroup, config: DdpConfig, sync_batchnorm: bool) -> Result<Self, String> {
+    pub fn ddp(
+        model: M,
+        group: ProcessGroup,
+        config: DdpConfig,
+        sync_batchnorm: bool,
+    ) -> Result<Self, String> {
         let ProcessGroup { comm, store, env: _, heap } = group;
         let comm: Arc<dyn Communicator> = comm.into();
         if sync_batchnorm {

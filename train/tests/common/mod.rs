@@ -59,6 +59,7 @@ pub fn of_kind<'a>(m: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json
 pub fn assert_loss_falls(m: &[serde_json::Value]) {
     let losses: Vec<f64> = of_kind(m, "train").iter().map(|v| v["loss"].as_f64().unwrap()).collect();
     assert!(losses.len() >= 3, "too few logged steps: {losses:?}");
+    eprintln!("losses: {losses:?}");
     let last = (losses[losses.len() - 1] + losses[losses.len() - 2]) / 2.0;
     assert!(last < losses[0] * 0.9, "the loss did not fall: {losses:?}");
 }

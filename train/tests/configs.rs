@@ -5,15 +5,12 @@ mod common;
 use common::{assert_loss_falls, config, metrics, oxtrain, toy_imagenet};
 use std::path::{Path, PathBuf};
 
+/// Trains with the config's own log.dir (`runs/<name>`, in `dir`) and returns its metrics.
 fn train(dir: &Path, cfg: &str, overrides: &[String]) -> Vec<serde_json::Value> {
-    let run = dir.join("run");
+    let run = dir.join("runs").join(cfg.trim_end_matches(".toml"));
     let mut args = vec!["train".to_string(), "--config".into(), config(cfg)];
     args.extend(overrides.iter().cloned());
-    args.extend([
-        "train.device=cpu".into(),
-        "log.progress=lines".into(),
-        format!("log.dir={}", run.display()),
-    ]);
+    args.extend(["train.device=cpu".into(), "log.progress=lines".into()]);
     let r = oxtrain(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
     r.ok();
     metrics(&run.join("metrics.jsonl"))

@@ -1,5 +1,6 @@
 //! `oxtrain launch --nproc-per-node 2` on the CPU (shm): two DDP ranks train the built-in
-//! example at toy size and end with the same weights.
+//! example at toy size (SyncBatchNorm, gradient accumulation under no_sync) and end with the
+//! same parameters and buffers, bit for bit.
 
 mod common;
 use std::process::Command;
@@ -34,6 +35,9 @@ fn two_cpu_ranks_end_with_equal_weights() {
             "log.every_steps=1".into(),
             "log.progress=lines".into(),
             "checkpoint.all_ranks=true".into(),
+            // Batch-norm statistics reduced over the ranks: then buffers, too, are equal (with
+            // plain BatchNorm each rank's running statistics follow its own last batch).
+            "ddp.sync_batchnorm=true".into(),
             format!("log.dir={}", run.display()),
         ])
         .output()

@@ -41,7 +41,7 @@ fn a_failing_worker_stops_the_others_with_a_message() {
 #[test]
 fn sigterm_is_forwarded_to_every_worker() {
     let dir = tempfile::tempdir().unwrap();
-    let script = "trap 'echo $RANK > \"$OUT/term-$RANK\"; exit 0' TERM; echo $RANK > \"$OUT/up-$RANK\"; sleep 60 & wait";
+    let script = "trap 'echo $RANK > \"$OUT/term-$RANK\"; exit 0' TERM; echo $RANK > \"$OUT/up-$RANK\"; while :; do sleep 0.1; done";
     let mut child = oxtrain()
         .args(["launch", "--nproc-per-node", "2", "--"])
         .args(["sh", "-c", script])

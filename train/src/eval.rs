@@ -26,9 +26,9 @@ pub fn evaluate_checkpoint<S: AsRef<str>>(
         }
     }
     if config.data.val.is_empty() && config.data.kind != DataKind::SyntheticShapes {
-        return Err(TrainError::Data(format!(
-            "the checkpoint's config has no data.val: pass the data to evaluate with --data PATH"
-        )));
+        return Err(TrainError::Data(
+            "the checkpoint's config has no data.val: pass the data to evaluate with --data PATH".into(),
+        ));
     }
     config.check()?;
     let place = placement(&config)?;

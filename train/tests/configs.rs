@@ -57,7 +57,7 @@ fn write_jsonl(path: &Path, n: usize, seed: usize) {
     let bad = ["a bad film, I hated it", "awful and boring, bad acting", "terrible, bad story"];
     let mut text = String::new();
     for i in 0..n {
-        let (t, l) = if (i + seed) % 2 == 0 { (good[i % 3], "pos") } else { (bad[i % 3], "neg") };
+        let (t, l) = if (i + seed).is_multiple_of(2) { (good[i % 3], "pos") } else { (bad[i % 3], "neg") };
         text += &format!("{{\"text\": \"{t} #{i}\", \"label\": \"{l}\"}}\n");
     }
     std::fs::write(path, text).unwrap();

@@ -182,7 +182,7 @@ impl Task for ImageClassification {
     fn loss(&self, model: &ResNet, (images, labels): &(Tensor, Tensor)) -> Var {
         let opts =
             CrossEntropyOptions { label_smoothing: self.config.train.label_smoothing, ..Default::default() };
-        cross_entropy_with(&model.forward(&Var::constant(images.clone())), labels, &opts)
+        cross_entropy_with(&model.forward(Var::constant(images.clone())), labels, &opts)
     }
 
     fn evaluate(&self, strategy: &Strategy<ResNet>) -> TaskResult<Option<Evaluation>> {

@@ -27,7 +27,8 @@ fn the_main_command_reaches_90_percent() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let line = stdout.lines().last().unwrap_or_default();
     let acc: f64 = line
-        .split(", ")
+        .split([',', ';'])
+        .map(str::trim)
         .find_map(|part| part.strip_prefix("accuracy ").and_then(|a| a.strip_suffix('%')))
         .unwrap_or_else(|| panic!("no accuracy in the summary line {line:?}"))
         .parse()

@@ -25,8 +25,14 @@
 
 pub mod builtin;
 pub mod checkpoint;
+pub mod config;
 mod error;
+pub mod eval;
+pub mod launch;
+pub mod metrics;
 pub mod prelude;
+pub mod tasks;
+pub mod trainer;
 
 pub use error::{Error, Result};
 

@@ -1,11 +1,17 @@
 //! The `oxtrain` command.
 
-use clap::{Parser, Subcommand, ValueEnum};
-use oxtrain::builtin::{self, Options, Precision};
-use oxtrain_tensor::{cuda, Device};
+use clap::{Parser, Subcommand};
+use oxtrain::config::Config;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "oxtrain", version, about = "Train neural networks on GPUs and CPUs")]
+#[command(
+    name = "oxtrain",
+    version,
+    about = "Train neural networks on GPUs and CPUs",
+    after_help = "Examples:\n  oxtrain train                                     # the built-in example\n  oxtrain train --config examples/configs/resnet50_imagenet.toml data.train=/data/imagenet/train data.val=/data/imagenet/val\n  oxtrain launch --nproc-per-node 8 -- train --config examples/configs/resnet50_imagenet.toml\n  oxtrain config --print optim.lr=0.05"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -13,93 +19,173 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train the built-in example (a small CNN on drawn shapes) on the GPU if there is one.
+    /// Train what a config says; with no config, the built-in example (a small ResNet on drawn
+    /// shapes, written once into a cache folder), on the GPU if there is one.
+    #[command(
+        after_help = "Examples:\n  oxtrain train\n  oxtrain train train.epochs=3 optim.lr=2e-3\n  oxtrain train --config examples/configs/gpt2_text.toml data.train=corpus.txt"
+    )]
     Train(TrainArgs),
+    /// Evaluate a model folder or checkpoint (model.safetensors + config.toml): top-1/top-5
+    /// for images, perplexity for language models, accuracy and loss for classification.
+    #[command(
+        after_help = "Examples:\n  oxtrain eval --checkpoint runs/oxtrain/checkpoints/final\n  oxtrain eval --checkpoint runs/resnet50/checkpoints/final --data /data/imagenet/val"
+    )]
+    Eval(EvalArgs),
+    /// Start this node's workers with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+    /// MASTER_ADDR, ...): one per GPU, or CPU workers talking through shared memory. Signals
+    /// are passed on; when one worker fails the others are stopped.
+    #[command(
+        after_help = "Examples:\n  oxtrain launch --nproc-per-node 8 -- train --config examples/configs/resnet50_imagenet.toml\n  oxtrain launch --nproc-per-node 2 --backend shm -- train train.device=cpu\n  oxtrain launch --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 -- train --config run.toml"
+    )]
+    Launch(LaunchArgs),
+    /// Print the resolved config: every key with its value, defaults included.
+    #[command(
+        after_help = "Examples:\n  oxtrain config --print\n  oxtrain config --print --config examples/configs/bert_jsonl.toml data.batch_size=16"
+    )]
+    Config(ConfigArgs),
 }
 
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// `cpu`, `cuda` or `cuda:N`; default: cuda:0 when a GPU is there, else cpu.
+    /// A TOML config (sections model, data, optim, schedule, precision, train, ddp, checkpoint, log).
     #[arg(long)]
-    device: Option<String>,
-    #[arg(long, value_enum, default_value = "f32")]
-    precision: PrecisionArg,
-    #[arg(long, default_value_t = 4)]
-    epochs: usize,
-    #[arg(long, default_value_t = 64)]
-    batch_size: usize,
-    #[arg(long, default_value_t = 4e-3)]
-    lr: f64,
+    config: Option<PathBuf>,
+    /// Overrides: section.key=value (or key=value when one section has the key).
+    #[arg(value_name = "KEY=VALUE", allow_hyphen_values = true)]
+    overrides: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// A folder with model.safetensors and config.toml, as training writes at its end.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The data to evaluate (an image folder, a text file, a jsonl file); default: the
+    /// config's data.val.
+    #[arg(long)]
+    data: Option<String>,
+    /// Overrides of the saved config (data.batch_size=256, train.device=cpu, ...).
+    #[arg(value_name = "KEY=VALUE", allow_hyphen_values = true)]
+    overrides: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct LaunchArgs {
+    /// Workers on this node (one per GPU).
+    #[arg(long)]
+    nproc_per_node: usize,
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    /// This node's index among --nnodes.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    node_rank: usize,
+    /// The host of rank 0, as the other nodes reach it.
+    #[arg(long, default_value = "127.0.0.1")]
+    master_addr: String,
+    #[arg(long, default_value_t = 29500)]
+    master_port: u16,
+    /// The workers' communication backend (shm, nccl, nvshmem, mpi); default: comm's choice.
+    #[arg(long)]
+    backend: Option<String>,
+    /// Seconds workers get to exit after SIGTERM before they are killed.
+    #[arg(long, default_value_t = 30.0)]
+    stop_timeout: f64,
+    /// What each worker runs: an oxtrain subcommand (`train ...`) or any program.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<std::ffi::OsString>,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum PrecisionArg {
-    F32,
-    Bf16,
+#[derive(clap::Args)]
+struct ConfigArgs {
+    /// Print the config as TOML (the only action for now; required so the command reads as
+    /// what it does).
+    #[arg(long, required = true)]
+    print: bool,
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(value_name = "KEY=VALUE", allow_hyphen_values = true)]
+    overrides: Vec<String>,
 }
 
-fn parse_device(s: &str) -> Result<Device, String> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        other => other
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| format!("unknown device `{other}`; use cpu, cuda or cuda:N")),
+fn fail(command: &str, e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("oxtrain {command}: {e}");
+    ExitCode::from(2)
+}
+
+fn train(args: TrainArgs) -> ExitCode {
+    let config = match Config::load(args.config.as_deref(), &args.overrides) {
+        Ok(c) => c,
+        Err(e) => return fail("train", e),
+    };
+    match oxtrain::trainer::train(&config) {
+        Ok(summary) => {
+            if summary.rank == 0 {
+                println!("{}", summary.line());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("oxtrain train: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
-fn main() {
-    let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Train(a)) => a,
-        None => match Cli::parse_from(["oxtrain", "train"]).command {
-            Some(Command::Train(a)) => a,
-            None => unreachable!("`train` was given"),
-        },
-    };
-    let device = match args.device.as_deref().map(parse_device) {
-        Some(Ok(d)) => d,
-        Some(Err(e)) => {
-            eprintln!("oxtrain train: {e}");
-            std::process::exit(2);
+fn eval(args: EvalArgs) -> ExitCode {
+    match oxtrain::eval::evaluate_checkpoint(&args.checkpoint, args.data.as_deref(), &args.overrides) {
+        Ok((_, e)) => {
+            let mut line = format!("eval: {} samples, loss {:.4}", e.samples, e.loss);
+            for (k, v) in &e.metrics {
+                match k.as_str() {
+                    "perplexity" => line += &format!(", perplexity {v:.3}"),
+                    _ => line += &format!(", {k} {:.2}%", 100.0 * v),
+                }
+            }
+            println!("{line}");
+            ExitCode::SUCCESS
         }
-        None if cuda::is_available(0) => Device::Cuda(0),
-        None => Device::Cpu,
+        Err(e) => fail("eval", e),
+    }
+}
+
+fn launch(a: LaunchArgs) -> ExitCode {
+    let spec = oxtrain::launch::LaunchSpec {
+        nproc_per_node: a.nproc_per_node,
+        nnodes: a.nnodes,
+        node_rank: a.node_rank,
+        master_addr: a.master_addr,
+        master_port: a.master_port,
+        backend: a.backend,
+        command: a.command,
+        grace: std::time::Duration::from_secs_f64(a.stop_timeout.clamp(0.0, 3600.0)),
     };
-    let precision = match args.precision {
-        PrecisionArg::F32 => Precision::F32,
-        PrecisionArg::Bf16 => Precision::Bf16,
-    };
-    let opts = Options {
-        device,
-        precision,
-        epochs: args.epochs,
-        batch_size: args.batch_size,
-        lr: args.lr,
-        seed: args.seed,
-        ..Options::default()
-    };
-    eprintln!(
-        "oxtrain train: built-in example (a CNN on {} drawn shapes: {}), {} images, on {device:?}, {precision:?}",
-        builtin::shapes::CLASSES,
-        builtin::shapes::CLASS_NAMES.join(", "),
-        opts.train_size
-    );
-    match builtin::run(&opts) {
-        Ok(r) => println!(
-            "final loss {:.4}, test accuracy {:.2}%, {:.1} s ({:.0} images/s)",
-            r.final_loss,
-            100.0 * r.test_accuracy,
-            r.seconds,
-            r.images_per_second
-        ),
+    match oxtrain::launch::launch(&spec) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("oxtrain train: {e}");
-            std::process::exit(1);
+            eprintln!("oxtrain launch: {e}");
+            ExitCode::from(e.exit_code().clamp(1, 255) as u8)
         }
+    }
+}
+
+fn config(args: ConfigArgs) -> ExitCode {
+    match Config::load(args.config.as_deref(), &args.overrides) {
+        Ok(c) => {
+            debug_assert!(args.print);
+            print!("{}", c.to_toml());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("config", e),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        None => train(TrainArgs { config: None, overrides: vec![] }),
+        Some(Command::Train(a)) => train(a),
+        Some(Command::Eval(a)) => eval(a),
+        Some(Command::Config(a)) => config(a),
+        Some(Command::Launch(a)) => launch(a),
     }
 }

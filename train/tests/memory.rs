@@ -1,12 +1,38 @@
 //! After `backward()` returns, no activation saved for backward is still alive: every layer's
-//! output of the built-in CNN is referenced only by the test's own handle, and on CUDA the
+//! output of a small CNN is referenced only by the test's own handle, and on CUDA the
 //! allocator holds exactly what it held before the step plus the new gradients.
 
-use oxtrain::builtin::{model, shapes};
 use oxtrain_autograd::Var;
+use oxtrain_datasets::synthetic::strokes as shapes;
 use oxtrain_nn::loss::cross_entropy;
-use oxtrain_nn::Module;
-use oxtrain_tensor::{device_test, Device};
+use oxtrain_nn::{
+    AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ReLU,
+    Sequential,
+};
+use oxtrain_tensor::{device_test, Device, Result};
+
+fn conv(cin: usize, cout: usize, device: Device) -> Result<Conv2d> {
+    let config = Conv2dConfig { padding: [1, 1], bias: false, ..Default::default() };
+    Conv2d::with_config(cin, cout, [3, 3], config, device)
+}
+
+/// conv-bn-relu-pool twice, one more conv, global average pooling and a linear classifier.
+fn model(device: Device) -> Result<Sequential> {
+    Ok(Sequential::new()
+        .append(conv(1, 16, device)?)
+        .append(BatchNorm2d::new(16, device)?)
+        .append(ReLU)
+        .append(MaxPool2d::new([2, 2]))
+        .append(conv(16, 32, device)?)
+        .append(BatchNorm2d::new(32, device)?)
+        .append(ReLU)
+        .append(MaxPool2d::new([2, 2]))
+        .append(conv(32, 32, device)?)
+        .append(ReLU)
+        .append(AdaptiveAvgPool2d::new([1, 1]))
+        .append(Flatten::new())
+        .append(Linear::new(32, shapes::CLASSES, device)?))
+}
 
 device_test! {
     fn backward_leaves_no_saved_activation_alive(dev: Device) {

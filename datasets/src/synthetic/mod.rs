@@ -2,6 +2,8 @@
 //! and PNG files in torchvision's `ImageFolder` layout, with a random position, size and colour
 //! for each shape on a noisy background, so a small network has something to learn.
 
+pub mod strokes;
+
 use crate::error::{Error, Result};
 use crate::rng::SampleRng;
 use image::codecs::jpeg::JpegEncoder;
@@ -33,7 +35,9 @@ fn inside(shape: &str, x: f64, y: f64, cx: f64, cy: f64, r: f64) -> bool {
 /// One `size` x `size` RGB picture of `shape`.
 pub fn draw_shape(shape: &str, size: u32, rng: &mut SampleRng) -> Vec<u8> {
     let s = size as f64;
-    let r = s * (0.18 + 0.17 * rng.next_f64());
+    // Shapes fill a good part of the picture, so a small network tells them apart in a few
+    // epochs even at 32 pixels (the built-in example's size).
+    let r = s * (0.26 + 0.14 * rng.next_f64());
     let cx = r + (s - 2.0 * r) * rng.next_f64();
     let cy = r + (s - 2.0 * r) * rng.next_f64();
     let bg: [f64; 3] = [rng.next_f64() * 255.0, rng.next_f64() * 255.0, rng.next_f64() * 255.0];

@@ -1,5 +1,6 @@
-//! The built-in example's data: small grayscale images of four drawn shapes, made in memory
-//! from a seed, so the example and its tests need no files and no network.
+//! Small grayscale images of four drawn strokes, made in memory from a seed as tensors, for
+//! tests that need learnable images without files (the image-folder shapes are in the parent
+//! module).
 //!
 //! Classes: 0 a horizontal bar, 1 a vertical bar, 2 a diagonal line, 3 a hollow square; each at
 //! a random place and size, with a random brightness, on a noisy background.

@@ -1,0 +1,414 @@
+//! The config's sections. Every field has a default, so a file names only what it changes;
+//! 0 or "" means "not set" where a key is optional (TOML has no null), as each comment says.
+
+use serde::{Deserialize, Serialize};
+
+/// Which network to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelName {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    Resnet101,
+    Resnet152,
+    /// GPT-2 with its language-model head.
+    Gpt2,
+    /// BERT for sequence classification.
+    Bert,
+}
+
+impl ModelName {
+    pub fn is_resnet(self) -> bool {
+        !matches!(self, ModelName::Gpt2 | ModelName::Bert)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: ModelName,
+    /// Output classes; 0: as many as the data has.
+    pub num_classes: usize,
+    /// Weights to start from: a safetensors file or a Hugging Face-style folder
+    /// (config.json + model.safetensors); "": random initialisation.
+    pub init_from: String,
+    /// ResNet: start every block's last batch norm at 0 (torchvision's `zero_init_residual`).
+    pub zero_init_residual: bool,
+    /// Transformers: the size keys below replace the preset's (gpt2: 12 layers, 768 wide,
+    /// 12 heads; bert: BERT-base); 0 keeps the preset's or `init_from`'s value.
+    pub layers: usize,
+    pub hidden_size: usize,
+    pub heads: usize,
+    pub intermediate_size: usize,
+    pub max_positions: usize,
+    /// 0: the tokenizer's vocabulary size.
+    pub vocab_size: usize,
+    /// Dropout of the transformer's hidden layers; negative keeps the preset's.
+    pub dropout: f64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            name: ModelName::Resnet18,
+            num_classes: 0,
+            init_from: String::new(),
+            zero_init_residual: false,
+            layers: 0,
+            hidden_size: 0,
+            heads: 0,
+            intermediate_size: 0,
+            max_positions: 0,
+            vocab_size: 0,
+            dropout: -1.0,
+        }
+    }
+}
+
+/// Where batches come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataKind {
+    /// torchvision's ImageFolder: `train/<class>/*.jpg` and `val/<class>/*.jpg`.
+    ImageFolder,
+    /// Text files (.txt, or .jsonl with a "text" field) packed into blocks of tokens.
+    TextLm,
+    /// Lines of `{"text": ..., "label": ...}`.
+    JsonlClassification,
+    /// The built-in example's drawn shapes, written once as an ImageFolder into `data.cache`.
+    SyntheticShapes,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
+    pub kind: DataKind,
+    /// Training data: a folder of class folders (image_folder), or a .txt / .jsonl file.
+    pub train: String,
+    /// Evaluation data, of the same kind; "": no evaluation.
+    pub val: String,
+    /// Samples per batch on each rank (the global batch is this x world size x grad_accum).
+    pub batch_size: usize,
+    /// Loader threads; 0 loads on the training thread.
+    pub workers: usize,
+    /// Images: the side of the training crop (RandomResizedCrop) and of the evaluation crop.
+    pub image_size: u32,
+    /// Images: evaluation resizes the shorter side to this, then center-crops `image_size`;
+    /// 0: image_size * 8 / 7 (256 for 224, torchvision's ratio).
+    pub eval_resize: u32,
+    /// Images: RandomResizedCrop's smallest area fraction (torchvision: 0.08; the built-in
+    /// example: 1, whole pictures, flipped only).
+    pub min_scale: f64,
+    /// Images: probability of a horizontal flip.
+    pub hflip: f64,
+    /// Text: a Hugging Face tokenizer.json; "": bytes as tokens (257 ids) when `init_from`
+    /// has no tokenizer.json beside it.
+    pub tokenizer: String,
+    /// text_lm: tokens per sample.
+    pub block_size: usize,
+    /// jsonl_classification: longer texts are cut to this many tokens.
+    pub max_length: usize,
+    /// synthetic_shapes: the folder the pictures are written into once and reused from;
+    /// "": the user's cache folder ($XDG_CACHE_HOME or ~/.cache)/oxtrain.
+    pub cache: String,
+    /// synthetic_shapes: classes (up to 6), pictures per class for training, their side.
+    pub classes: usize,
+    pub per_class: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            kind: DataKind::SyntheticShapes,
+            train: String::new(),
+            val: String::new(),
+            batch_size: 64,
+            workers: 2,
+            image_size: 32,
+            eval_resize: 0,
+            min_scale: 1.0,
+            hflip: 0.5,
+            tokenizer: String::new(),
+            block_size: 128,
+            max_length: 128,
+            cache: String::new(),
+            classes: 4,
+            per_class: 600,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimName {
+    Sgd,
+    Adamw,
+    Lars,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    pub name: OptimName,
+    /// The learning rate (at `lr_reference_batch` when that is set).
+    pub lr: f64,
+    /// When > 0, lr is scaled by (global batch / this): the "0.1 x batch / 256" rule.
+    pub lr_reference_batch: usize,
+    pub momentum: f64,
+    pub nesterov: bool,
+    pub weight_decay: f64,
+    /// Biases and norm parameters get no weight decay (and no LARS trust ratio).
+    pub no_decay_bias_and_norm: bool,
+    /// AdamW.
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// LARS's eta.
+    pub trust_coefficient: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            name: OptimName::Adamw,
+            lr: 4e-3,
+            lr_reference_batch: 0,
+            momentum: 0.9,
+            nesterov: false,
+            weight_decay: 1e-4,
+            no_decay_bias_and_norm: true,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            trust_coefficient: 0.001,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleName {
+    Constant,
+    Cosine,
+    /// Multiply by `gamma` every `step_epochs` epochs.
+    Step,
+    Poly,
+}
+
+/// Warmup, then the decay; the learning rate changes after every optimizer step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScheduleConfig {
+    pub name: ScheduleName,
+    /// Linear warmup from `warmup_start_factor` x lr, in epochs (may be fractional).
+    pub warmup_epochs: f64,
+    pub warmup_start_factor: f64,
+    /// cosine: the floor of the learning rate.
+    pub min_lr: f64,
+    /// step: period in epochs and factor.
+    pub step_epochs: usize,
+    pub gamma: f64,
+    /// poly: the power.
+    pub power: f64,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            name: ScheduleName::Cosine,
+            warmup_epochs: 0.5,
+            warmup_start_factor: 0.1,
+            min_lr: 0.0,
+            step_epochs: 30,
+            gamma: 0.1,
+            power: 2.0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionDtype {
+    F32,
+    /// bf16 autocast, f32 master weights.
+    Bf16,
+    /// f16 autocast with dynamic loss scaling.
+    F16,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrecisionConfig {
+    pub dtype: PrecisionDtype,
+    /// f16: the loss scaler's first factor and how many clean steps double it.
+    pub init_scale: f64,
+    pub growth_interval: u32,
+}
+
+impl Default for PrecisionConfig {
+    fn default() -> Self {
+        PrecisionConfig { dtype: PrecisionDtype::F32, init_scale: 65536.0, growth_interval: 2000 }
+    }
+}
+
+/// What to do when the loss is NaN or infinite.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NonFinite {
+    /// End the run with an error naming the step.
+    Stop,
+    /// Leave that batch's update out, say so, and go on (stops after `max_skipped`).
+    Skip,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    pub epochs: usize,
+    /// Optimizer steps to run; 0: `epochs` full epochs.
+    pub steps: usize,
+    /// Batches whose gradients add up before each optimizer step.
+    pub grad_accum: usize,
+    /// Clip the gradients' global L2 norm to this; 0: no clipping.
+    pub clip_grad_norm: f64,
+    /// Evaluate every this many optimizer steps; 0: after every epoch.
+    pub eval_every: usize,
+    pub seed: u64,
+    /// ResNet: NHWC activations (faster with cuDNN; only costs time on the CPU).
+    pub channels_last: bool,
+    /// "auto" (cuda:LOCAL_RANK when there is a GPU, else cpu), "cpu", "cuda", "cuda:N".
+    pub device: String,
+    /// Cross-entropy label smoothing in [0, 1).
+    pub label_smoothing: f64,
+    pub on_nonfinite: NonFinite,
+    /// With on_nonfinite = "skip": stop after this many skipped steps.
+    pub max_skipped: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            epochs: 4,
+            steps: 0,
+            grad_accum: 1,
+            clip_grad_norm: 0.0,
+            eval_every: 0,
+            seed: 0,
+            channels_last: false,
+            device: "auto".into(),
+            label_smoothing: 0.0,
+            on_nonfinite: NonFinite::Stop,
+            max_skipped: 10,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DdpBackend {
+    /// nccl for CUDA devices, shm for CPU processes of one host, mpi across hosts.
+    Auto,
+    Nccl,
+    Nvshmem,
+    Shm,
+    Mpi,
+    Local,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradCompression {
+    None,
+    Bf16,
+}
+
+/// Data parallelism; used when the launcher started more than one process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DdpSection {
+    pub backend: DdpBackend,
+    pub bucket_cap_mb: f64,
+    pub first_bucket_cap_mb: f64,
+    pub compression: GradCompression,
+    pub find_unused_parameters: bool,
+    /// Batch-norm statistics over all ranks (SyncBatchNorm).
+    pub sync_batchnorm: bool,
+}
+
+impl Default for DdpSection {
+    fn default() -> Self {
+        DdpSection {
+            backend: DdpBackend::Auto,
+            bucket_cap_mb: 25.0,
+            first_bucket_cap_mb: 1.0,
+            compression: GradCompression::None,
+            find_unused_parameters: false,
+            sync_batchnorm: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Where checkpoints go; "": `<log.dir>/checkpoints`.
+    pub dir: String,
+    /// Save every this many optimizer steps; 0: never by count.
+    pub every_steps: usize,
+    /// Save every this many minutes; 0: never by time.
+    pub every_minutes: f64,
+    /// Save when training ends.
+    pub at_end: bool,
+    /// Checkpoints kept: the last `keep_last`, plus every `keep_every`-th (0: none extra).
+    pub keep_last: usize,
+    pub keep_every: usize,
+    /// "": start fresh; "latest": the newest valid checkpoint in `dir`; or a checkpoint folder.
+    pub resume: String,
+    /// Under DDP every rank, not only rank 0, writes its final model (`final-rank<N>`), to
+    /// compare the replicas.
+    pub all_ranks: bool,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            dir: String::new(),
+            every_steps: 0,
+            every_minutes: 0.0,
+            at_end: true,
+            keep_last: 3,
+            keep_every: 0,
+            resume: String::new(),
+            all_ranks: false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressMode {
+    /// A bar when stderr is a terminal (rank 0 only), else plain log lines.
+    Auto,
+    Bar,
+    Lines,
+    Off,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// The run's folder: metrics.jsonl, the plots and (by default) the checkpoints.
+    pub dir: String,
+    /// Log the loss every this many optimizer steps.
+    pub every_steps: usize,
+    pub progress: ProgressMode,
+    /// Write loss / accuracy / lr plots (PNG) beside the metrics after every evaluation.
+    pub plots: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { dir: "runs/oxtrain".into(), every_steps: 10, progress: ProgressMode::Auto, plots: true }
+    }
+}

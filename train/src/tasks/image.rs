@@ -1,0 +1,220 @@
+//! Image classification: a torchvision ResNet on an ImageFolder (ImageNet's layout, or the
+//! built-in drawn shapes written as one), cross-entropy with optional label smoothing, top-1
+//! and top-5 accuracy.
+
+use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
+use crate::config::{Config, DataKind, ModelName};
+use crate::trainer::{Strategy, TrainError};
+use oxtrain_autograd::{no_grad, Var};
+use oxtrain_datasets::{DataLoader, DistributedSampler, ImageFolder, ImageTransform, LoaderConfig};
+use oxtrain_models::{ResNet, ResNetConfig};
+use oxtrain_nn::loss::{cross_entropy_with, CrossEntropyOptions};
+use oxtrain_nn::Module;
+use oxtrain_tensor::{DType, Tensor};
+use std::path::{Path, PathBuf};
+
+pub struct ImageClassification {
+    config: Config,
+    place: Placement,
+    train: DataLoader<ImageFolder>,
+    val: Option<DataLoader<ImageFolder>>,
+    classes: Vec<String>,
+    autocast: Option<DType>,
+}
+
+/// (train folder, val folder or none) for the config's data.
+fn folders(config: &Config) -> TaskResult<(PathBuf, Option<PathBuf>)> {
+    let d = &config.data;
+    if d.kind == DataKind::SyntheticShapes {
+        let root = crate::builtin::ensure_shapes_folder(config)?;
+        return Ok((root.join("train"), Some(root.join("val"))));
+    }
+    let val = (!d.val.is_empty()).then(|| PathBuf::from(&d.val));
+    Ok((PathBuf::from(&d.train), val))
+}
+
+fn open(path: &Path, transform: ImageTransform, key: &str) -> TaskResult<ImageFolder> {
+    ImageFolder::new(path, transform)
+        .map_err(|e| TrainError::Data(format!("{key} = {:?}: {e}", path.display().to_string())))
+}
+
+impl ImageClassification {
+    pub fn new(config: &Config, place: Placement) -> TaskResult<Self> {
+        let d = &config.data;
+        let (train_dir, val_dir) = folders(config)?;
+        let size = d.image_size;
+        let mut train_tf = ImageTransform::imagenet_train(size);
+        if let oxtrain_datasets::Crop::RandomResized { scale, .. } = &mut train_tf.crop {
+            scale.0 = d.min_scale;
+        }
+        train_tf.hflip = d.hflip;
+        let resize = match (d.eval_resize, d.kind) {
+            (0, DataKind::SyntheticShapes) => size,
+            (0, _) => size * 8 / 7,
+            (r, _) => r,
+        };
+        let eval_tf = ImageTransform::imagenet_eval(resize, size);
+        let train_set = open(&train_dir, train_tf, "data.train")?;
+        let classes = train_set.classes.clone();
+        let global_batch = d.batch_size * place.world_size;
+        if train_set.len() < global_batch {
+            return Err(TrainError::Data(format!(
+                "data.batch_size = {} on {} process(es) needs {global_batch} training images per step, but {} has {}; \
+                 lower data.batch_size to at most {}",
+                d.batch_size,
+                place.world_size,
+                train_dir.display(),
+                train_set.len(),
+                (train_set.len() / place.world_size).max(1)
+            )));
+        }
+        let loader =
+            |set: ImageFolder, shuffle: bool, drop_last: bool| -> TaskResult<DataLoader<ImageFolder>> {
+                let sampler = DistributedSampler::new(set.len(), place.world_size, place.rank)
+                    .map_err(|e| TrainError::Data(e.to_string()))?
+                    .shuffle(shuffle)
+                    .seed(config.train.seed);
+                let lc = LoaderConfig {
+                    batch_size: d.batch_size,
+                    num_workers: d.workers,
+                    seed: config.train.seed,
+                    drop_last,
+                    ..LoaderConfig::default()
+                };
+                DataLoader::new(set, sampler, lc).map_err(|e| TrainError::Data(e.to_string()))
+            };
+        let val = match val_dir {
+            Some(v) => Some(loader(open(&v, eval_tf, "data.val")?, false, false)?),
+            None => None,
+        };
+        Ok(ImageClassification {
+            config: config.clone(),
+            place,
+            train: loader(train_set, true, true)?,
+            val,
+            classes,
+            autocast: crate::trainer::autocast_dtype(config),
+        })
+    }
+
+    pub fn num_classes(&self) -> usize {
+        match self.config.model.num_classes {
+            0 => self.classes.len(),
+            n => n,
+        }
+    }
+}
+
+/// The torchvision preset of `name` with the config's classes and options.
+pub fn resnet_config(config: &Config, num_classes: usize) -> ResNetConfig {
+    let base = match config.model.name {
+        ModelName::Resnet18 => ResNetConfig::resnet18(),
+        ModelName::Resnet34 => ResNetConfig::resnet34(),
+        ModelName::Resnet50 => ResNetConfig::resnet50(),
+        ModelName::Resnet101 => ResNetConfig::resnet101(),
+        ModelName::Resnet152 => ResNetConfig::resnet152(),
+        other => unreachable!("the config check keeps {other:?} off image data"),
+    };
+    let mut c = base.with_num_classes(num_classes);
+    c.zero_init_residual = config.model.zero_init_residual;
+    c.channels_last = config.train.channels_last;
+    c
+}
+
+/// Loads `init_from` (a safetensors file, or a folder with model.safetensors) into `model`.
+pub fn load_init<M: Module>(model: &M, init_from: &str) -> TaskResult<()> {
+    if init_from.is_empty() {
+        return Ok(());
+    }
+    let mut path = PathBuf::from(init_from);
+    if path.is_dir() {
+        path = path.join("model.safetensors");
+    }
+    model
+        .load_safetensors(&path, true)
+        .map(|_| ())
+        .map_err(|e| TrainError::Model(format!("model.init_from = {init_from:?}: {e}")))
+}
+
+impl Task for ImageClassification {
+    type Model = ResNet;
+    type Batch = (Tensor, Tensor);
+
+    fn unit(&self) -> &'static str {
+        "img/s"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} on {} images of {} classes ({}), {}x{} pixels",
+            crate::config::enum_name(&self.config.model.name),
+            self.train.dataset().len(),
+            self.classes.len(),
+            self.classes.join(", "),
+            self.config.data.image_size,
+            self.config.data.image_size
+        )
+    }
+
+    fn build_model(&self) -> TaskResult<ResNet> {
+        let model = ResNet::new(&resnet_config(&self.config, self.num_classes()), self.place.device)
+            .map_err(|e| TrainError::Model(e.to_string()))?;
+        load_init(&model, &self.config.model.init_from)?;
+        Ok(model)
+    }
+
+    fn batches_per_epoch(&self) -> usize {
+        self.train.len()
+    }
+
+    fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<(Tensor, Tensor)>> + '_> {
+        let device = self.place.device;
+        Box::new(self.train.epoch(epoch).map(move |b| {
+            let b = b.map_err(|e| TrainError::Data(e.to_string()))?;
+            b.to(device).map_err(|e| TrainError::Data(e.to_string()))
+        }))
+    }
+
+    fn units(&self, batch: &(Tensor, Tensor)) -> usize {
+        batch.1.elem_count()
+    }
+
+    fn loss(&self, model: &ResNet, (images, labels): &(Tensor, Tensor)) -> Var {
+        let opts =
+            CrossEntropyOptions { label_smoothing: self.config.train.label_smoothing, ..Default::default() };
+        cross_entropy_with(&model.forward(Var::constant(images.clone())), labels, &opts)
+    }
+
+    fn evaluate(&self, strategy: &Strategy<ResNet>) -> TaskResult<Option<Evaluation>> {
+        let Some(val) = &self.val else { return Ok(None) };
+        let model = strategy.module();
+        model.eval();
+        let (mut loss_sum, mut samples, mut top1, mut top5) = (0.0, 0usize, 0.0, 0.0);
+        let k = self.num_classes().min(5);
+        for b in val.epoch(0) {
+            let b = b.map_err(|e| TrainError::Data(e.to_string()))?;
+            let (images, labels) = b.to(self.place.device).map_err(|e| TrainError::Data(e.to_string()))?;
+            let logits = no_grad(|| {
+                let x = Var::constant(images);
+                match self.autocast {
+                    Some(dt) => oxtrain_autograd::autocast(dt, || model.forward(&x)),
+                    None => model.forward(&x),
+                }
+            });
+            let logits = logits.tensor().to_dtype(DType::F32);
+            let n = labels.elem_count();
+            let loss = cross_entropy_with(&Var::constant(logits.clone()), &labels, &Default::default());
+            loss_sum += loss.tensor().item() * n as f64;
+            samples += n;
+            top1 += logits.argmax(1, false).eq(&labels).to_dtype(DType::F32).sum_all().item();
+            let (_, idx) = logits.topk(k, 1, true, false);
+            top5 += idx.eq(&labels.unsqueeze(1)).to_dtype(DType::F32).sum_all().item();
+        }
+        model.train(true);
+        let mut counts = vec![("accuracy", top1)];
+        if k == 5 {
+            counts.push(("top5", top5));
+        }
+        finish_eval(strategy, loss_sum, samples, &counts).map(Some)
+    }
+}

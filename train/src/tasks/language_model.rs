@@ -1,0 +1,215 @@
+//! Language modelling: GPT-2 (random init at any size, or from a safetensors / Hugging Face
+//! folder) on text files packed into blocks; the loss is the next-token cross-entropy and the
+//! evaluation reports perplexity.
+
+use super::text_classification::tokenizer_for;
+use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
+use crate::config::Config;
+use crate::trainer::{Strategy, TrainError};
+use oxtrain_autograd::{no_grad, Var};
+use oxtrain_datasets::{DataLoader, DistributedSampler, LmDataset, LoaderConfig};
+use oxtrain_models::{Gpt2Config, Gpt2LMHeadModel};
+use oxtrain_nn::Module;
+use oxtrain_tensor::{DType, Tensor};
+use std::path::{Path, PathBuf};
+
+pub struct LanguageModel {
+    config: Config,
+    place: Placement,
+    train: DataLoader<LmDataset>,
+    val: Option<DataLoader<LmDataset>>,
+    vocab_size: usize,
+    autocast: Option<DType>,
+}
+
+fn dataset(
+    path: &str,
+    key: &str,
+    tok: &dyn oxtrain_datasets::Tokenizer,
+    block: usize,
+) -> TaskResult<LmDataset> {
+    let ds = LmDataset::from_files(&[PathBuf::from(path)], tok, block)
+        .map_err(|e| TrainError::Data(format!("{key} = {path:?}: {e}")))?;
+    if ds.is_empty() {
+        return Err(TrainError::Data(format!(
+            "{key} = {path:?} has {} tokens, fewer than one block of data.block_size + 1 = {}; lower data.block_size",
+            ds.num_tokens(),
+            block + 1
+        )));
+    }
+    Ok(ds)
+}
+
+/// The GPT-2 shape: `init_from`'s config.json when it is a folder with one, else GPT-2 small;
+/// then the config's size keys, and the tokenizer's vocabulary when no other is given.
+pub fn gpt2_config(config: &Config, tokenizer_vocab: usize) -> TaskResult<Gpt2Config> {
+    let m = &config.model;
+    let json = Path::new(&m.init_from).join("config.json");
+    let mut c = if !m.init_from.is_empty() && json.is_file() {
+        Gpt2Config::from_file(&json).map_err(|e| TrainError::Model(e.to_string()))?
+    } else {
+        let mut c = Gpt2Config::gpt2();
+        c.vocab_size = tokenizer_vocab;
+        c
+    };
+    let set = |v: usize, field: &mut usize| {
+        if v != 0 {
+            *field = v
+        }
+    };
+    set(m.layers, &mut c.n_layer);
+    set(m.hidden_size, &mut c.n_embd);
+    set(m.heads, &mut c.n_head);
+    set(m.max_positions, &mut c.n_positions);
+    set(m.vocab_size, &mut c.vocab_size);
+    if m.intermediate_size != 0 {
+        c.n_inner = Some(m.intermediate_size);
+    }
+    if m.dropout >= 0.0 {
+        (c.embd_pdrop, c.attn_pdrop, c.resid_pdrop) = (m.dropout, m.dropout, m.dropout);
+    }
+    if c.n_embd % c.n_head != 0 {
+        return Err(TrainError::Model(format!(
+            "GPT-2: the width {} is not a multiple of the {} heads; change model.hidden_size or model.heads",
+            c.n_embd, c.n_head
+        )));
+    }
+    if config.data.block_size > c.n_positions {
+        return Err(TrainError::Model(format!(
+            "data.block_size = {} is longer than the model's {} positions; lower it or raise model.max_positions",
+            config.data.block_size, c.n_positions
+        )));
+    }
+    if c.vocab_size < tokenizer_vocab {
+        return Err(TrainError::Model(format!(
+            "the model's vocabulary ({}) is smaller than the tokenizer's ({tokenizer_vocab})",
+            c.vocab_size
+        )));
+    }
+    Ok(c)
+}
+
+impl LanguageModel {
+    pub fn new(config: &Config, place: Placement) -> TaskResult<Self> {
+        let d = &config.data;
+        let tok = tokenizer_for(config)?;
+        let train_set = dataset(&d.train, "data.train", tok.as_ref(), d.block_size)?;
+        let val_set = match d.val.as_str() {
+            "" => None,
+            v => Some(dataset(v, "data.val", tok.as_ref(), d.block_size)?),
+        };
+        if train_set.len() < d.batch_size * place.world_size {
+            return Err(TrainError::Data(format!(
+                "data.train has {} blocks of {} tokens, fewer than data.batch_size = {} x {} process(es); lower \
+                 data.batch_size or data.block_size",
+                train_set.len(),
+                d.block_size,
+                d.batch_size,
+                place.world_size
+            )));
+        }
+        let loader = |set: LmDataset, shuffle: bool, drop_last: bool| -> TaskResult<DataLoader<LmDataset>> {
+            let sampler = DistributedSampler::new(set.len(), place.world_size, place.rank)
+                .map_err(|e| TrainError::Data(e.to_string()))?
+                .shuffle(shuffle)
+                .seed(config.train.seed);
+            let lc = LoaderConfig {
+                batch_size: d.batch_size,
+                num_workers: 0,
+                seed: config.train.seed,
+                drop_last,
+                pin_memory: oxtrain_datasets::PinMemory::Off,
+                ..LoaderConfig::default()
+            };
+            DataLoader::new(set, sampler, lc).map_err(|e| TrainError::Data(e.to_string()))
+        };
+        Ok(LanguageModel {
+            config: config.clone(),
+            place,
+            train: loader(train_set, true, true)?,
+            val: val_set.map(|v| loader(v, false, false)).transpose()?,
+            vocab_size: tok.vocab_size(),
+            autocast: crate::trainer::autocast_dtype(config),
+        })
+    }
+
+    /// `[B, T+1]` blocks to (inputs, labels) `[B, T]`: the model's loss shifts the labels.
+    fn split(&self, block: Tensor) -> TaskResult<(Tensor, Tensor)> {
+        let t = self.config.data.block_size;
+        let x = block.narrow(1, 0, t).contiguous();
+        let x = x.to_device(self.place.device).map_err(|e| TrainError::Data(e.to_string()))?;
+        Ok((x.clone(), x))
+    }
+}
+
+impl Task for LanguageModel {
+    type Model = Gpt2LMHeadModel;
+    type Batch = (Tensor, Tensor);
+
+    fn unit(&self) -> &'static str {
+        "tokens/s"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "gpt2 on {} tokens ({} blocks of {})",
+            self.train.dataset().num_tokens(),
+            self.train.dataset().len(),
+            self.config.data.block_size
+        )
+    }
+
+    fn build_model(&self) -> TaskResult<Gpt2LMHeadModel> {
+        let c = gpt2_config(&self.config, self.vocab_size)?;
+        let model =
+            Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::Model(e.to_string()))?;
+        if !self.config.model.init_from.is_empty() {
+            model
+                .load_weights(&self.config.model.init_from)
+                .map_err(|e| TrainError::Model(format!("model.init_from: {e}")))?;
+        }
+        Ok(model)
+    }
+
+    fn batches_per_epoch(&self) -> usize {
+        self.train.len()
+    }
+
+    fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<(Tensor, Tensor)>> + '_> {
+        Box::new(self.train.epoch(epoch).map(move |b| {
+            let mut b = b.map_err(|e| TrainError::Data(e.to_string()))?;
+            self.split(b.images())
+        }))
+    }
+
+    fn units(&self, batch: &(Tensor, Tensor)) -> usize {
+        batch.0.elem_count()
+    }
+
+    fn loss(&self, model: &Gpt2LMHeadModel, (x, y): &(Tensor, Tensor)) -> Var {
+        Gpt2LMHeadModel::loss(&model.forward(x, None), y)
+    }
+
+    fn evaluate(&self, strategy: &Strategy<Gpt2LMHeadModel>) -> TaskResult<Option<Evaluation>> {
+        let Some(val) = &self.val else { return Ok(None) };
+        let model = strategy.module();
+        model.eval();
+        let (mut loss_sum, mut samples) = (0.0, 0usize);
+        for b in val.epoch(0) {
+            let mut b = b.map_err(|e| TrainError::Data(e.to_string()))?;
+            let (x, y) = self.split(b.images())?;
+            let loss = no_grad(|| match self.autocast {
+                Some(dt) => oxtrain_autograd::autocast(dt, || self.loss(model, &(x.clone(), y.clone()))),
+                None => self.loss(model, &(x.clone(), y.clone())),
+            });
+            // Every block predicts block_size - 1 tokens; weigh blocks equally.
+            let n = x.dims()[0];
+            loss_sum += loss.tensor().to_dtype(DType::F32).item() * n as f64;
+            samples += n;
+        }
+        model.train(true);
+        let mut e = finish_eval(strategy, loss_sum, samples, &[])?;
+        e.metrics.push(("perplexity".into(), e.loss.exp()));
+        Ok(Some(e))
+    }
+}

@@ -1,0 +1,83 @@
+//! What the loop trains: each task builds its model, its batches and its evaluation from the
+//! config; the loop in [`crate::trainer`] is the same for all of them.
+
+pub mod image;
+pub mod language_model;
+pub mod text_classification;
+
+use crate::trainer::{Strategy, TrainError};
+use oxtrain_autograd::Var;
+use oxtrain_nn::Module;
+use oxtrain_tensor::Device;
+
+/// Where a process sits in the job (from the launcher's variables; 0 of 1 alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub rank: usize,
+    pub world_size: usize,
+    pub device: Device,
+}
+
+/// An evaluation: the mean loss and the task's metrics (`accuracy`, `top5`, `perplexity`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluation {
+    pub loss: f64,
+    pub metrics: Vec<(String, f64)>,
+    pub samples: usize,
+}
+
+impl Evaluation {
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.metrics.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+}
+
+pub type TaskResult<T> = Result<T, TrainError>;
+
+/// A training task: model, data and metrics.
+pub trait Task {
+    type Model: Module + 'static;
+    type Batch;
+
+    /// What throughput counts: "img/s", "tokens/s", "samples/s".
+    fn unit(&self) -> &'static str;
+
+    /// What the task trains, for the start-up line.
+    fn describe(&self) -> String;
+
+    fn build_model(&self) -> TaskResult<Self::Model>;
+
+    /// Batches of one epoch on this rank.
+    fn batches_per_epoch(&self) -> usize;
+
+    /// This rank's batches of `epoch`, on the task's device.
+    fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<Self::Batch>> + '_>;
+
+    /// Units (images, tokens, texts) in a batch, for throughput.
+    fn units(&self, batch: &Self::Batch) -> usize;
+
+    /// The training loss of `batch` (forward included).
+    fn loss(&self, model: &Self::Model, batch: &Self::Batch) -> Var;
+
+    /// The whole evaluation set, every rank its share, summed over ranks; `None` without one.
+    fn evaluate(&self, strategy: &Strategy<Self::Model>) -> TaskResult<Option<Evaluation>>;
+}
+
+/// Sums `(loss_sum, counts...)` over ranks and makes an [`Evaluation`] with `names[i] =
+/// counts[i] / samples`.
+pub(crate) fn finish_eval<M: Module>(
+    strategy: &Strategy<M>,
+    loss_sum: f64,
+    samples: usize,
+    counts: &[(&str, f64)],
+) -> TaskResult<Evaluation> {
+    let mut values = vec![loss_sum, samples as f64];
+    values.extend(counts.iter().map(|(_, v)| *v));
+    let summed = strategy.sum(&values).map_err(TrainError::Comm)?;
+    let n = summed[1].max(1.0);
+    Ok(Evaluation {
+        loss: summed[0] / n,
+        metrics: counts.iter().zip(&summed[2..]).map(|((name, _), v)| (name.to_string(), v / n)).collect(),
+        samples: summed[1] as usize,
+    })
+}

@@ -1,0 +1,342 @@
+//! One training loop for every task and every strategy: autocast, the f16 loss scaler,
+//! gradient accumulation (no all-reduce until the last micro-batch), clipping, the schedule,
+//! evaluation at the interval, a stop (or skip) on a NaN or infinite loss, metrics, progress
+//! and the final model folder.
+
+mod error;
+pub mod optim;
+mod save;
+mod strategy;
+
+pub use error::TrainError;
+pub use save::{read_model_dir, write_model_dir};
+pub use strategy::Strategy;
+
+use crate::config::{
+    parse_device, Config, DdpBackend, GradCompression, ModelName, NonFinite, PrecisionDtype,
+};
+use crate::metrics::{unix_time, EvalRecord, MetricsLog, Progress, StepRecord};
+use crate::tasks::{self, Evaluation, Placement, Task};
+use oxtrain_autograd::autocast;
+use oxtrain_comm::ddp::{Compression, DdpConfig};
+use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
+use oxtrain_nn::optim::clip_grad_norm_;
+use oxtrain_nn::Module;
+use oxtrain_tensor::{DType, Device};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What a finished run reached.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub steps: usize,
+    pub epochs: usize,
+    pub seconds: f64,
+    /// Mean training loss of the last logged window.
+    pub train_loss: f64,
+    pub eval: Option<Evaluation>,
+    /// Throughput of the whole run (units over every rank per second).
+    pub throughput: f64,
+    pub unit: &'static str,
+    pub metrics: PathBuf,
+    /// The folder with model.safetensors and config.toml, when one was written.
+    pub model_dir: Option<PathBuf>,
+    pub skipped_steps: usize,
+    /// This process's rank (the summary is printed by rank 0).
+    pub rank: usize,
+}
+
+impl Summary {
+    /// The last line of a run, for a person.
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "done: {} steps ({} epochs) in {:.1} s, {:.1} {}",
+            self.steps, self.epochs, self.seconds, self.throughput, self.unit
+        );
+        s += &format!(", train loss {:.4}", self.train_loss);
+        if let Some(e) = &self.eval {
+            s += &format!(", eval loss {:.4}", e.loss);
+            for (k, v) in &e.metrics {
+                match k.as_str() {
+                    "perplexity" => s += &format!(", perplexity {v:.2}"),
+                    _ => s += &format!(", {k} {:.2}%", 100.0 * v),
+                }
+            }
+        }
+        if self.skipped_steps > 0 {
+            s += &format!(", {} steps skipped (non-finite loss)", self.skipped_steps);
+        }
+        s += &format!("; metrics in {}", self.metrics.display());
+        if let Some(d) = &self.model_dir {
+            s += &format!(", model in {}", d.display());
+        }
+        s
+    }
+}
+
+/// The autocast dtype of the config's precision (None for f32).
+pub fn autocast_dtype(config: &Config) -> Option<DType> {
+    match config.precision.dtype {
+        PrecisionDtype::F32 => None,
+        PrecisionDtype::Bf16 => Some(DType::BF16),
+        PrecisionDtype::F16 => Some(DType::F16),
+    }
+}
+
+/// Rank, world size and device, from the launcher's variables (torchrun's, mpirun's or srun's,
+/// as comm reads them) and `train.device`.
+pub fn placement(config: &Config) -> Result<Placement, TrainError> {
+    let env = oxtrain_comm::bootstrap::LaunchEnv::from_env().map_err(|e| TrainError::Comm(e.to_string()))?;
+    let device = match parse_device(&config.train.device).expect("checked with the config") {
+        Some(d) => d,
+        None => Device::cuda_if_available(env.local_rank),
+    };
+    device
+        .check_available()
+        .map_err(|e| TrainError::Device(format!("train.device = {:?}: {e}", config.train.device)))?;
+    Ok(Placement { rank: env.rank, world_size: env.world_size, device })
+}
+
+/// Trains what the config says and returns the summary.
+pub fn train(config: &Config) -> Result<Summary, TrainError> {
+    let place = placement(config)?;
+    oxtrain_tensor::manual_seed(config.train.seed);
+    match config.model.name {
+        ModelName::Gpt2 => fit(tasks::language_model::LanguageModel::new(config, place)?, config, place),
+        ModelName::Bert => {
+            fit(tasks::text_classification::TextClassification::new(config, place)?, config, place)
+        }
+        _ => fit(tasks::image::ImageClassification::new(config, place)?, config, place),
+    }
+}
+
+/// One process alone, or DDP over the process group the launcher's variables describe
+/// (`ddp.backend` picks the communicator; auto: nccl on GPUs, comm's choice on CPUs).
+fn make_strategy<M: Module>(model: M, config: &Config, place: Placement) -> Result<Strategy<M>, TrainError> {
+    if place.world_size == 1 {
+        return Ok(Strategy::single(model));
+    }
+    let backend = match (config.ddp.backend, place.device) {
+        (DdpBackend::Auto, Device::Cuda(_)) => Some("nccl".to_string()),
+        (DdpBackend::Auto, Device::Cpu) => None,
+        (b, _) => Some(crate::config::enum_name(&b)),
+    };
+    if let Some(b) = backend {
+        if std::env::var_os("OXTRAIN_COMM_BACKEND").is_none() {
+            // Read by comm's init_from_env just below, on this thread, before any other starts.
+            std::env::set_var("OXTRAIN_COMM_BACKEND", b);
+        }
+    }
+    let group = oxtrain_comm::init_from_env().map_err(|e| TrainError::Comm(e.to_string()))?;
+    let ddp = DdpConfig {
+        bucket_cap_mb: config.ddp.bucket_cap_mb,
+        first_bucket_cap_mb: config.ddp.first_bucket_cap_mb,
+        find_unused_parameters: config.ddp.find_unused_parameters,
+        compression: match config.ddp.compression {
+            GradCompression::None => Compression::None,
+            GradCompression::Bf16 => Compression::Bf16,
+        },
+        ..DdpConfig::default()
+    };
+    Strategy::ddp(model, group, ddp, config.ddp.sync_batchnorm).map_err(TrainError::Comm)
+}
+
+/// How far the run goes: optimizer steps per epoch, epochs, total steps.
+fn plan(config: &Config, batches_per_epoch: usize) -> Result<(usize, usize, usize), TrainError> {
+    let accum = config.train.grad_accum;
+    let per_epoch = batches_per_epoch / accum;
+    if per_epoch == 0 {
+        return Err(TrainError::Data(format!(
+            "an epoch has {batches_per_epoch} batches on this rank, fewer than train.grad_accum = {accum}: lower \
+             train.grad_accum or data.batch_size"
+        )));
+    }
+    let total = match config.train.steps {
+        0 => config.train.epochs * per_epoch,
+        s => s,
+    };
+    Ok((per_epoch, total.div_ceil(per_epoch), total))
+}
+
+/// The loop. The task gives model, batches and metrics; the strategy gives the model wrapper,
+/// `no_sync` and the sums over ranks; the loop knows neither the task nor the backend.
+pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summary, TrainError> {
+    let strategy = make_strategy(task.build_model()?, config, place)?;
+    let (rank, world) = (strategy.rank(), strategy.world_size());
+    let (per_epoch, epochs, total) = plan(config, task.batches_per_epoch())?;
+    let lr = optim::base_lr(config, world);
+    let mut opt = optim::build_optimizer(config, strategy.module(), lr);
+    let mut schedule = optim::build_schedule(config, opt.as_mut(), total, per_epoch);
+    let amp = autocast_dtype(config);
+    let mut scaler = GradScaler::new(GradScalerConfig {
+        init_scale: config.precision.init_scale,
+        growth_interval: config.precision.growth_interval,
+        enabled: config.precision.dtype == PrecisionDtype::F16,
+        ..Default::default()
+    });
+    let params = strategy.module().parameters();
+    let run_dir = PathBuf::from(&config.log.dir);
+    let mut log = MetricsLog::create(&run_dir, rank == 0, config.log.plots)?;
+    let progress = Progress::new(config.log.progress, rank, total, epochs);
+    progress.println(&format!(
+        "oxtrain train: {}; {} on {:?}, {}; {} steps of {} x {} x {} samples",
+        task.describe(),
+        strategy.describe(),
+        place.device,
+        crate::config::enum_name(&config.precision.dtype),
+        total,
+        config.data.batch_size,
+        world,
+        config.train.grad_accum
+    ));
+
+    let accum = config.train.grad_accum;
+    let (mut step, mut skipped) = (0usize, 0usize);
+    let (mut window_loss, mut window_steps, mut window_units) = (0.0, 0usize, 0usize);
+    let (mut run_units, mut last_eval) = (0usize, None);
+    let mut window_start = Instant::now();
+    let mut train_loss = f64::NAN;
+    let run_start = Instant::now();
+    let evaluate =
+        |log: &mut MetricsLog, step: usize, epoch: usize| -> Result<Option<Evaluation>, TrainError> {
+            let Some(e) = task.evaluate(&strategy)? else { return Ok(None) };
+            let mut line = format!("eval at step {step}: loss {:.4}", e.loss);
+            for (k, v) in &e.metrics {
+                line += &format!(", {k} {v:.4}");
+            }
+            progress.println(&line);
+            log.log_eval(EvalRecord {
+                step,
+                epoch,
+                loss: e.loss,
+                metrics: e.metrics.clone(),
+                wall_time: unix_time(),
+                elapsed: log.elapsed(),
+            })?;
+            Ok(Some(e))
+        };
+    'epochs: for epoch in 0..epochs {
+        progress.start_epoch(epoch);
+        let (mut micro, mut step_loss) = (0usize, 0.0);
+        for batch in task.batches(epoch as u64) {
+            let batch = batch?;
+            micro += 1;
+            let last = micro == accum;
+            let loss = strategy.forward(|m| match amp {
+                Some(dt) => autocast(dt, || task.loss(m, &batch)),
+                None => task.loss(m, &batch),
+            });
+            let value = loss.tensor().to_dtype(DType::F32).item();
+            if !value.is_finite() {
+                let advice = match config.train.on_nonfinite {
+                    NonFinite::Stop => "stopping (train.on_nonfinite = \"stop\"); a lower optim.lr, train.clip_grad_norm or precision.dtype = \"f32\" usually helps, or set train.on_nonfinite = \"skip\"",
+                    NonFinite::Skip if skipped + 1 > config.train.max_skipped => "stopping: more than train.max_skipped steps were skipped; lower optim.lr",
+                    NonFinite::Skip => "",
+                };
+                if advice.is_empty() {
+                    skipped += 1;
+                    progress.println(&format!(
+                        "step {}: the loss is {value}; skipping this update ({skipped} skipped so far)",
+                        step + 1
+                    ));
+                    opt.zero_grad();
+                    (micro, step_loss) = (0, 0.0);
+                    continue;
+                }
+                progress.finish();
+                return Err(TrainError::NonFinite {
+                    value,
+                    step: step + 1,
+                    epoch: epoch + 1,
+                    advice: advice.into(),
+                });
+            }
+            step_loss += value / accum as f64;
+            let scaled = scaler.scale(&loss.mul_scalar(1.0 / accum as f64));
+            if last {
+                scaled.backward();
+            } else {
+                strategy.no_sync(|| scaled.backward());
+            }
+            let units = task.units(&batch);
+            window_units += units;
+            run_units += units;
+            if !last {
+                continue;
+            }
+            micro = 0;
+            if config.train.clip_grad_norm > 0.0 {
+                scaler.unscale_(opt.as_mut());
+                clip_grad_norm_(&params, config.train.clip_grad_norm, 2.0);
+            }
+            let step_lr = opt.lr(0);
+            scaler.step(opt.as_mut());
+            scaler.update();
+            opt.zero_grad();
+            schedule.step(opt.as_mut());
+            step += 1;
+            window_loss += step_loss;
+            window_steps += 1;
+            step_loss = 0.0;
+            progress.step();
+            if step % config.log.every_steps == 0 || step == total {
+                let secs = window_start.elapsed().as_secs_f64().max(1e-9);
+                train_loss = window_loss / window_steps as f64;
+                let r = StepRecord {
+                    kind: "train",
+                    step,
+                    epoch,
+                    loss: train_loss,
+                    lr: step_lr,
+                    throughput: (window_units * world) as f64 / secs,
+                    unit: task.unit(),
+                    wall_time: unix_time(),
+                    elapsed: log.elapsed(),
+                };
+                progress.record(&r, total);
+                log.log_step(r)?;
+                (window_loss, window_steps, window_units) = (0.0, 0, 0);
+                window_start = Instant::now();
+            }
+            if config.train.eval_every > 0 && step % config.train.eval_every == 0 {
+                last_eval = evaluate(&mut log, step, epoch)?.map(|e| (step, e));
+            }
+            if step == total {
+                break 'epochs;
+            }
+        }
+        if config.train.eval_every == 0 && step < total {
+            last_eval = evaluate(&mut log, step, epoch)?.map(|e| (step, e));
+        }
+    }
+    let seconds = run_start.elapsed().as_secs_f64();
+    let eval = match last_eval {
+        Some((s, e)) if s == step => Some(e),
+        _ => evaluate(&mut log, step, epochs - 1)?,
+    };
+    progress.finish();
+    let model_dir = if config.checkpoint.at_end && (rank == 0 || config.checkpoint.all_ranks) {
+        let dir = match config.checkpoint.dir.as_str() {
+            "" => run_dir.join("checkpoints"),
+            d => PathBuf::from(d),
+        };
+        let name = if rank == 0 { "final".to_string() } else { format!("final-rank{rank}") };
+        Some(write_model_dir(&dir.join(name), strategy.module(), config)?)
+    } else {
+        None
+    };
+    strategy.barrier().map_err(TrainError::Comm)?;
+    Ok(Summary {
+        steps: step,
+        epochs: step.div_ceil(per_epoch),
+        seconds,
+        train_loss,
+        eval,
+        throughput: (run_units * world) as f64 / seconds.max(1e-9),
+        unit: task.unit(),
+        metrics: log.path().to_path_buf(),
+        model_dir,
+        skipped_steps: skipped,
+        rank,
+    })
+}

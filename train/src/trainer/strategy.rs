@@ -1,0 +1,112 @@
+//! How the loop's work is spread over processes, kept apart from the loop (as burn's Learner
+//! keeps its strategy): the loop asks the strategy for the model, runs forward and backward
+//! through it, and asks it to combine metrics; it never names a backend.
+
+use oxtrain_autograd::Var;
+use oxtrain_comm::ddp::{DdpConfig, DistributedDataParallel};
+use oxtrain_comm::{Communicator, ProcessGroup, ReduceOp};
+use oxtrain_nn::Module;
+use oxtrain_tensor::{Device, Tensor};
+use std::sync::Arc;
+
+/// One process, or this process's part of a data-parallel group.
+pub enum Strategy<M: Module> {
+    /// The whole batch here: the model as it is.
+    Single(M),
+    /// Data parallel: the model wrapped by DDP (gradients averaged during backward), the
+    /// communicator for the metric sums, and what keeps the group's connections up.
+    Ddp { ddp: Box<DistributedDataParallel<M>>, comm: Arc<dyn Communicator>, _keep: Box<dyn std::any::Any> },
+}
+
+impl<M: Module> Strategy<M> {
+    pub fn single(model: M) -> Self {
+        Strategy::Single(model)
+    }
+
+    /// Wraps `model` in DDP over the group's communicator (SyncBatchNorm first when asked).
+    pub fn ddp(
+        model: M,
+        group: ProcessGroup,
+        config: DdpConfig,
+        sync_batchnorm: bool,
+    ) -> Result<Self, String> {
+        let ProcessGroup { comm, store, env: _, heap } = group;
+        let comm: Arc<dyn Communicator> = comm.into();
+        if sync_batchnorm {
+            oxtrain_comm::ddp::convert_sync_batchnorm(&model, comm.clone());
+        }
+        let ddp = DistributedDataParallel::new(model, comm.clone(), config).map_err(|e| e.to_string())?;
+        Ok(Strategy::Ddp { ddp: Box::new(ddp), comm, _keep: Box::new((store, heap)) })
+    }
+
+    /// The model itself (`ddp.module`): for evaluation, saving and the optimizer's parameters.
+    pub fn module(&self) -> &M {
+        match self {
+            Strategy::Single(m) => m,
+            Strategy::Ddp { ddp, .. } => ddp.module(),
+        }
+    }
+
+    /// Runs `f` (forward and loss) on the model; under DDP through the wrapper, so its
+    /// buffers are broadcast and its gradient hooks armed.
+    pub fn forward(&self, f: impl FnOnce(&M) -> Var) -> Var {
+        match self {
+            Strategy::Single(m) => f(m),
+            Strategy::Ddp { ddp, .. } => ddp.forward_with(f),
+        }
+    }
+
+    /// Runs `f` (a backward of an accumulation step that is not the last) with the gradients
+    /// kept local: no all-reduce until the last micro-batch (`ddp.no_sync()`).
+    pub fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self {
+            Strategy::Single(_) => f(),
+            Strategy::Ddp { ddp, .. } => ddp.no_sync(f),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        match self {
+            Strategy::Single(_) => 0,
+            Strategy::Ddp { comm, .. } => comm.rank(),
+        }
+    }
+
+    pub fn world_size(&self) -> usize {
+        match self {
+            Strategy::Single(_) => 1,
+            Strategy::Ddp { comm, .. } => comm.world_size(),
+        }
+    }
+
+    /// The sum over ranks of each value (eval counts, loss sums).
+    pub fn sum(&self, values: &[f64]) -> Result<Vec<f64>, String> {
+        match self {
+            Strategy::Single(_) => Ok(values.to_vec()),
+            Strategy::Ddp { comm, .. } => {
+                let v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+                let t = Tensor::from_vec(v, [values.len()], Device::Cpu).map_err(|e| e.to_string())?;
+                comm.all_reduce(&t, ReduceOp::Sum).and_then(|w| w.wait()).map_err(|e| e.to_string())?;
+                Ok(t.to_vec::<f32>().into_iter().map(f64::from).collect())
+            }
+        }
+    }
+
+    /// Waits until every rank gets here.
+    pub fn barrier(&self) -> Result<(), String> {
+        match self {
+            Strategy::Single(_) => Ok(()),
+            Strategy::Ddp { comm, .. } => comm.barrier().and_then(|w| w.wait()).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Which strategy, for the start-up line.
+    pub fn describe(&self) -> String {
+        match self {
+            Strategy::Single(_) => "single process".into(),
+            Strategy::Ddp { comm, .. } => {
+                format!("DDP rank {} of {} ({})", comm.rank(), comm.world_size(), comm.backend())
+            }
+        }
+    }
+}

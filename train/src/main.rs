@@ -1,5 +1,7 @@
 //! The `oxtrain` command.
 
+mod bench;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use oxtrain::builtin::{self, Options, Precision};
 use oxtrain_tensor::{cuda, Device};
@@ -15,6 +17,8 @@ struct Cli {
 enum Command {
     /// Train the built-in example (a small CNN on drawn shapes) on the GPU if there is one.
     Train(TrainArgs),
+    /// Time a whole training step of a built-in model on synthetic data (JSON on stdout).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -56,9 +60,16 @@ fn main() {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Command::Train(a)) => a,
+        Some(Command::Bench(b)) => {
+            if let Err(e) = bench::run(&b) {
+                eprintln!("oxtrain bench: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
         None => match Cli::parse_from(["oxtrain", "train"]).command {
             Some(Command::Train(a)) => a,
-            None => unreachable!("`train` was given"),
+            _ => unreachable!("`train` was given"),
         },
     };
     let device = match args.device.as_deref().map(parse_device) {

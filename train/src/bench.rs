@@ -74,18 +74,6 @@ impl std::fmt::Display for BenchError {
     }
 }
 
-fn parse_device(s: &str) -> Result<Device, BenchError> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        other => other
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| BenchError(format!("unknown device `{other}`; use cpu, cuda or cuda:N"))),
-    }
-}
-
 /// One training step of a model on a fixed synthetic batch.
 struct Workload {
     name: String,
@@ -223,7 +211,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs the benchmark and prints its JSON line.
 pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
-    let device = parse_device(&args.device)?;
+    let device = crate::parse_device(&args.device).map_err(BenchError)?;
     if let Device::Cuda(n) = device {
         if !cuda::is_available(n) {
             return Err(BenchError(format!("no CUDA device {n} here; use --device cpu")));

@@ -9,34 +9,11 @@
 //! `BENCH_REPS` sets the repetitions (default 15).
 
 use oxtrain_autograd::Var;
-use oxtrain_bench::{git_commit, load_average, median_seconds, today, Benchmark, OtherLoad, Report};
-use oxtrain_tensor::{Device, Tensor};
+use oxtrain_bench::{bench_file, uniform, git_commit, load_average, median_seconds, today, Benchmark, OtherLoad, Report};
 use serde_json::Value;
 use std::process::Command;
 
 const SHAPE: [usize; 4] = [8, 64, 64, 64];
-
-fn uniform(shape: &[usize], seed: u64) -> Tensor {
-    let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect();
-    Tensor::from_vec(data, shape, Device::Cpu).expect("host tensor")
-}
-
-fn bench_file(rel: &str) -> String {
-    if std::path::Path::new("bench/peers").is_dir() {
-        format!("bench/{rel}")
-    } else {
-        format!("{}/{rel}", env!("CARGO_MANIFEST_DIR"))
-    }
-}
 
 fn run_peer(reps: usize) -> Result<Value, String> {
     let python = std::env::var("OXTRAIN_PEER_PYTHON").unwrap_or_else(|_| "python3".into());

@@ -141,6 +141,10 @@ pub(crate) fn map<T: Copy + Sync, U: Copy + Send>(
     layout: &Layout,
     f: impl Fn(T) -> U + Sync,
 ) -> Vec<U> {
+    // An empty view may carry an offset past its (empty) storage: it gets no slice.
+    if layout.elem_count() == 0 {
+        return Vec::new();
+    }
     if let Some(range) = layout.contiguous_range() {
         let src = &src[range];
         return filled(src.len(), |start, chunk| {
@@ -190,6 +194,9 @@ pub(crate) fn zip_map<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
     lb: &Layout,
     f: impl Fn(A, B) -> U + Sync,
 ) -> Vec<U> {
+    if la.elem_count() == 0 {
+        return Vec::new();
+    }
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
         return filled(a.len(), |start, chunk| {

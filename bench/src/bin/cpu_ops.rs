@@ -13,7 +13,8 @@
 //!   kernel (extra entries, suffixed `_cpu_time_1thread`).
 
 use oxtrain_bench::{
-    bench_file, uniform, git_commit, load_average, median_cpu_seconds, median_seconds, today, Benchmark, OtherLoad, Report,
+    bench_file, git_commit, load_average, median_cpu_seconds, median_seconds, today, uniform, Benchmark,
+    OtherLoad, Report,
 };
 use serde_json::Value;
 use std::process::Command;

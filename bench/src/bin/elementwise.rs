@@ -9,7 +9,9 @@
 //! `BENCH_REPS` sets the repetitions (default 15).
 
 use oxtrain_autograd::Var;
-use oxtrain_bench::{bench_file, uniform, git_commit, load_average, median_seconds, today, Benchmark, OtherLoad, Report};
+use oxtrain_bench::{
+    bench_file, git_commit, load_average, median_seconds, today, uniform, Benchmark, OtherLoad, Report,
+};
 use serde_json::Value;
 use std::process::Command;
 

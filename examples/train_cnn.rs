@@ -1,14 +1,11 @@
-//! Trains the built-in example (a small CNN on drawn shapes) with a progress bar:
-//! `cargo run --release --example train_cnn [-- bf16]`. The same run as `oxtrain train`.
+//! Trains the built-in example (a small ResNet on drawn shapes) through the library, as
+//! `oxtrain train` does: `cargo run --release --example train_cnn [-- key=value ...]`, e.g.
+//! `precision.dtype=bf16` or `train.epochs=2` (`oxtrain config --print` lists every key).
 
-use oxtrain::builtin::{run, Options, Precision};
-use oxtrain_tensor::{cuda, Device};
-
-fn main() -> oxtrain_tensor::Result<()> {
-    let bf16 = std::env::args().any(|a| a == "bf16");
-    let device = if cuda::is_available(0) { Device::Cuda(0) } else { Device::Cpu };
-    let precision = if bf16 { Precision::Bf16 } else { Precision::F32 };
-    let report = run(&Options { device, precision, ..Options::default() })?;
-    println!("test accuracy {:.2}% after {:.1} s", 100.0 * report.test_accuracy, report.seconds);
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let overrides: Vec<String> = std::env::args().skip(1).collect();
+    let config = oxtrain::config::Config::load(None, &overrides)?;
+    let summary = oxtrain::trainer::train(&config)?;
+    println!("{}", summary.line());
     Ok(())
 }

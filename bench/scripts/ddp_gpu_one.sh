@@ -5,19 +5,9 @@
 # step, losses within bf16 tolerance. Run from the repository root with ddp_gpu in
 # .gpu/bin/ (BIN overrides); writes the logs to $OUT (default ./gpu-out).
 set -uo pipefail
-here=$(pwd)
-bin="${BIN:-$here/.gpu/bin/ddp_gpu}"
-OUT="${OUT:-$here/gpu-out}"
-mkdir -p "$OUT"
-[ -x "$bin" ] || { echo "ddp_gpu_one.sh: $bin not found"; exit 2; }
-nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
-dirs=""
-if [ -n "$nv" ]; then for d in "$nv"/*/lib; do [ -d "$d" ] && dirs="$dirs:$d"; done; fi
-export OXTRAIN_CUDA_LIB_DIRS="${dirs#:}"
-export LD_LIBRARY_PATH="${OXTRAIN_CUDA_LIB_DIRS}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-[ -n "$nv" ] && [ -d "$nv/nvshmem" ] && export OXTRAIN_NVSHMEM_HOME="$nv/nvshmem"
-export OXTRAIN_KERNEL_CACHE="${OXTRAIN_KERNEL_CACHE:-/tmp/oxtrain-kernel-cache}"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# The environment of the comm GPU scripts (library folders, NVSHMEM's home, no multicast),
+# with ddp_gpu as the program.
+BENCH="${BIN:-$(pwd)/.gpu/bin/ddp_gpu}" source comm/scripts/gpu_env.sh
 mps=$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/oxtrain-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/oxtrain-mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"

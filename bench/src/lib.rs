@@ -212,3 +212,22 @@ impl OtherLoad {
         100.0 * others as f64 / (t1 - t0).max(1) as f64
     }
 }
+
+/// `program args` as rank `rank` of `world` on this host, with torchrun's variables
+/// (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=`port`),
+/// for benchmarks that start their own ranks.
+pub fn torchrun_command(
+    program: impl AsRef<std::ffi::OsStr>,
+    rank: usize,
+    world: usize,
+    port: &str,
+) -> std::process::Command {
+    let mut c = std::process::Command::new(program);
+    c.env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port);
+    c
+}

@@ -17,7 +17,9 @@
 //! Internally the same binary is each rank: `ddp_cpu rank` reads torchrun's variables.
 
 use oxtrain_autograd::Var;
-use oxtrain_bench::{git_commit, load_average, today, Benchmark, OtherLoad, Report};
+use oxtrain_bench::{
+    git_commit, load_average, median, today, torchrun_command, Benchmark, OtherLoad, Report,
+};
 use oxtrain_comm::ddp::{Ddp, DdpConfig};
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_nn::optim::{Optimizer, Sgd, SgdConfig};
@@ -34,16 +36,6 @@ const WARMUP: usize = 3;
 
 fn steps() -> usize {
     std::env::var("BENCH_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(10)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
 }
 
 /// One rank (or the single process when WORLD_SIZE is 1): prints its median step time.
@@ -91,7 +83,7 @@ fn rank() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "{}",
-        serde_json::json!({"rank": rank, "step_s": median(times), "exposed_s": if exposed.is_empty() { 0.0 } else { median(exposed) }})
+        serde_json::json!({"rank": rank, "step_s": median(&times), "exposed_s": if exposed.is_empty() { 0.0 } else { median(&exposed) }})
     );
     Ok(())
 }
@@ -106,14 +98,8 @@ fn launch(program: &str, args: &[&str], world: usize) -> Result<Vec<Value>, Stri
     let port = free_port().to_string();
     let children: Vec<_> = (0..world)
         .map(|r| {
-            Command::new(program)
+            torchrun_command(program, r, world, &port)
                 .args(args)
-                .env("RANK", r.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
                 .env("OXTRAIN_COMM_BACKEND", "shm")
                 .env("RAYON_NUM_THREADS", "1")
                 .env("OMP_NUM_THREADS", "1")
@@ -183,12 +169,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pt2.last()
         );
     }
-    let (o1, o2) = (median(ox1), median(ox2));
+    let (o1, o2) = (median(&ox1), median(&ox2));
     let ox_eff = o2 / (2.0 * o1);
     let (p_eff, p1, p2) = if pt1.is_empty() || pt2.is_empty() {
         (None, None, None)
     } else {
-        let (p1, p2) = (median(pt1), median(pt2));
+        let (p1, p2) = (median(&pt1), median(&pt2));
         (Some(p2 / (2.0 * p1)), Some(p1), Some(p2))
     };
     let torch_version = Command::new(&python)
@@ -206,7 +192,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          processes kept {:.0}% of the machine busy during the run.",
         steps(),
         p1.map(|p| format!(", {p:.2} img/s (PyTorch)")).unwrap_or_default(),
-        1e3 * median(ox_exposed),
+        1e3 * median(&ox_exposed),
         others.percent()
     );
     if let Some(e) = &peer_error {

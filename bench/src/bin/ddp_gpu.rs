@@ -20,7 +20,7 @@ use oxtrain_models::{Gpt2Config, Gpt2LMHeadModel};
 use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{loss, Module};
 use oxtrain_tensor::{DType, Device, Distribution, Generator, Tensor};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -248,14 +248,8 @@ fn launch(a: &Args, world: usize) -> Vec<Vec<(f64, String)>> {
     }
     let children: Vec<_> = (0..world)
         .map(|r| {
-            Command::new(&exe)
+            oxtrain_bench::torchrun_command(&exe, r, world, &port)
                 .args(&argv)
-                .env("RANK", r.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap()

@@ -287,10 +287,13 @@ impl TcpStore {
     pub fn barrier(&self, rank: usize, world: usize) -> Result<()> {
         let n = self.barriers.fetch_add(1, Ordering::SeqCst);
         let base = format!("oxtrain/barrier/{n}");
-        self.set(&format!("{base}/rank/{rank}"), b"1")?;
+        // The rank's own key goes last: a rank cut off between its requests has then left
+        // no key, so a timeout always names someone. (Set first, a rank that set its key
+        // but never counted itself left every key set and the error naming nobody.)
         if self.add(&format!("{base}/count"), 1)? == world as i64 {
             self.set(&format!("{base}/done"), b"1")?;
         }
+        self.set(&format!("{base}/rank/{rank}"), b"1")?;
         match self.get(&format!("{base}/done")) {
             Ok(_) => Ok(()),
             Err(_) => {

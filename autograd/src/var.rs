@@ -232,11 +232,14 @@ impl Var {
         inputs: &[&Var],
         backward: impl Fn(&Tensor, &[bool]) -> Vec<Option<Tensor>> + Send + Sync + 'static,
     ) -> Var {
+        crate::ops::profile::forward_done(name);
         if !is_grad_enabled() || inputs.iter().all(|v| v.node.is_none()) {
             return Var::constant(output);
         }
         let edges = inputs.iter().map(|v| v.node.clone()).collect();
-        let boxed: BackwardFn = Box::new(backward);
+        let boxed: BackwardFn = Box::new(move |g: &Tensor, needs: &[bool]| {
+            crate::ops::profile::timed(name, || backward(g, needs))
+        });
         let node = Node::op(name, &output, edges, boxed);
         Var { tensor: output, node: Some(node) }
     }

@@ -1,6 +1,7 @@
 //! Shared helpers of the benchmark programs: timing, and the results file every program writes
 //! (the format is described in the project's notes on benchmark results).
 
+use oxtrain_tensor::{Device, Tensor};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -230,4 +231,29 @@ pub fn torchrun_command(
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port);
     c
+}
+
+/// A host f32 tensor of values uniform in [-0.5, 0.5) from a fixed xorshift stream per `seed`.
+pub fn uniform(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    Tensor::from_vec(data, shape, Device::Cpu).expect("host tensor")
+}
+
+/// A file of the bench crate: under `bench/` of the current directory when run from a checkout's
+/// root (as on a machine the binary was copied to), else beside this crate's sources.
+pub fn bench_file(rel: &str) -> String {
+    if std::path::Path::new("bench/peers").is_dir() {
+        format!("bench/{rel}")
+    } else {
+        format!("{}/{rel}", env!("CARGO_MANIFEST_DIR"))
+    }
 }

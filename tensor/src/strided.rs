@@ -7,6 +7,7 @@
 
 use crate::Layout;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Below this many elements a kernel runs on one thread: spawning costs more than it saves.
 pub(crate) const PAR_THRESHOLD: usize = 1 << 15;
@@ -109,117 +110,162 @@ pub(crate) fn chunk_len(n: usize) -> usize {
     (n.div_ceil(threads * 4)).max(PAR_THRESHOLD / 4).max(1)
 }
 
+/// A vector of `n` elements written chunk by chunk by `fill(start, chunk)` (on rayon from
+/// `PAR_THRESHOLD` elements), without zeroing it first: every kernel below writes each element
+/// of its output exactly once, so a memset would only add a pass over memory.
+///
+/// `fill` must write every element of the chunk it is given.
+pub(crate) fn filled<U: Copy + Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<U>]) + Sync) -> Vec<U> {
+    let mut out: Vec<U> = Vec::with_capacity(n);
+    let spare = &mut out.spare_capacity_mut()[..n];
+    if n < PAR_THRESHOLD {
+        fill(0, spare);
+    } else {
+        let cl = chunk_len(n);
+        spare.par_chunks_mut(cl).enumerate().for_each(|(i, c)| fill(i * cl, c));
+    }
+    // SAFETY: the capacity is `n`, and `fill` wrote each of the `n` elements (its contract;
+    // the callers in this crate cover their chunk with the runs of a walk over it). `U: Copy`,
+    // so a panic inside `fill` leaks nothing (the length stays 0).
+    unsafe { out.set_len(n) };
+    out
+}
+
 /// `out[i] = f(src[layout(i)])`: a new contiguous vector from a strided view.
-pub(crate) fn map<T: Copy + Sync, U: Copy + Send + Default>(
+///
+/// `f` is a generic closure, so each op gets its own monomorphised loop; a contiguous run is
+/// a slice loop the compiler vectorises.
+#[inline]
+pub(crate) fn map<T: Copy + Sync, U: Copy + Send>(
     src: &[T],
     layout: &Layout,
     f: impl Fn(T) -> U + Sync,
 ) -> Vec<U> {
+    // An empty view may carry an offset past its (empty) storage: it gets no slice.
+    if layout.elem_count() == 0 {
+        return Vec::new();
+    }
+    if let Some(range) = layout.contiguous_range() {
+        let src = &src[range];
+        return filled(src.len(), |start, chunk| {
+            let end = start + chunk.len();
+            for (d, &x) in chunk.iter_mut().zip(&src[start..end]) {
+                d.write(f(x));
+            }
+        });
+    }
     let walk = Walk::new([layout]);
-    let n = walk.numel();
-    let mut out = vec![U::default(); n];
-    let fill = |start: usize, chunk: &mut [U]| {
+    filled(walk.numel(), |start, chunk| {
         let mut o = 0;
         walk.for_each_run(start, start + chunk.len(), |[b], [s], len| {
             let dst = &mut chunk[o..o + len];
-            if s == 1 {
-                for (d, &x) in dst.iter_mut().zip(&src[b..b + len]) {
-                    *d = f(x);
+            match s {
+                1 => {
+                    for (d, &x) in dst.iter_mut().zip(&src[b..b + len]) {
+                        d.write(f(x));
+                    }
                 }
-            } else {
-                for (j, d) in dst.iter_mut().enumerate() {
-                    *d = f(src[b + j * s]);
+                0 => {
+                    let y = f(src[b]);
+                    dst.iter_mut().for_each(|d| {
+                        d.write(y);
+                    });
+                }
+                _ => {
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        d.write(f(src[b + j * s]));
+                    }
                 }
             }
             o += len;
         });
-    };
-    if n < PAR_THRESHOLD {
-        fill(0, &mut out);
-    } else {
-        let cl = chunk_len(n);
-        out.par_chunks_mut(cl).enumerate().for_each(|(i, c)| fill(i * cl, c));
-    }
-    out
+    })
 }
 
 /// `out[i] = f(a[la(i)], b[lb(i)])`; `la` and `lb` must have the output's shape (broadcast first).
-pub(crate) fn zip_map<A: Copy + Sync, B: Copy + Sync, U: Copy + Send + Default>(
+///
+/// Runs whose inner strides are 0 or 1 (same shape, a per-channel or per-row operand) are
+/// tight slice loops; only other strides index element by element.
+#[inline]
+pub(crate) fn zip_map<A: Copy + Sync, B: Copy + Sync, U: Copy + Send>(
     a: &[A],
     la: &Layout,
     b: &[B],
     lb: &Layout,
     f: impl Fn(A, B) -> U + Sync,
 ) -> Vec<U> {
+    if la.elem_count() == 0 {
+        return Vec::new();
+    }
+    if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
+        let (a, b) = (&a[ra], &b[rb]);
+        return filled(a.len(), |start, chunk| {
+            let end = start + chunk.len();
+            for ((d, &x), &y) in chunk.iter_mut().zip(&a[start..end]).zip(&b[start..end]) {
+                d.write(f(x, y));
+            }
+        });
+    }
     let walk = Walk::new([la, lb]);
-    let n = walk.numel();
-    let mut out = vec![U::default(); n];
-    let fill = |start: usize, chunk: &mut [U]| {
+    filled(walk.numel(), |start, chunk| {
         let mut o = 0;
         walk.for_each_run(start, start + chunk.len(), |[ba, bb], [sa, sb], len| {
             let dst = &mut chunk[o..o + len];
             match (sa, sb) {
                 (1, 1) => {
                     for ((d, &x), &y) in dst.iter_mut().zip(&a[ba..ba + len]).zip(&b[bb..bb + len]) {
-                        *d = f(x, y);
+                        d.write(f(x, y));
                     }
                 }
                 (1, 0) => {
                     let y = b[bb];
                     for (d, &x) in dst.iter_mut().zip(&a[ba..ba + len]) {
-                        *d = f(x, y);
+                        d.write(f(x, y));
                     }
                 }
                 (0, 1) => {
                     let x = a[ba];
                     for (d, &y) in dst.iter_mut().zip(&b[bb..bb + len]) {
-                        *d = f(x, y);
+                        d.write(f(x, y));
                     }
                 }
                 _ => {
                     for (j, d) in dst.iter_mut().enumerate() {
-                        *d = f(a[ba + j * sa], b[bb + j * sb]);
+                        d.write(f(a[ba + j * sa], b[bb + j * sb]));
                     }
                 }
             }
             o += len;
         });
-    };
-    if n < PAR_THRESHOLD {
-        fill(0, &mut out);
-    } else {
-        let cl = chunk_len(n);
-        out.par_chunks_mut(cl).enumerate().for_each(|(i, c)| fill(i * cl, c));
-    }
-    out
+    })
 }
 
 /// `out[i] = f(a[la(i)], b[lb(i)], c[lc(i)])`, all layouts of the output's shape.
-pub(crate) fn zip3_map<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Copy + Send + Default>(
+pub(crate) fn zip3_map<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, U: Copy + Send>(
     (a, la): (&[A], &Layout),
     (b, lb): (&[B], &Layout),
     (c, lc): (&[C], &Layout),
     f: impl Fn(A, B, C) -> U + Sync,
 ) -> Vec<U> {
     let walk = Walk::new([la, lb, lc]);
-    let n = walk.numel();
-    let mut out = vec![U::default(); n];
-    let fill = |start: usize, chunk: &mut [U]| {
+    filled(walk.numel(), |start, chunk| {
         let mut o = 0;
         walk.for_each_run(start, start + chunk.len(), |[ba, bb, bc], [sa, sb, sc], len| {
-            for (j, d) in chunk[o..o + len].iter_mut().enumerate() {
-                *d = f(a[ba + j * sa], b[bb + j * sb], c[bc + j * sc]);
+            let dst = &mut chunk[o..o + len];
+            if (sa, sb, sc) == (1, 1, 1) {
+                for (((d, &x), &y), &z) in
+                    dst.iter_mut().zip(&a[ba..ba + len]).zip(&b[bb..bb + len]).zip(&c[bc..bc + len])
+                {
+                    d.write(f(x, y, z));
+                }
+            } else {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    d.write(f(a[ba + j * sa], b[bb + j * sb], c[bc + j * sc]));
+                }
             }
             o += len;
         });
-    };
-    if n < PAR_THRESHOLD {
-        fill(0, &mut out);
-    } else {
-        let cl = chunk_len(n);
-        out.par_chunks_mut(cl).enumerate().for_each(|(i, c)| fill(i * cl, c));
-    }
-    out
+    })
 }
 
 #[cfg(test)]

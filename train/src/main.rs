@@ -1,5 +1,7 @@
 //! The `oxtrain` command.
 
+mod bench;
+
 use clap::{Parser, Subcommand};
 use oxtrain::config::Config;
 use std::path::PathBuf;
@@ -43,6 +45,8 @@ enum Command {
         after_help = "Examples:\n  oxtrain config --print\n  oxtrain config --print --config examples/configs/bert_jsonl.toml data.batch_size=16"
     )]
     Config(ConfigArgs),
+    /// Time a whole training step of a built-in model on synthetic data (JSON on stdout).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -187,5 +191,9 @@ fn main() -> ExitCode {
         Some(Command::Eval(a)) => eval(a),
         Some(Command::Config(a)) => config(a),
         Some(Command::Launch(a)) => launch(a),
+        Some(Command::Bench(b)) => match bench::run(&b) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail("bench", e),
+        },
     }
 }

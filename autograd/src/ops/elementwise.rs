@@ -176,7 +176,10 @@ impl Var {
 
     /// Its gradient is 0 at 0, as in PyTorch.
     pub fn relu(&self) -> Var {
-        self.unary_x("relu", Tensor::relu, |x| as_float(&x.cmp_scalar(0.0, CmpOp::Gt), x))
+        // One pass: the gradient where the output is positive (exactly where the input is).
+        let out = self.tensor().relu();
+        let y = out.clone();
+        Var::from_op("relu", out, &[self], move |g, _| vec![Some(g.threshold_backward(&y, 0.0))])
     }
 
     /// Exact GELU `x * Phi(x)`; its derivative is `Phi(x) + x * phi(x)`.

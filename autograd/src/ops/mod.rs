@@ -1,10 +1,13 @@
 //! The differentiable ops, one file per op family: each file holds the `Var` methods of its
 //! family and their gradients.
 
+mod conv;
 mod elementwise;
 mod index;
 mod matmul;
-mod nn;
+mod norm;
+mod pool;
+pub mod profile;
 mod reduce;
 mod shape;
 mod softmax;

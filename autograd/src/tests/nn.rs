@@ -65,3 +65,68 @@ device_test! {
         );
     }
 }
+
+/// Batch norm's training backward against its formula written as plain f64 loops, on an input
+/// large enough for the multithreaded path of the fused CPU kernel; then the f32 gradient
+/// against the f64 one.
+#[test]
+fn batch_norm_fused_backward_matches_naive_f64() {
+    use crate::Var;
+    use oxtrain_tensor::{DType, Device};
+    let (n, c, hw) = (4usize, 3usize, 64 * 50);
+    let x = randn(&[n, c, 64, 50], 30, Device::Cpu).affine(2.0, 0.5);
+    let dy = randn(&[n, c, 64, 50], 31, Device::Cpu);
+    let w = positive(&[c], 32, Device::Cpu);
+    let run = |dtype: DType| {
+        let (xv, wv) = (Var::parameter(x.to_dtype(dtype)), Var::parameter(w.to_dtype(dtype)));
+        let bv = Var::parameter(w.zeros_like().to_dtype(dtype));
+        let (out, _, _) = xv.batch_norm_training(Some(&wv), Some(&bv), 1e-5);
+        out.backward_with(dy.to_dtype(dtype), false);
+        (xv.grad().unwrap().to_f64_vec(), wv.grad().unwrap().to_f64_vec(), bv.grad().unwrap().to_f64_vec())
+    };
+    let (gx, gw, gb) = run(DType::F64);
+    let (xs, dys, ws) = (x.to_f64_vec(), dy.to_f64_vec(), w.to_f64_vec());
+    let count = (n * hw) as f64;
+    let at = |s: usize, ch: usize, i: usize| (s * c + ch) * hw + i;
+    for ch in 0..c {
+        let idx: Vec<usize> = (0..n).flat_map(|s| (0..hw).map(move |i| at(s, ch, i))).collect();
+        let mean = idx.iter().map(|&k| xs[k]).sum::<f64>() / count;
+        let var = idx.iter().map(|&k| (xs[k] - mean).powi(2)).sum::<f64>() / count;
+        let rstd = 1.0 / (var + 1e-5).sqrt();
+        let sum_dy: f64 = idx.iter().map(|&k| dys[k]).sum();
+        let sum_dy_xhat: f64 = idx.iter().map(|&k| dys[k] * (xs[k] - mean) * rstd).sum();
+        assert!((gb[ch] - sum_dy).abs() < 1e-9 * (1.0 + sum_dy.abs()), "dbias of channel {ch}");
+        assert!((gw[ch] - sum_dy_xhat).abs() < 1e-9 * (1.0 + sum_dy_xhat.abs()), "dweight of channel {ch}");
+        for &k in &idx {
+            let xhat = (xs[k] - mean) * rstd;
+            let want = ws[ch] * rstd * (dys[k] - sum_dy / count - xhat * sum_dy_xhat / count);
+            assert!((gx[k] - want).abs() < 1e-10 * (1.0 + want.abs()), "dx[{k}]: {} vs {want}", gx[k]);
+        }
+    }
+    // f32: the sums accumulate in f64, so the gradients are f32-rounded f64 values.
+    let (fx, fw, fb) = run(DType::F32);
+    let worst = |a: &[f64], b: &[f64]| {
+        let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0f64, f64::max) / scale
+    };
+    assert!(worst(&fx, &gx) < 1e-5, "f32 dx vs f64: {}", worst(&fx, &gx));
+    assert!(worst(&fw, &gw) < 1e-5, "f32 dweight vs f64: {}", worst(&fw, &gw));
+    assert!(worst(&fb, &gb) < 1e-5, "f32 dbias vs f64: {}", worst(&fb, &gb));
+}
+
+/// ReLU's one-pass backward: the gradient passes where the input is positive, 0 elsewhere
+/// (at 0 too, as in PyTorch), on a strided input large enough for the multithreaded path.
+#[test]
+fn relu_backward_passes_gradient_where_input_is_positive() {
+    use crate::Var;
+    use oxtrain_tensor::Device;
+    let x = randn(&[200, 300], 40, Device::Cpu).t().narrow(0, 1, 250);
+    let x = x.masked_fill(&x.abs().cmp_scalar(0.05, oxtrain_tensor::CmpOp::Lt), 0.0);
+    let g = randn(&[250, 200], 41, Device::Cpu);
+    let xv = Var::parameter(x.clone());
+    xv.relu().backward_with(g.clone(), false);
+    let got = xv.grad().unwrap().to_f64_vec();
+    for ((gv, xe), ge) in got.iter().zip(x.to_f64_vec()).zip(g.to_f64_vec()) {
+        assert_eq!(*gv, if xe > 0.0 { ge } else { 0.0 });
+    }
+}

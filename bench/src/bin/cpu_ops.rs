@@ -13,39 +13,15 @@
 //!   kernel (extra entries, suffixed `_cpu_time_1thread`).
 
 use oxtrain_bench::{
-    git_commit, load_average, median_cpu_seconds, median_seconds, today, Benchmark, OtherLoad, Report,
+    bench_file, git_commit, load_average, median_cpu_seconds, median_seconds, today, uniform, Benchmark,
+    OtherLoad, Report,
 };
-use oxtrain_tensor::{Device, Tensor};
 use serde_json::Value;
 use std::process::Command;
 
 const MATMUL_N: usize = 1024;
 const CONV_INPUT: [usize; 4] = [32, 64, 56, 56];
 const CONV_WEIGHT: [usize; 4] = [64, 64, 3, 3];
-
-fn uniform(shape: &[usize], seed: u64) -> Tensor {
-    let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect();
-    Tensor::from_vec(data, shape, Device::Cpu).expect("host tensor")
-}
-
-/// A file of the bench crate: under `bench/` of the current directory when run from a checkout's
-/// root (as on a machine the binary was copied to), else beside this crate's sources.
-fn bench_file(rel: &str) -> String {
-    if std::path::Path::new("bench/peers").is_dir() {
-        format!("bench/{rel}")
-    } else {
-        format!("{}/{rel}", env!("CARGO_MANIFEST_DIR"))
-    }
-}
 
 /// Peer figures from the Python script, which prints one JSON object.
 fn run_peers(reps: usize, mode: &str) -> Result<Value, String> {

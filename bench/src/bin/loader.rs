@@ -13,7 +13,9 @@
 //! - images per CPU second with the loading on the calling thread (`num_workers=0`), which
 //!   other processes on the machine disturb far less.
 
-use oxtrain_bench::{git_commit, load_average, process_cpu_seconds, today, Benchmark, OtherLoad, Report};
+use oxtrain_bench::{
+    bench_file, git_commit, load_average, process_cpu_seconds, today, Benchmark, OtherLoad, Report,
+};
 use oxtrain_datasets::{
     DataLoader, DistributedSampler, ImageFolder, ImageTransform, LoaderConfig, PinMemory,
 };
@@ -21,14 +23,6 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
-
-fn bench_file(rel: &str) -> String {
-    if Path::new("bench/peers").is_dir() {
-        format!("bench/{rel}")
-    } else {
-        format!("{}/{rel}", env!("CARGO_MANIFEST_DIR"))
-    }
-}
 
 fn python(args: &[&str]) -> Result<Value, String> {
     let python = std::env::var("OXTRAIN_PEER_PYTHON").unwrap_or_else(|_| "python3".into());

@@ -105,11 +105,16 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
             Reduction::Sum => valid_f.mul(&g),
             Reduction::Mean => valid_f.mul(&g.div(&count)),
         };
-        let mut q = safe_t.one_hot(classes).to_dtype(compute);
+        // (softmax - q) * w with q = (1 - s) one_hot + s / C, without building q: scale the
+        // softmax, then add -(1 - s) w at each row's target. Three passes over [rows, C]
+        // instead of five (and no int64 one-hot of the whole logits' size).
+        let w_col = w.unsqueeze(1);
+        let mut p = logp.exp();
         if s > 0.0 {
-            q = q.affine(1.0 - s, s / classes as f64);
+            p = p.add_scalar(-s / classes as f64);
         }
-        let grad = logp.exp().sub(&q).mul(&w.unsqueeze(1)).reshape(moved_dims.as_slice());
+        let picked = w_col.mul_scalar(-(1.0 - s));
+        let grad = p.mul(&w_col).scatter_add(1, &safe_t.unsqueeze(1), &picked).reshape(moved_dims.as_slice());
         let grad = if rank > 2 {
             // Back from [N, d1.., C] to [N, C, d1..].
             let mut order: Vec<usize> = vec![0, rank - 1];

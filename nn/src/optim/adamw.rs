@@ -2,7 +2,7 @@
 
 use super::groups::{build, GroupConfig, IntoParamGroups, ParamGroup, ParamGroupSpec};
 use super::sgd::with_master;
-use super::state::StateTable;
+use super::state::{for_each_grad, state_dtype, StateTable};
 use oxtrain_tensor::{AdamWStep, DType, Tensor};
 use std::collections::BTreeMap;
 
@@ -80,48 +80,53 @@ impl AdamW {
         AdamW { groups: build(params.into_param_groups(), &config, "AdamW"), state: StateTable::default() }
     }
 
-    pub fn param_groups(&self) -> &[ParamGroup<AdamWConfig>] {
-        &self.groups
-    }
-
-    pub fn param_groups_mut(&mut self) -> &mut [ParamGroup<AdamWConfig>] {
-        &mut self.groups
-    }
-
     fn update(&mut self) {
-        let mut index = 0;
-        for g in &self.groups {
-            let c = g.config;
-            for p in &g.params {
-                let i = index;
-                index += 1;
-                let Some(grad) = p.grad() else { continue };
-                let st = self.state.get_mut(i);
-                st.step += 1;
-                let t = st.step;
-                let mut buffer = |name: &str| {
-                    st.buffers
-                        .entry(name.into())
-                        .or_insert_with(|| {
-                            Tensor::zeros(p.dims(), DType::F32, p.device()).expect("state buffer")
-                        })
-                        .clone()
-                };
-                let (m, v) = (buffer("exp_avg"), buffer("exp_avg_sq"));
-                let vmax = c.amsgrad.then(|| buffer("max_exp_avg_sq"));
-                let step = AdamWStep {
-                    lr: c.lr,
-                    beta1: c.betas.0,
-                    beta2: c.betas.1,
-                    eps: c.eps,
-                    weight_decay: c.weight_decay,
-                    step: t,
-                    maximize: c.maximize,
-                };
+        for_each_grad(&self.groups, &mut self.state, |c, p, grad, st| {
+            st.step += 1;
+            let step = AdamWStep {
+                lr: c.lr,
+                beta1: c.betas.0,
+                beta2: c.betas.1,
+                eps: c.eps,
+                weight_decay: c.weight_decay,
+                step: st.step,
+                maximize: c.maximize,
+            };
+            let (m, v) = (st.buffer("exp_avg", p), st.buffer("exp_avg_sq", p));
+            let vmax = c.amsgrad.then(|| st.buffer("max_exp_avg_sq", p));
+            if state_dtype(p) == DType::F64 {
+                adamw_composed(p.tensor(), &grad.to_dtype(DType::F64), (&m, &v, vmax.as_ref()), &step);
+            } else {
                 with_master(p, |master| master.adamw_step_(&grad, &m, &v, vmax.as_ref(), &step));
             }
-        }
+        });
     }
 }
 
-super::impl_optimizer!(AdamW);
+/// The AdamW step of f64 parameters, from tensor ops in f64 (the fused kernel is f32-only).
+fn adamw_composed(
+    p: &Tensor,
+    grad: &Tensor,
+    (m, v, vmax): (&Tensor, &Tensor, Option<&Tensor>),
+    s: &AdamWStep,
+) {
+    let g = if s.maximize { grad.neg() } else { grad.clone() };
+    if s.weight_decay != 0.0 {
+        p.copy_(&p.mul_scalar(1.0 - s.lr * s.weight_decay));
+    }
+    m.copy_(&m.mul_scalar(s.beta1).add(&g.mul_scalar(1.0 - s.beta1)));
+    v.copy_(&v.mul_scalar(s.beta2).add(&g.square().mul_scalar(1.0 - s.beta2)));
+    let second = match vmax {
+        Some(vmax) => {
+            vmax.copy_(&vmax.maximum(v));
+            vmax.clone()
+        }
+        None => v.clone(),
+    };
+    let t = s.step as i32;
+    let (bias1, bias2) = (1.0 - s.beta1.powi(t), 1.0 - s.beta2.powi(t));
+    let denom = second.sqrt().mul_scalar(1.0 / bias2.sqrt()).add_scalar(s.eps);
+    p.copy_(&p.sub(&m.div(&denom).mul_scalar(s.lr / bias1)));
+}
+
+super::impl_optimizer!(AdamW, AdamWConfig);

@@ -14,8 +14,8 @@
 //! weight decay, usually 0. Norms and the trust ratio stay on the device: no host sync.
 
 use super::groups::{build, GroupConfig, IntoParamGroups, ParamGroup, ParamGroupSpec};
-use super::state::StateTable;
-use oxtrain_tensor::{CmpOp, DType, Tensor};
+use super::state::{for_each_grad, state_dtype, StateTable};
+use oxtrain_tensor::CmpOp;
 use std::collections::BTreeMap;
 
 /// Hyper-parameters of [`Lars`].
@@ -89,52 +89,32 @@ impl Lars {
         Lars { groups: build(params.into_param_groups(), &config, "Lars"), state: StateTable::default() }
     }
 
-    pub fn param_groups(&self) -> &[ParamGroup<LarsConfig>] {
-        &self.groups
-    }
-
-    pub fn param_groups_mut(&mut self) -> &mut [ParamGroup<LarsConfig>] {
-        &mut self.groups
-    }
-
     fn update(&mut self) {
-        let mut index = 0;
-        for g in &self.groups {
-            let c = g.config;
-            for p in &g.params {
-                let i = index;
-                index += 1;
-                let Some(grad) = p.grad() else { continue };
-                let w = p.tensor().to_dtype(DType::F32);
-                let gr = grad.to_dtype(DType::F32);
-                let d =
-                    if c.weight_decay != 0.0 { gr.add(&w.mul_scalar(c.weight_decay)) } else { gr.clone() };
-                // lr * trust as a rank-0 tensor, so the norms never leave the device.
-                let scale = if c.exclude {
-                    w.scalar_like(c.lr)
-                } else {
-                    let w_norm = w.square().sum_all().sqrt();
-                    let g_norm = gr.square().sum_all().sqrt();
-                    let ratio = w_norm
-                        .mul_scalar(c.trust_coefficient)
-                        .div(&g_norm.add(&w_norm.mul_scalar(c.weight_decay)).add_scalar(c.eps));
-                    let both_positive = w_norm.mul(&g_norm).cmp_scalar(0.0, CmpOp::Gt);
-                    both_positive.where_cond(&ratio, &ratio.ones_like()).mul_scalar(c.lr)
-                };
-                let scaled = d.mul(&scale);
-                let st = self.state.get_mut(i);
-                let buf = st
-                    .buffers
-                    .entry("momentum_buffer".into())
-                    .or_insert_with(|| Tensor::zeros(p.dims(), DType::F32, p.device()).expect("state buffer"))
-                    .clone();
-                let v = buf.mul_scalar(c.momentum).add(&scaled);
-                buf.copy_(&v);
-                let delta = if c.nesterov { v.mul_scalar(c.momentum).add(&scaled) } else { v };
-                p.tensor().copy_(&w.sub(&delta));
-            }
-        }
+        for_each_grad(&self.groups, &mut self.state, |c, p, grad, st| {
+            let dtype = state_dtype(p);
+            let w = p.tensor().to_dtype(dtype);
+            let gr = grad.to_dtype(dtype);
+            let d = if c.weight_decay != 0.0 { gr.add(&w.mul_scalar(c.weight_decay)) } else { gr.clone() };
+            // lr * trust as a rank-0 tensor, so the norms never leave the device.
+            let scale = if c.exclude {
+                w.scalar_like(c.lr)
+            } else {
+                let w_norm = w.square().sum_all().sqrt();
+                let g_norm = gr.square().sum_all().sqrt();
+                let ratio = w_norm
+                    .mul_scalar(c.trust_coefficient)
+                    .div(&g_norm.add(&w_norm.mul_scalar(c.weight_decay)).add_scalar(c.eps));
+                let both_positive = w_norm.mul(&g_norm).cmp_scalar(0.0, CmpOp::Gt);
+                both_positive.where_cond(&ratio, &ratio.ones_like()).mul_scalar(c.lr)
+            };
+            let scaled = d.mul(&scale);
+            let buf = st.buffer("momentum_buffer", p);
+            let v = buf.mul_scalar(c.momentum).add(&scaled);
+            buf.copy_(&v);
+            let delta = if c.nesterov { v.mul_scalar(c.momentum).add(&scaled) } else { v };
+            p.tensor().copy_(&w.sub(&delta));
+        });
     }
 }
 
-super::impl_optimizer!(Lars);
+super::impl_optimizer!(Lars, LarsConfig);

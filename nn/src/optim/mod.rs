@@ -69,9 +69,22 @@ pub trait Optimizer {
 }
 
 /// Implements the bookkeeping part of [`Optimizer`] for a type with `groups: Vec<ParamGroup<C>>`
-/// and `state: state::StateTable`; the type provides `fn update(&mut self)`.
+/// and `state: state::StateTable`, and its `param_groups` accessors; the type provides
+/// `fn update(&mut self)`.
 macro_rules! impl_optimizer {
-    ($ty:ty) => {
+    ($ty:ty, $config:ty) => {
+        impl $ty {
+            pub fn param_groups(&self) -> &[$crate::optim::ParamGroup<$config>] {
+                &self.groups
+            }
+
+            /// The groups, to change hyper-parameters between steps
+            /// (`opt.param_groups[i]["lr"] = ..`).
+            pub fn param_groups_mut(&mut self) -> &mut [$crate::optim::ParamGroup<$config>] {
+                &mut self.groups
+            }
+        }
+
         impl $crate::optim::Optimizer for $ty {
             fn step(&mut self) {
                 oxtrain_autograd::no_grad(|| self.update())

@@ -1,7 +1,7 @@
 //! `Sgd`: stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
 
 use super::groups::{build, GroupConfig, IntoParamGroups, ParamGroup, ParamGroupSpec};
-use super::state::StateTable;
+use super::state::{for_each_grad, state_dtype, StateTable};
 use oxtrain_autograd::Var;
 use oxtrain_tensor::{DType, SgdStep, Tensor};
 use std::collections::BTreeMap;
@@ -77,19 +77,14 @@ impl Sgd {
         Sgd { groups: build(params.into_param_groups(), &config, "Sgd"), state: StateTable::default() }
     }
 
-    pub fn param_groups(&self) -> &[ParamGroup<SgdConfig>] {
-        &self.groups
-    }
-
-    /// The groups, to change hyper-parameters between steps (`opt.param_groups[i]["momentum"] = ..`).
-    pub fn param_groups_mut(&mut self) -> &mut [ParamGroup<SgdConfig>] {
-        &mut self.groups
-    }
-
     fn update(&mut self) {
-        let mut index = 0;
-        for g in &self.groups {
-            let c = g.config;
+        for_each_grad(&self.groups, &mut self.state, |c, p, grad, st| {
+            let first = !st.buffers.contains_key(MOMENTUM);
+            let buf = (c.momentum != 0.0).then(|| st.buffer(MOMENTUM, p));
+            if state_dtype(p) == DType::F64 {
+                sgd_composed(p.tensor(), &grad.to_dtype(DType::F64), buf.as_ref(), first, c);
+                return;
+            }
             let step = SgdStep {
                 lr: c.lr,
                 momentum: c.momentum,
@@ -98,31 +93,27 @@ impl Sgd {
                 weight_decay: c.weight_decay,
                 maximize: c.maximize,
             };
-            for p in &g.params {
-                let i = index;
-                index += 1;
-                let Some(grad) = p.grad() else { continue };
-                let st = self.state.get_mut(i);
-                let first = !st.buffers.contains_key("momentum_buffer");
-                let buf = if c.momentum != 0.0 {
-                    Some(
-                        st.buffers
-                            .entry("momentum_buffer".into())
-                            .or_insert_with(|| {
-                                Tensor::zeros(p.dims(), DType::F32, p.device()).expect("state buffer")
-                            })
-                            .clone(),
-                    )
-                } else {
-                    None
-                };
-                with_master(p, |master| master.sgd_step_(&grad, buf.as_ref(), first, &step));
-            }
-        }
+            with_master(p, |master| master.sgd_step_(&grad, buf.as_ref(), first, &step));
+        });
     }
 }
 
-super::impl_optimizer!(Sgd);
+const MOMENTUM: &str = "momentum_buffer";
+
+/// The SGD step of f64 parameters, from tensor ops in f64 (the fused kernel is f32-only).
+fn sgd_composed(p: &Tensor, grad: &Tensor, buf: Option<&Tensor>, first: bool, c: &SgdConfig) {
+    let g = if c.maximize { grad.neg() } else { grad.clone() };
+    let mut d = if c.weight_decay != 0.0 { g.add(&p.mul_scalar(c.weight_decay)) } else { g };
+    if let Some(buf) = buf {
+        let b =
+            if first { d.clone() } else { buf.mul_scalar(c.momentum).add(&d.mul_scalar(1.0 - c.dampening)) };
+        buf.copy_(&b);
+        d = if c.nesterov { d.add(&b.mul_scalar(c.momentum)) } else { b };
+    }
+    p.copy_(&p.sub(&d.mul_scalar(c.lr)));
+}
+
+super::impl_optimizer!(Sgd, SgdConfig);
 
 /// Runs a fused step on the parameter itself when it is contiguous f32, else on an f32 copy
 /// that is written back (bf16 parameters, non-contiguous views).

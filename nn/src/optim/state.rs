@@ -1,6 +1,7 @@
 //! Per-parameter optimizer state, and its saved form: named tensors plus JSON hyper-parameters.
 
 use super::groups::{GroupConfig, ParamGroup};
+use oxtrain_autograd::Var;
 use oxtrain_tensor::{DType, Error, Result, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -92,11 +93,51 @@ impl OptimizerState {
     }
 }
 
-/// One parameter's state: the steps taken (AdamW's bias correction) and named f32 buffers.
+/// One parameter's state: the steps taken (AdamW's bias correction) and named buffers (f32,
+/// or f64 for an f64 parameter).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ParamState {
     pub step: u64,
     pub buffers: BTreeMap<String, Tensor>,
+}
+
+/// The dtype of a parameter's state and update arithmetic: f64 for an f64 parameter, so a
+/// whole run can be checked in f64; else f32, the master precision of the fused steps.
+pub(crate) fn state_dtype(p: &Var) -> DType {
+    if p.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+impl ParamState {
+    /// The buffer `name` of parameter `p`, zeros in `state_dtype(p)` the first time.
+    pub fn buffer(&mut self, name: &str, p: &Var) -> Tensor {
+        self.buffers
+            .entry(name.into())
+            .or_insert_with(|| Tensor::zeros(p.dims(), state_dtype(p), p.device()).expect("state buffer"))
+            .clone()
+    }
+}
+
+/// Calls `f(group config, parameter, gradient, state)` for every parameter that has a
+/// gradient, in the state's numbering (the order over all groups).
+pub(crate) fn for_each_grad<C>(
+    groups: &[ParamGroup<C>],
+    state: &mut StateTable,
+    mut f: impl FnMut(&C, &Var, Tensor, &mut ParamState),
+) {
+    let mut index = 0;
+    for g in groups {
+        for p in &g.params {
+            let i = index;
+            index += 1;
+            if let Some(grad) = p.grad() {
+                f(&g.config, p, grad, state.get_mut(i));
+            }
+        }
+    }
 }
 
 /// The state of all parameters, by position over all groups.

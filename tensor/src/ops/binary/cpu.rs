@@ -2,23 +2,32 @@
 
 use super::{BinaryOp, CmpOp};
 use crate::dtype::Element;
-use crate::ops::unary::cpu::ComputeAs;
+use crate::ops::unary::cpu::{ComputeAs, Special};
 use crate::storage::CpuStorage;
 use crate::strided::{zip3_map, zip_map};
 use crate::Layout;
 use num_traits::Float;
 
 fn float_binary<T: ComputeAs>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: BinaryOp) -> Vec<T> {
-    let go = |f: fn(T::C, T::C) -> T::C| zip_map(a, la, b, lb, move |x: T, y: T| T::down(f(x.up(), y.up())));
+    // A macro, not a helper taking `fn(C, C) -> C`: a function pointer is called per element
+    // and keeps the loop from vectorising; a closure literal per op is inlined into its own loop.
+    macro_rules! go {
+        (|$x:ident, $y:ident| $e:expr) => {
+            zip_map(a, la, b, lb, |x: T, y: T| {
+                let ($x, $y) = (x.up(), y.up());
+                T::down($e)
+            })
+        };
+    }
     match op {
-        BinaryOp::Add => go(|x, y| x + y),
-        BinaryOp::Sub => go(|x, y| x - y),
-        BinaryOp::Mul => go(|x, y| x * y),
-        BinaryOp::Div => go(|x, y| x / y),
+        BinaryOp::Add => go!(|x, y| x + y),
+        BinaryOp::Sub => go!(|x, y| x - y),
+        BinaryOp::Mul => go!(|x, y| x * y),
+        BinaryOp::Div => go!(|x, y| x / y),
         // NaN propagates, as in torch.maximum.
-        BinaryOp::Maximum => go(|x, y| if x.is_nan() || x > y { x } else { y }),
-        BinaryOp::Minimum => go(|x, y| if x.is_nan() || x < y { x } else { y }),
-        BinaryOp::Pow => go(|x, y| x.powf(y)),
+        BinaryOp::Maximum => go!(|x, y| if x.is_nan() || x > y { x } else { y }),
+        BinaryOp::Minimum => go!(|x, y| if x.is_nan() || x < y { x } else { y }),
+        BinaryOp::Pow => go!(|x, y| x.powf(y)),
     }
 }
 
@@ -58,6 +67,29 @@ pub(super) fn binary(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout, o
         }),
         (a, b) => unreachable!("binary {}: dtypes {} and {} checked equal", op.name(), a.dtype(), b.dtype()),
     }
+}
+
+fn threshold_backward_typed<T: ComputeAs>(
+    g: &[T],
+    lg: &Layout,
+    x: &[T],
+    lx: &Layout,
+    threshold: f64,
+) -> Vec<T> {
+    let (th, zero) = (<T::C as Special>::of(threshold), T::down(<T::C as Special>::of(0.0)));
+    zip_map(g, lg, x, lx, move |g: T, x: T| if x.up() > th { g } else { zero })
+}
+
+pub(super) fn threshold_backward(
+    g: &CpuStorage,
+    lg: &Layout,
+    x: &CpuStorage,
+    lx: &Layout,
+    threshold: f64,
+) -> CpuStorage {
+    with_float_storage!(g, "threshold_backward", gv, T => T::into_storage(
+        threshold_backward_typed::<T>(gv, lg, x.as_slice::<T>(), lx, threshold)
+    ))
 }
 
 fn cmp_typed<T: Element>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: CmpOp) -> Vec<bool> {

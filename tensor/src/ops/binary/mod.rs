@@ -143,6 +143,27 @@ impl Tensor {
         self.cmp(rhs, CmpOp::Ge)
     }
 
+    /// ReLU's backward in one pass (`torch.ops.aten.threshold_backward` with the comparison
+    /// reversed for NaN): `self`, the output gradient, where `input > threshold`, else 0.
+    /// `input` may be ReLU's input or its output (both are positive at the same places).
+    pub fn threshold_backward(&self, input: &Tensor, threshold: f64) -> Tensor {
+        let op = "threshold_backward";
+        self.same_dtype(input, op);
+        assert!(self.dtype().is_float(), "{op}: expected a floating-point gradient, got {}", self.dtype());
+        let (shape, lg, lx) = self.broadcast_pair(input, op);
+        let storage = match (&*self.storage(), &*input.storage()) {
+            (Storage::Cpu(g), Storage::Cpu(x)) => {
+                Storage::Cpu(cpu::threshold_backward(g, &lg, x, &lx, threshold))
+            }
+            // The GPU keeps the composed form: a compare, a cast and a multiply.
+            (Storage::Cuda(_), Storage::Cuda(_)) => {
+                return self.mul(&input.cmp_scalar(threshold, CmpOp::Gt).to_dtype(self.dtype()));
+            }
+            _ => unreachable!("devices checked equal"),
+        };
+        Tensor::from_storage(storage, shape)
+    }
+
     /// `self ? on_true : on_false` elementwise, all three broadcast together (`torch.where`).
     /// `self` is a bool mask.
     pub fn where_cond(&self, on_true: &Tensor, on_false: &Tensor) -> Tensor {

@@ -7,6 +7,7 @@
 //! wants them more precise than a half type holds. Weights, biases and given statistics may be
 //! of any float dtype (bf16 activations with f32 parameters under autocast).
 
+mod backward;
 mod cpu;
 pub(crate) mod cuda;
 #[cfg(test)]
@@ -199,6 +200,65 @@ impl Tensor {
         let out = self.normalize_channels(ch, &moments, weight, bias, eps);
         let (mean, var) = moments.tensors(ch.channels, self.dtype());
         (out, mean, var)
+    }
+
+    /// Batch norm's gradients in training mode, `self` being the output gradient `dy`: returns
+    /// `(dx, dweight, dbias)` for an input `x` normalised with the batch statistics `mean` and
+    /// biased `var` (shape `[C]`, as [`Tensor::batch_norm_training`] returned them) and `weight`
+    /// (1 when `None`). `dx` is `weight * rstd * (dy - mean(dy) - x_hat * mean(dy * x_hat))`
+    /// with `x_hat = (x - mean) * rstd`, `rstd = 1 / sqrt(var + eps)`; `dweight = sum(dy * x_hat)`,
+    /// `dbias = sum(dy)` over every dim but 1. `dx` has `x`'s dtype, `dweight` and `dbias` are
+    /// `[C]` in `x`'s dtype. CPU tensors only (the CUDA path composes tensor ops).
+    ///
+    /// Two passes: the per-channel sums of `dy` and `dy * (x - mean)` together (accumulated in
+    /// f64), then one elementwise pass for `dx` (skipped when `input_grad` is false).
+    pub fn batch_norm_backward(
+        &self,
+        x: &Tensor,
+        (mean, var): (&Tensor, &Tensor),
+        weight: Option<&Tensor>,
+        eps: f64,
+        input_grad: bool,
+    ) -> (Option<Tensor>, Tensor, Tensor) {
+        let op = "batch_norm_backward";
+        let ch = x.channel_view(op);
+        self.same_dtype(x, op);
+        assert!(
+            self.dims() == x.dims(),
+            "{op}: the output gradient has shape {:?}, the input {:?}",
+            self.dims(),
+            x.dims()
+        );
+        assert!(!x.device().is_cuda() && !self.device().is_cuda(), "{op}: CPU tensors only");
+        let shape = [ch.channels];
+        let mean = param(mean, &shape, "mean", op, x);
+        let var = param(var, &shape, "var", op, x);
+        let weight = weight.map(|w| param(w, &shape, "weight", op, x));
+        let (dy, xc) = (self.contiguous(), x.contiguous());
+        let count = (x.elem_count() / ch.channels.max(1)).max(1) as f64;
+        let (sum_dy, sum_dyx) = match (&*dy.storage(), &*xc.storage()) {
+            (Storage::Cpu(g), Storage::Cpu(v)) => with_float_storage!(g, op, gv, T => {
+                backward::channel_grad_sums(gv, v.as_slice::<T>(), ch, &mean)
+            }),
+            _ => unreachable!("checked on the CPU"),
+        };
+        let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+        let w = |c: usize| weight.as_ref().map_or(1.0, |w| w[c]);
+        let dweight: Vec<f64> = (0..ch.channels).map(|c| sum_dyx[c] * rstd[c]).collect();
+        let dx = input_grad.then(|| {
+            let scale: Vec<f64> = (0..ch.channels).map(|c| w(c) * rstd[c]).collect();
+            let shift: Vec<f64> = sum_dy.iter().map(|s| s / count).collect();
+            let k: Vec<f64> = (0..ch.channels).map(|c| sum_dyx[c] / count * rstd[c] * rstd[c]).collect();
+            let storage = match (&*dy.storage(), &*xc.storage()) {
+                (Storage::Cpu(g), Storage::Cpu(v)) => with_float_storage!(g, op, gv, T => T::into_storage(
+                    backward::input_grad(gv, v.as_slice::<T>(), ch, (&mean, &scale, &shift, &k))
+                )),
+                _ => unreachable!("checked on the CPU"),
+            };
+            Tensor::from_cpu(storage, x.dims())
+        });
+        let per_channel = |v: Vec<f64>| Tensor::from_cpu(f64::into_storage(v), shape).to_dtype(x.dtype());
+        (dx, per_channel(dweight), per_channel(sum_dy))
     }
 
     /// Layer norm over the trailing dims `normalized_shape`, as `torch.native_layer_norm`:

@@ -67,46 +67,44 @@ compute_as!(f64, f64, |x| x, |c| c);
 compute_as!(f16, f32, |x| x.to_f32(), |c| f16::from_f32(c));
 compute_as!(bf16, f32, |x| x.to_f32(), |c| bf16::from_f32(c));
 
-/// The scalar function of a float op, in compute precision `C`.
+/// `T::down(f(x.up()))` over the view: one monomorphised, vectorisable loop per closure `f`.
 #[inline(always)]
-pub(crate) fn float_fn<C: Special>(op: UnaryOp) -> impl Fn(C) -> C + Sync + Copy {
-    let zero = C::zero();
-    let one = C::one();
-    let half = C::of(0.5);
-    let (p0, p1) = match op {
-        UnaryOp::Affine { mul, add } => (C::of(mul), C::of(add)),
-        UnaryOp::Powf(e) => (C::of(e), zero),
-        UnaryOp::Clamp { min, max } => (C::of(min), C::of(max)),
-        UnaryOp::Gelu => (C::of(std::f64::consts::FRAC_1_SQRT_2), zero),
-        UnaryOp::GeluTanh => (C::of((2.0 / std::f64::consts::PI).sqrt()), C::of(0.044715)),
-        _ => (zero, zero),
-    };
-    move |x: C| match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Log1p => x.ln_1p(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => one / x.sqrt(),
-        UnaryOp::Sin => x.sin(),
-        UnaryOp::Cos => x.cos(),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => one / (one + (-x).exp()),
-        UnaryOp::Relu => {
-            if x < zero {
-                zero
-            } else {
-                x
-            }
+fn go<T: ComputeAs>(v: &[T], layout: &Layout, f: impl Fn(T::C) -> T::C + Sync) -> Vec<T> {
+    map(v, layout, move |x: T| T::down(f(x.up())))
+}
+
+/// Each op is its own closure, so each gets its own loop: a single closure with a `match op`
+/// per element (as this was) keeps the compiler from vectorising any of them.
+fn float_unary<T: ComputeAs>(v: &[T], layout: &Layout, op: UnaryOp) -> Vec<T> {
+    let c = <T::C as Special>::of;
+    let (zero, one, half) = (c(0.0), c(1.0), c(0.5));
+    match op {
+        UnaryOp::Neg => go(v, layout, |x| -x),
+        UnaryOp::Abs => go(v, layout, |x| x.abs()),
+        UnaryOp::Exp => go(v, layout, |x| x.exp()),
+        UnaryOp::Log => go(v, layout, |x| x.ln()),
+        UnaryOp::Log1p => go(v, layout, |x| x.ln_1p()),
+        UnaryOp::Sqrt => go(v, layout, |x| x.sqrt()),
+        UnaryOp::Rsqrt => go(v, layout, |x| one / x.sqrt()),
+        UnaryOp::Sin => go(v, layout, |x| x.sin()),
+        UnaryOp::Cos => go(v, layout, |x| x.cos()),
+        UnaryOp::Tanh => go(v, layout, |x| x.tanh()),
+        UnaryOp::Sigmoid => go(v, layout, |x| one / (one + (-x).exp())),
+        // NaN stays NaN (`NaN < 0` is false), as torch.relu.
+        UnaryOp::Relu => go(v, layout, |x| if x < zero { zero } else { x }),
+        UnaryOp::Gelu => {
+            let k = c(std::f64::consts::FRAC_1_SQRT_2);
+            go(v, layout, move |x| half * x * (one + (x * k).erf()))
         }
-        UnaryOp::Gelu => half * x * (one + (x * p0).erf()),
-        UnaryOp::GeluTanh => half * x * (one + (p0 * (x + p1 * x * x * x)).tanh()),
-        UnaryOp::Silu => x / (one + (-x).exp()),
-        UnaryOp::Square => x * x,
-        UnaryOp::Recip => one / x,
+        UnaryOp::GeluTanh => {
+            let (k, a) = (c((2.0 / std::f64::consts::PI).sqrt()), c(0.044715));
+            go(v, layout, move |x| half * x * (one + (k * (x + a * x * x * x)).tanh()))
+        }
+        UnaryOp::Silu => go(v, layout, |x| x / (one + (-x).exp())),
+        UnaryOp::Square => go(v, layout, |x| x * x),
+        UnaryOp::Recip => go(v, layout, |x| one / x),
         // 0 for both zeros and for NaN, as torch.sign.
-        UnaryOp::Sign => {
+        UnaryOp::Sign => go(v, layout, |x| {
             if x > zero {
                 one
             } else if x < zero {
@@ -114,39 +112,41 @@ pub(crate) fn float_fn<C: Special>(op: UnaryOp) -> impl Fn(C) -> C + Sync + Copy
             } else {
                 zero
             }
+        }),
+        UnaryOp::Floor => go(v, layout, |x| x.floor()),
+        UnaryOp::Ceil => go(v, layout, |x| x.ceil()),
+        UnaryOp::Round => go(v, layout, |x| x.round_half_even()),
+        UnaryOp::Affine { mul, add } => {
+            let (m, a) = (c(mul), c(add));
+            go(v, layout, move |x| x * m + a)
         }
-        UnaryOp::Floor => x.floor(),
-        UnaryOp::Ceil => x.ceil(),
-        UnaryOp::Round => x.round_half_even(),
-        UnaryOp::Affine { .. } => x * p0 + p1,
         // PyTorch computes these exponents with sqrt, multiplies and reciprocals, which differ
         // from powf at the edges (pow(-inf, 0.5) is inf, sqrt(-inf) is NaN).
-        UnaryOp::Powf(0.5) => x.sqrt(),
-        UnaryOp::Powf(-0.5) => one / x.sqrt(),
-        UnaryOp::Powf(2.0) => x * x,
-        UnaryOp::Powf(3.0) => x * x * x,
-        UnaryOp::Powf(-1.0) => one / x,
-        UnaryOp::Powf(-2.0) => one / (x * x),
-        UnaryOp::Powf(_) => x.powf(p0),
-        UnaryOp::Clamp { .. } => {
-            // A NaN bound makes every element NaN, as in PyTorch.
-            if p0.is_nan() || p1.is_nan() {
-                p0 + p1
-            } else if x < p0 {
-                p0
-            } else if x > p1 {
-                p1
-            } else {
-                x
-            }
+        UnaryOp::Powf(0.5) => go(v, layout, |x| x.sqrt()),
+        UnaryOp::Powf(-0.5) => go(v, layout, |x| one / x.sqrt()),
+        UnaryOp::Powf(2.0) => go(v, layout, |x| x * x),
+        UnaryOp::Powf(3.0) => go(v, layout, |x| x * x * x),
+        UnaryOp::Powf(-1.0) => go(v, layout, |x| one / x),
+        UnaryOp::Powf(-2.0) => go(v, layout, |x| one / (x * x)),
+        UnaryOp::Powf(e) => {
+            let e = c(e);
+            go(v, layout, move |x| x.powf(e))
+        }
+        // A NaN bound makes every element NaN, as in PyTorch.
+        UnaryOp::Clamp { min, max } if min.is_nan() || max.is_nan() => go(v, layout, |_| c(f64::NAN)),
+        UnaryOp::Clamp { min, max } => {
+            let (lo, hi) = (c(min), c(max));
+            go(v, layout, move |x| {
+                if x < lo {
+                    lo
+                } else if x > hi {
+                    hi
+                } else {
+                    x
+                }
+            })
         }
     }
-}
-
-fn float_unary<T: ComputeAs>(v: &[T], layout: &Layout, op: UnaryOp) -> Vec<T> {
-    // The match on `op` inside `f` is loop-invariant; LLVM unswitches it out of the loop.
-    let f = float_fn::<T::C>(op);
-    map(v, layout, move |x: T| T::down(f(x.up())))
 }
 
 /// Integer elements: unary ops compute exactly in i128 and wrap back to the type, as PyTorch's

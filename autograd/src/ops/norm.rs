@@ -1,6 +1,6 @@
-//! Gradients of the neural-network primitives: `conv2d`, max and average pooling (sliding and
-//! adaptive), `layer_norm` and `batch_norm`. Convolution and pooling use the tensor crate's
-//! backward kernels; the norms' gradients are composed from tensor ops.
+//! Gradients of `layer_norm` and `batch_norm` (kernels in the tensor crate's `ops/norm`).
+//! Batch norm's training backward on the CPU is the tensor crate's fused
+//! `batch_norm_backward`; on CUDA and for layer norm the gradients are composed from tensor ops.
 
 use crate::Var;
 use oxtrain_tensor::{Shape, Tensor};
@@ -23,103 +23,6 @@ fn sum_over(t: &Tensor, dims: &[usize]) -> Tensor {
 }
 
 impl Var {
-    /// 2-D convolution of `[N, C, H, W]` with a weight `[O, C/groups, KH, KW]` and an optional
-    /// bias `[O]`, as `F.conv2d`.
-    pub fn conv2d(
-        &self,
-        weight: &Var,
-        bias: Option<&Var>,
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-        groups: usize,
-    ) -> Var {
-        if crate::autocast_dtype().is_some() {
-            let (x, w, b) = (self.autocast_lower(), weight.autocast_lower(), bias.map(Var::autocast_lower));
-            return crate::autocast_disabled(|| x.conv2d(&w, b.as_ref(), stride, padding, dilation, groups));
-        }
-        let out =
-            self.tensor().conv2d(weight.tensor(), bias.map(Var::tensor), stride, padding, dilation, groups);
-        let (x, w) = (self.tensor().clone(), weight.tensor().clone());
-        let mut inputs = vec![self, weight];
-        inputs.extend(bias);
-        Var::from_op("conv2d", out, &inputs, move |g, needs| {
-            let x_shape = [x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]];
-            let w_shape = [w.dims()[0], w.dims()[1], w.dims()[2], w.dims()[3]];
-            let mut grads = vec![
-                needs[0].then(|| {
-                    Tensor::conv2d_backward_input(g, &w, x_shape, stride, padding, dilation, groups)
-                }),
-                needs[1].then(|| {
-                    Tensor::conv2d_backward_weight(g, &x, w_shape, stride, padding, dilation, groups)
-                }),
-            ];
-            if needs.len() == 3 {
-                grads.push(needs[2].then(|| g.sum([0, 2, 3], false)));
-            }
-            grads
-        })
-    }
-
-    /// Max pooling, as `F.max_pool2d`; the gradient goes to each window's (first) maximum.
-    pub fn max_pool2d(
-        &self,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-        ceil_mode: bool,
-    ) -> Var {
-        let (out, indices) = self.tensor().max_pool2d(kernel, stride, padding, dilation, ceil_mode);
-        self.max_pool_var("max_pool2d", out, indices)
-    }
-
-    /// Max pooling over PyTorch's adaptive windows, as `F.adaptive_max_pool2d`.
-    pub fn adaptive_max_pool2d(&self, output_size: [usize; 2]) -> Var {
-        let (out, indices) = self.tensor().adaptive_max_pool2d(output_size);
-        self.max_pool_var("adaptive_max_pool2d", out, indices)
-    }
-
-    fn max_pool_var(&self, name: &'static str, out: Tensor, indices: Tensor) -> Var {
-        let input = Shape::from(self.dims());
-        Var::from_op(name, out, &[self], move |g, _| vec![Some(g.max_pool2d_backward(&indices, &input))])
-    }
-
-    /// Average pooling, as `F.avg_pool2d`.
-    pub fn avg_pool2d(
-        &self,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-        ceil_mode: bool,
-        count_include_pad: bool,
-        divisor_override: Option<usize>,
-    ) -> Var {
-        let out =
-            self.tensor().avg_pool2d(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override);
-        let input = Shape::from(self.dims());
-        Var::from_op("avg_pool2d", out, &[self], move |g, _| {
-            vec![Some(g.avg_pool2d_backward(
-                &input,
-                kernel,
-                stride,
-                padding,
-                ceil_mode,
-                count_include_pad,
-                divisor_override,
-            ))]
-        })
-    }
-
-    /// Average pooling over PyTorch's adaptive windows, as `F.adaptive_avg_pool2d`.
-    pub fn adaptive_avg_pool2d(&self, output_size: [usize; 2]) -> Var {
-        let out = self.tensor().adaptive_avg_pool2d(output_size);
-        let input = Shape::from(self.dims());
-        Var::from_op("adaptive_avg_pool2d", out, &[self], move |g, _| {
-            vec![Some(g.adaptive_avg_pool2d_backward(&input))]
-        })
-    }
-
     /// Layer norm over the trailing dims `normalized_shape`, as `F.layer_norm`.
     pub fn layer_norm(
         &self,
@@ -173,14 +76,32 @@ impl Var {
     ) -> (Var, Tensor, Tensor) {
         let x = self.tensor().clone();
         let (out, mean, var) = x.batch_norm_training(weight.map(Var::tensor), bias.map(Var::tensor), eps);
-        let channel_shape = per_channel_shape(x.dims());
-        let mean_b = mean.to_dtype(x.dtype()).reshape(channel_shape.as_slice());
-        let rstd_b = var.to_dtype(x.dtype()).add_scalar(eps).rsqrt().reshape(channel_shape.as_slice());
-        let w = weight.map(|w| w.tensor().to_dtype(x.dtype()).reshape(channel_shape.as_slice()));
         let has_weight = weight.is_some();
         let mut inputs = vec![self];
         inputs.extend(weight);
         inputs.extend(bias);
+        if !x.device().is_cuda() {
+            // The fused CPU backward: it reads the statistics forward computed, not a recomputed x_hat.
+            let (saved_mean, saved_var) = (mean.clone(), var.clone());
+            let w = weight.map(|w| w.tensor().clone());
+            let var_out = Var::from_op("batch_norm", out, &inputs, move |g, needs| {
+                let (dx, dw, db) =
+                    g.batch_norm_backward(&x, (&saved_mean, &saved_var), w.as_ref(), eps, needs[0]);
+                let mut grads = vec![dx];
+                if has_weight {
+                    grads.push(needs[1].then_some(dw));
+                }
+                if needs.len() > grads.len() {
+                    grads.push(needs[grads.len()].then_some(db));
+                }
+                grads
+            });
+            return (var_out, mean, var);
+        }
+        let channel_shape = per_channel_shape(x.dims());
+        let mean_b = mean.to_dtype(x.dtype()).reshape(channel_shape.as_slice());
+        let rstd_b = var.to_dtype(x.dtype()).add_scalar(eps).rsqrt().reshape(channel_shape.as_slice());
+        let w = weight.map(|w| w.tensor().to_dtype(x.dtype()).reshape(channel_shape.as_slice()));
         let var_out = Var::from_op("batch_norm", out, &inputs, move |g, needs| {
             let dims: Vec<usize> = (0..x.rank()).filter(|&d| d != 1).collect();
             let xhat = x.sub(&mean_b).mul(&rstd_b);

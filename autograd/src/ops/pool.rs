@@ -1,0 +1,66 @@
+//! Gradients of max and average pooling, sliding and adaptive (kernels in the tensor crate's
+//! `ops/pool`): each uses the tensor crate's backward kernel of its op.
+
+use crate::Var;
+use oxtrain_tensor::{Shape, Tensor};
+
+impl Var {
+    /// Max pooling, as `F.max_pool2d`; the gradient goes to each window's (first) maximum.
+    pub fn max_pool2d(
+        &self,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+    ) -> Var {
+        let (out, indices) = self.tensor().max_pool2d(kernel, stride, padding, dilation, ceil_mode);
+        self.max_pool_var("max_pool2d", out, indices)
+    }
+
+    /// Max pooling over PyTorch's adaptive windows, as `F.adaptive_max_pool2d`.
+    pub fn adaptive_max_pool2d(&self, output_size: [usize; 2]) -> Var {
+        let (out, indices) = self.tensor().adaptive_max_pool2d(output_size);
+        self.max_pool_var("adaptive_max_pool2d", out, indices)
+    }
+
+    fn max_pool_var(&self, name: &'static str, out: Tensor, indices: Tensor) -> Var {
+        let input = Shape::from(self.dims());
+        Var::from_op(name, out, &[self], move |g, _| vec![Some(g.max_pool2d_backward(&indices, &input))])
+    }
+
+    /// Average pooling, as `F.avg_pool2d`.
+    pub fn avg_pool2d(
+        &self,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        ceil_mode: bool,
+        count_include_pad: bool,
+        divisor_override: Option<usize>,
+    ) -> Var {
+        let out =
+            self.tensor().avg_pool2d(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override);
+        let input = Shape::from(self.dims());
+        Var::from_op("avg_pool2d", out, &[self], move |g, _| {
+            vec![Some(g.avg_pool2d_backward(
+                &input,
+                kernel,
+                stride,
+                padding,
+                ceil_mode,
+                count_include_pad,
+                divisor_override,
+            ))]
+        })
+    }
+
+    /// Average pooling over PyTorch's adaptive windows, as `F.adaptive_avg_pool2d`.
+    pub fn adaptive_avg_pool2d(&self, output_size: [usize; 2]) -> Var {
+        let out = self.tensor().adaptive_avg_pool2d(output_size);
+        let input = Shape::from(self.dims());
+        Var::from_op("adaptive_avg_pool2d", out, &[self], move |g, _| {
+            vec![Some(g.adaptive_avg_pool2d_backward(&input))]
+        })
+    }
+}

@@ -1,0 +1,284 @@
+//! `oxtrain bench`: the time of a whole training step (forward, loss, backward, optimizer) of
+//! a built-in model on synthetic data already on the device. Warm-up steps first, then the
+//! median of `--steps` steps; throughput in images or tokens a second, and peak memory (the
+//! process's peak RSS on the CPU, the caching allocator's peak on a GPU). The result is one
+//! JSON object on stdout, the shape of an entry of `bench/results/*.json` plus the raw step
+//! times, so a driver can set it beside PyTorch's figure for the same step.
+
+use clap::ValueEnum;
+use oxtrain_autograd::Var;
+use oxtrain_models::{
+    BertConfig, BertForSequenceClassification, Gpt2Config, Gpt2LMHeadModel, ResNet, ResNetConfig,
+};
+use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use oxtrain_nn::Module;
+use oxtrain_tensor::{cuda, DType, Device, Distribution, Generator, Tensor};
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum BenchModel {
+    Resnet18,
+    Resnet50,
+    Gpt2,
+    Bert,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum BenchPrecision {
+    F32,
+    Bf16,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// The model: resnet18 and resnet50 (SGD with momentum 0.9), gpt2 (4 layers, 256 wide, 4
+    /// heads, vocab 50257; AdamW) or bert (4 layers, 256 wide, 4 heads, 2 classes; AdamW).
+    #[arg(value_enum)]
+    pub model: BenchModel,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Images (ResNet) or sequences (GPT-2, BERT) per step.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Image side of the ResNets.
+    #[arg(long, default_value_t = 128)]
+    pub image: usize,
+    /// Sequence length of GPT-2 and BERT.
+    #[arg(long, default_value_t = 128)]
+    pub seq: usize,
+    /// Timed steps; the figure is their median.
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// Untimed steps before them.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// CPU threads (the rayon pool); default: every core.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Parameters and activations in f32, or the forward pass under bf16 autocast.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: BenchPrecision,
+    /// Also print the time per op kind (forward and backward) of one step, to stderr.
+    #[arg(long)]
+    pub profile: bool,
+}
+
+/// Why a benchmark could not run, for the user.
+#[derive(Debug)]
+pub struct BenchError(pub String);
+
+impl std::fmt::Display for BenchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One training step of a model on a fixed synthetic batch.
+struct Workload {
+    name: String,
+    /// Images or tokens per step.
+    items: usize,
+    unit: &'static str,
+    step: Box<dyn FnMut()>,
+}
+
+fn gpt2_config() -> Gpt2Config {
+    Gpt2Config {
+        n_layer: 4,
+        n_embd: 256,
+        n_head: 4,
+        n_positions: 1024,
+        embd_pdrop: 0.0,
+        attn_pdrop: 0.0,
+        resid_pdrop: 0.0,
+        ..Gpt2Config::gpt2()
+    }
+}
+
+fn bert_config() -> BertConfig {
+    BertConfig {
+        num_hidden_layers: 4,
+        hidden_size: 256,
+        num_attention_heads: 4,
+        intermediate_size: 1024,
+        hidden_dropout_prob: 0.0,
+        attention_probs_dropout_prob: 0.0,
+        classifier_dropout: Some(0.0),
+        ..BertConfig::bert_base()
+    }
+}
+
+fn err(e: impl std::fmt::Display) -> BenchError {
+    BenchError(e.to_string())
+}
+
+fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
+    let mut gen = Generator::new(0);
+    let autocast = matches!(args.precision, BenchPrecision::Bf16);
+    let b = args.batch;
+    match args.model {
+        BenchModel::Resnet18 | BenchModel::Resnet50 => {
+            let (config, name) = match args.model {
+                BenchModel::Resnet18 => (ResNetConfig::resnet18(), "resnet18"),
+                _ => (ResNetConfig::resnet50(), "resnet50"),
+            };
+            let model = ResNet::new(&config, device).map_err(err)?;
+            let mut opt =
+                Sgd::new(model.parameters(), SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
+            let x = Distribution::STANDARD_NORMAL
+                .sample_with(&mut gen, [b, 3, args.image, args.image], DType::F32, device)
+                .map_err(err)?;
+            let y = Tensor::randint_with(&mut gen, 0, 1000, [b], device).map_err(err)?;
+            let x = Var::constant(x);
+            Ok(Workload {
+                name: format!("{name}_b{b}_{}", args.image),
+                items: b,
+                unit: "img/s",
+                step: Box::new(move || {
+                    opt.zero_grad();
+                    let logits = with_autocast(autocast, || model.forward(&x));
+                    oxtrain_nn::loss::cross_entropy(&logits, &y).backward();
+                    opt.step();
+                }),
+            })
+        }
+        BenchModel::Gpt2 => {
+            let config = gpt2_config();
+            let model = Gpt2LMHeadModel::new(&config, device).map_err(err)?;
+            let mut opt = AdamW::new(model.parameters(), AdamWConfig { lr: 1e-4, ..Default::default() });
+            let ids = Tensor::randint_with(&mut gen, 0, config.vocab_size as i64, [b, args.seq], device)
+                .map_err(err)?;
+            Ok(Workload {
+                name: format!("gpt2_l4_d256_b{b}_t{}", args.seq),
+                items: b * args.seq,
+                unit: "tokens/s",
+                step: Box::new(move || {
+                    opt.zero_grad();
+                    let logits = with_autocast(autocast, || model.forward(&ids, None));
+                    Gpt2LMHeadModel::loss(&logits, &ids).backward();
+                    opt.step();
+                }),
+            })
+        }
+        BenchModel::Bert => {
+            let config = bert_config();
+            let model = BertForSequenceClassification::new(&config, device).map_err(err)?;
+            let mut opt = AdamW::new(model.parameters(), AdamWConfig { lr: 1e-4, ..Default::default() });
+            let ids = Tensor::randint_with(&mut gen, 0, config.vocab_size as i64, [b, args.seq], device)
+                .map_err(err)?;
+            let labels =
+                Tensor::randint_with(&mut gen, 0, config.num_labels() as i64, [b], device).map_err(err)?;
+            Ok(Workload {
+                name: format!("bert_l4_d256_b{b}_t{}", args.seq),
+                items: b * args.seq,
+                unit: "tokens/s",
+                step: Box::new(move || {
+                    opt.zero_grad();
+                    let logits = with_autocast(autocast, || model.forward(&ids, None, None));
+                    BertForSequenceClassification::loss(&logits, &labels).backward();
+                    opt.step();
+                }),
+            })
+        }
+    }
+}
+
+fn with_autocast(on: bool, f: impl FnOnce() -> Var) -> Var {
+    if on {
+        oxtrain_autograd::autocast(DType::BF16, f)
+    } else {
+        f()
+    }
+}
+
+/// The process's peak resident set (VmHWM), in bytes; Linux only.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+/// Runs the benchmark and prints its JSON line.
+pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
+    let device = match oxtrain::config::parse_device(&args.device) {
+        Some(Some(d)) => d,
+        Some(None) => {
+            if cuda::is_available(0) {
+                Device::Cuda(0)
+            } else {
+                Device::Cpu
+            }
+        }
+        None => {
+            return Err(BenchError(format!(
+                "unknown device `{}`; use cpu, cuda, cuda:N or auto",
+                args.device
+            )))
+        }
+    };
+    if let Device::Cuda(n) = device {
+        if !cuda::is_available(n) {
+            return Err(BenchError(format!("no CUDA device {n} here; use --device cpu")));
+        }
+    }
+    if args.batch == 0 || args.steps == 0 {
+        return Err(BenchError("--batch and --steps must be at least 1".into()));
+    }
+    let threads = args.threads.unwrap_or_else(rayon::current_num_threads).max(1);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(err)?;
+    pool.install(|| {
+        let mut w = workload(args, device)?;
+        let sync = || {
+            if let Device::Cuda(n) = device {
+                cuda::synchronize(n).map_err(err)
+            } else {
+                Ok(())
+            }
+        };
+        for _ in 0..args.warmup {
+            (w.step)();
+        }
+        sync()?;
+        if args.profile {
+            let profile = oxtrain_autograd::profile::record(|| (w.step)());
+            eprintln!("{}", profile.table());
+        }
+        let mut times = Vec::with_capacity(args.steps);
+        for _ in 0..args.steps {
+            let t = Instant::now();
+            (w.step)();
+            sync()?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        let step_s = median(times.clone());
+        let peak = match device {
+            Device::Cpu => peak_rss_bytes(),
+            Device::Cuda(n) => cuda::memory_stats(n).ok().map(|s| s.peak_allocated as u64),
+        };
+        let out = serde_json::json!({
+            "name": format!("train_{}_{}_{}t", w.name, if device.is_cuda() { "cuda" } else { "cpu" }, threads),
+            "unit": w.unit,
+            "oxtrain": w.items as f64 / step_s,
+            "step_seconds": step_s,
+            "step_times": times,
+            "peak_memory_bytes": peak,
+            "memory_kind": if device.is_cuda() { "CUDA caching allocator peak" } else { "peak RSS" },
+            "threads": threads,
+            "precision": format!("{:?}", args.precision).to_lowercase(),
+        });
+        println!("{out}");
+        Ok(())
+    })
+}

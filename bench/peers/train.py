@@ -1,11 +1,15 @@
 """PyTorch peer of `oxtrain bench`: the same training steps on synthetic data, one JSON line.
 
-Usage: python3 bench/peers/train.py MODEL --threads T [--batch N --image S --seq T --steps S --warmup W]
+Usage: python3 bench/peers/train.py MODEL --threads T [--batch N --image S --seq T --steps S
+       --warmup W --device cpu|cuda --precision f32|bf16 --channels-last --compile]
 MODEL: resnet18 | resnet50 (torchvision, SGD lr 0.1 momentum 0.9, cross-entropy over 1000
-classes) or gpt2 (4 layers, 256 wide, 4 heads, vocab 50257, positions 1024, no dropout, tied
-embeddings, gelu tanh, causal SDPA as transformers' default attention; AdamW lr 1e-4).
-Each step: zero_grad(set_to_none), forward, loss, backward, optimizer step. The figure is the
-median of --steps steps after --warmup; peak memory is the process's peak RSS.
+classes), gpt2 (4 layers, 256 wide, 4 heads, vocab 50257, positions 1024, no dropout, tied
+embeddings, gelu tanh, causal SDPA as transformers' default attention; AdamW lr 1e-4) or
+gpt2-124m (the same written plainly at 12 layers, 768 wide, 12 heads; nanoGPT style).
+Each step: zero_grad(set_to_none), forward (under bf16 autocast with --precision bf16), loss,
+backward, optimizer step (fused AdamW on CUDA). The figure is the median of --steps steps after
+--warmup, each step ended by a device synchronisation; peak memory is the process's peak RSS on
+the CPU, torch.cuda.max_memory_allocated on CUDA.
 """
 
 import argparse
@@ -52,7 +56,7 @@ class Gpt2(nn.Module):
                 nn.init.normal_(p, std=0.02)
 
     def forward(self, ids):
-        pos = torch.arange(ids.shape[1])
+        pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.wte(ids) + self.wpe(pos)
         for block in self.h:
             x = block(x)
@@ -61,34 +65,52 @@ class Gpt2(nn.Module):
 
 def workload(args):
     g = torch.Generator().manual_seed(0)
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
     if args.model in ("resnet18", "resnet50"):
         import torchvision
 
-        model = getattr(torchvision.models, args.model)(num_classes=1000)
+        model = getattr(torchvision.models, args.model)(num_classes=1000).to(dev)
+        x = torch.randn(args.batch, 3, args.image, args.image, generator=g).to(dev)
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        x = torch.randn(args.batch, 3, args.image, args.image, generator=g)
-        y = torch.randint(0, 1000, (args.batch,), generator=g)
+        y = torch.randint(0, 1000, (args.batch,), generator=g).to(dev)
+        fwd = torch.compile(model) if args.compile else model
 
         def step():
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
+            with autocast():
+                loss = F.cross_entropy(fwd(x), y)
+            loss.backward()
             opt.step()
 
-        return step, args.batch, "img/s", f"{args.model}_b{args.batch}_{args.image}"
-    if args.model == "gpt2":
-        model = Gpt2()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        ids = torch.randint(0, 50257, (args.batch, args.seq), generator=g)
+        cl = "_cl" if args.channels_last else ""
+        return step, args.batch, "img/s", f"{args.model}_b{args.batch}_{args.image}{cl}"
+    if args.model in ("gpt2", "gpt2-124m"):
+        d, layers, heads = (256, 4, 4) if args.model == "gpt2" else (768, 12, 12)
+        model = Gpt2(d=d, layers=layers, heads=heads).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+        ids = torch.randint(0, 50257, (args.batch, args.seq), generator=g).to(dev)
+        fwd = torch.compile(model) if args.compile else model
 
         def step():
             opt.zero_grad(set_to_none=True)
-            logits = model(ids)
-            v = logits.shape[-1]
-            F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1)).backward()
+            with autocast():
+                logits = fwd(ids)
+                v = logits.shape[-1]
+                loss = F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1))
+            loss.backward()
             opt.step()
 
-        return step, args.batch * args.seq, "tokens/s", f"gpt2_l4_d256_b{args.batch}_t{args.seq}"
-    raise SystemExit(f"unknown model {args.model}; use resnet18, resnet50 or gpt2")
+        name = f"gpt2_l{layers}_d{d}_b{args.batch}_t{args.seq}"
+        return step, args.batch * args.seq, "tokens/s", name
+    raise SystemExit(f"unknown model {args.model}; use resnet18, resnet50, gpt2 or gpt2-124m")
 
 
 def main():
@@ -100,17 +122,26 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=("f32", "bf16"), default="f32")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--compile", action="store_true")
     args = p.parse_args()
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     step, items, unit, name = workload(args)
     for _ in range(args.warmup):
         step()
+    sync()
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     s = statistics.median(times)
     print(json.dumps({
         "name": name,
@@ -118,7 +149,9 @@ def main():
         "peer": items / s,
         "step_seconds": s,
         "step_times": times,
-        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_memory_bytes": peak,
+        "precision": args.precision,
+        "compiled": args.compile,
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__.split("+")[0],
     }))

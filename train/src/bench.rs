@@ -19,7 +19,11 @@ use std::time::Instant;
 pub enum BenchModel {
     Resnet18,
     Resnet50,
+    /// GPT-2 as `bench/peers/train.py` writes it: 4 layers, 256 wide (the CPU issue's size).
     Gpt2,
+    /// GPT-2 124M: 12 layers, 768 wide, 12 heads (the GPU issue's size).
+    #[value(name = "gpt2-124m")]
+    Gpt2_124m,
     Bert,
 }
 
@@ -32,7 +36,8 @@ pub enum BenchPrecision {
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// The model: resnet18 and resnet50 (SGD with momentum 0.9), gpt2 (4 layers, 256 wide, 4
-    /// heads, vocab 50257; AdamW) or bert (4 layers, 256 wide, 4 heads, 2 classes; AdamW).
+    /// heads, vocab 50257; AdamW), gpt2-124m (12 layers, 768 wide, 12 heads; AdamW) or bert (4
+    /// layers, 256 wide, 4 heads, 2 classes; AdamW).
     #[arg(value_enum)]
     pub model: BenchModel,
     /// `cpu`, `cuda` or `cuda:N`.
@@ -59,6 +64,9 @@ pub struct BenchArgs {
     /// Parameters and activations in f32, or the forward pass under bf16 autocast.
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: BenchPrecision,
+    /// ResNets only: activations in NHWC order (`memory_format=torch.channels_last`).
+    #[arg(long)]
+    pub channels_last: bool,
     /// Also print the time per op kind (forward and backward) of one step, to stderr.
     #[arg(long)]
     pub profile: bool,
@@ -83,16 +91,21 @@ struct Workload {
     step: Box<dyn FnMut()>,
 }
 
-fn gpt2_config() -> Gpt2Config {
+/// GPT-2 without dropout, so both sides run the same arithmetic; `small` is the CPU issue's
+/// 4-layer 256-wide model, else the 124M one.
+fn gpt2_config(small: bool) -> Gpt2Config {
+    let base = Gpt2Config::gpt2();
+    let (n_layer, n_embd, n_head) =
+        if small { (4, 256, 4) } else { (base.n_layer, base.n_embd, base.n_head) };
     Gpt2Config {
-        n_layer: 4,
-        n_embd: 256,
-        n_head: 4,
+        n_layer,
+        n_embd,
+        n_head,
         n_positions: 1024,
         embd_pdrop: 0.0,
         attn_pdrop: 0.0,
         resid_pdrop: 0.0,
-        ..Gpt2Config::gpt2()
+        ..base
     }
 }
 
@@ -123,6 +136,7 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
                 BenchModel::Resnet18 => (ResNetConfig::resnet18(), "resnet18"),
                 _ => (ResNetConfig::resnet50(), "resnet50"),
             };
+            let config = ResNetConfig { channels_last: args.channels_last, ..config };
             let model = ResNet::new(&config, device).map_err(err)?;
             let mut opt =
                 Sgd::new(model.parameters(), SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
@@ -132,7 +146,7 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
             let y = Tensor::randint_with(&mut gen, 0, 1000, [b], device).map_err(err)?;
             let x = Var::constant(x);
             Ok(Workload {
-                name: format!("{name}_b{b}_{}", args.image),
+                name: format!("{name}_b{b}_{}{}", args.image, if args.channels_last { "_cl" } else { "" }),
                 items: b,
                 unit: "img/s",
                 step: Box::new(move || {
@@ -143,14 +157,15 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
                 }),
             })
         }
-        BenchModel::Gpt2 => {
-            let config = gpt2_config();
+        BenchModel::Gpt2 | BenchModel::Gpt2_124m => {
+            let small = matches!(args.model, BenchModel::Gpt2);
+            let config = gpt2_config(small);
             let model = Gpt2LMHeadModel::new(&config, device).map_err(err)?;
             let mut opt = AdamW::new(model.parameters(), AdamWConfig { lr: 1e-4, ..Default::default() });
             let ids = Tensor::randint_with(&mut gen, 0, config.vocab_size as i64, [b, args.seq], device)
                 .map_err(err)?;
             Ok(Workload {
-                name: format!("gpt2_l4_d256_b{b}_t{}", args.seq),
+                name: format!("gpt2_l{}_d{}_b{b}_t{}", config.n_layer, config.n_embd, args.seq),
                 items: b * args.seq,
                 unit: "tokens/s",
                 step: Box::new(move || {

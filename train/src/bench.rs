@@ -67,7 +67,8 @@ pub struct BenchArgs {
     /// ResNets only: activations in NHWC order (`memory_format=torch.channels_last`).
     #[arg(long)]
     pub channels_last: bool,
-    /// Also print the time per op kind (forward and backward) of one step, to stderr.
+    /// Also print the time per op kind (forward and backward) of one step, to stderr; on a GPU
+    /// each op waits for the device, so it shows the op's own kernel time.
     #[arg(long)]
     pub profile: bool,
 }
@@ -267,7 +268,16 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         }
         sync()?;
         if args.profile {
-            let profile = oxtrain_autograd::profile::record(|| (w.step)());
+            let profile = match device {
+                // Each op waits for the GPU, so it is charged its own kernels' time.
+                Device::Cuda(n) => {
+                    let sync: &'static (dyn Fn() + Sync) = Box::leak(Box::new(move || {
+                        let _ = cuda::synchronize(n);
+                    }));
+                    oxtrain_autograd::profile::record_synced(sync, || (w.step)())
+                }
+                Device::Cpu => oxtrain_autograd::profile::record(|| (w.step)()),
+            };
             eprintln!("{}", profile.table());
         }
         let mut times = Vec::with_capacity(args.steps);

@@ -2,7 +2,7 @@
 //! `ops/pool`): each uses the tensor crate's backward kernel of its op.
 
 use crate::Var;
-use oxtrain_tensor::{Shape, Tensor};
+use oxtrain_tensor::Shape;
 
 impl Var {
     /// Max pooling, as `F.max_pool2d`; the gradient goes to each window's (first) maximum.
@@ -15,18 +15,21 @@ impl Var {
         ceil_mode: bool,
     ) -> Var {
         let (out, indices) = self.tensor().max_pool2d(kernel, stride, padding, dilation, ceil_mode);
-        self.max_pool_var("max_pool2d", out, indices)
+        let input = Shape::from(self.dims());
+        Var::from_op("max_pool2d", out, &[self], move |g, _| {
+            vec![Some(g.max_pool2d_with_indices_backward(
+                &indices, &input, kernel, stride, padding, dilation, ceil_mode,
+            ))]
+        })
     }
 
     /// Max pooling over PyTorch's adaptive windows, as `F.adaptive_max_pool2d`.
     pub fn adaptive_max_pool2d(&self, output_size: [usize; 2]) -> Var {
         let (out, indices) = self.tensor().adaptive_max_pool2d(output_size);
-        self.max_pool_var("adaptive_max_pool2d", out, indices)
-    }
-
-    fn max_pool_var(&self, name: &'static str, out: Tensor, indices: Tensor) -> Var {
         let input = Shape::from(self.dims());
-        Var::from_op(name, out, &[self], move |g, _| vec![Some(g.max_pool2d_backward(&indices, &input))])
+        Var::from_op("adaptive_max_pool2d", out, &[self], move |g, _| {
+            vec![Some(g.adaptive_max_pool2d_backward(&indices, &input))]
+        })
     }
 
     /// Average pooling, as `F.avg_pool2d`.

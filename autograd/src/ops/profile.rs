@@ -21,6 +21,15 @@ static TIMES: Mutex<Times> = Mutex::new(BTreeMap::new());
 
 thread_local! {
     static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// Waits for the device before each reading of the clock (see [`record_synced`]).
+    static SYNC: Cell<Option<&'static (dyn Fn() + Sync)>> = const { Cell::new(None) };
+}
+
+/// Waits for the queued device work of the recording thread, when [`record_synced`] asked.
+fn sync() {
+    if let Some(s) = SYNC.with(|c| c.get()) {
+        s();
+    }
 }
 
 fn add(phase: &'static str, name: &'static str, d: Duration) {
@@ -35,6 +44,7 @@ pub(crate) fn forward_done(name: &'static str) {
     if !ON.load(Ordering::Relaxed) {
         return;
     }
+    sync();
     let now = Instant::now();
     if let Some(last) = LAST.with(|l| l.replace(Some(now))) {
         add("forward", name, now - last);
@@ -46,8 +56,10 @@ pub(crate) fn timed<R>(name: &'static str, f: impl FnOnce() -> R) -> R {
     if !ON.load(Ordering::Relaxed) {
         return f();
     }
+    sync();
     let t = Instant::now();
     let r = f();
+    sync();
     add("backward", name, t.elapsed());
     // The next forward op must not be charged for this backward.
     LAST.with(|l| l.set(Some(Instant::now())));
@@ -88,6 +100,17 @@ impl Profile {
         s += &format!("{:<9} {:<24} {:>6} {:>10.2}\n", "total", "", "", total * 1e3);
         s
     }
+}
+
+/// [`record`] for work queued on a device: `sync` (e.g. a CUDA device synchronisation) runs
+/// before every reading of the clock, so each op is charged its own device time and not the
+/// time the host waited for earlier ops. The synchronisations slow the step itself down.
+pub fn record_synced(sync: &'static (dyn Fn() + Sync), f: impl FnOnce()) -> Profile {
+    SYNC.with(|c| c.set(Some(sync)));
+    sync();
+    let p = record(f);
+    SYNC.with(|c| c.set(None));
+    p
 }
 
 /// Runs `f` with op timing on and returns what it measured. Recordings do not nest.

@@ -224,3 +224,35 @@ pub(super) fn max_pool_backward(
     }
     out
 }
+
+/// The max-pooling gradient gathered per input element (kernel `max_pool_backward_gather`):
+/// each element adds, in row-major order, the gradients of the covering windows whose index
+/// names it. `nhwc` numbers the threads (and lays out the result) channels-last.
+pub(super) fn max_pool_backward_gather(
+    grad: &CudaStorage,
+    grad_layout: &Layout,
+    indices: &CudaStorage,
+    index_layout: &Layout,
+    win: &Windows,
+    nhwc: bool,
+    op: &str,
+) -> CudaStorage {
+    let kernel = float_kernel(op, "max_pool_backward_gather", grad.dtype());
+    let [h, w] = win.input;
+    let n = planes(grad_layout) * h * w;
+    let dev = grad.device();
+    let out = expect_launch(CudaStorage::alloc(dev, grad.dtype(), n), op);
+    if n == 0 {
+        return out;
+    }
+    let f = expect_launch(dev.function(&SOURCE, &kernel), op);
+    let ((rows, cols), lg, li) = (axes(win), PlaneLayout::new(grad_layout), PlaneLayout::new(index_layout));
+    let (g, i, po, n64, nhwc) = (grad.ptr(), indices.ptr(), out.ptr(), n as i64, nhwc as i32);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&rows).arg(&cols).arg(&lg).arg(&li).arg(&g).arg(&i).arg(&po).arg(&n64).arg(&nhwc);
+    // SAFETY: types match; the kernel reads only the covering outputs 0..oh, 0..ow of each
+    // plane, which the layouts place inside `grad` and `indices`; `out` holds n elements.
+    expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+    out
+}

@@ -291,10 +291,54 @@ impl Tensor {
 
     /// The gradient of [`Tensor::max_pool2d`] (and of [`Tensor::adaptive_max_pool2d`]) with
     /// respect to its input, called on the output gradient: each element of `self` is added to
-    /// the input position `indices` names. Returns a tensor of `input_shape`.
+    /// the input position `indices` names. Returns a tensor of `input_shape`. An index outside
+    /// its plane is a panic. Autograd uses [`Tensor::max_pool2d_with_indices_backward`], which
+    /// knows the windows and so runs in parallel over the input on a GPU.
     pub fn max_pool2d_backward(&self, indices: &Tensor, input_shape: impl Into<Shape>) -> Tensor {
-        let op = "max_pool2d_backward";
+        self.max_pool_backward("max_pool2d_backward", indices, input_shape.into(), None)
+    }
+
+    /// The gradient of `max_pool2d(kernel, stride, padding, dilation, ceil_mode)`, as PyTorch's
+    /// `max_pool2d_with_indices_backward`: `self` is the output gradient and `indices` what the
+    /// forward returned. Each input element gathers the gradients of the windows that cover it
+    /// and chose it, in row-major order, which is the order [`Tensor::max_pool2d_backward`] adds
+    /// them in, so both give the same bits; on CUDA this runs one thread per input element
+    /// (without waiting for the GPU) where that one runs a thread per plane. A channels-last
+    /// gradient gives a channels-last result. Indices that no covering window could have chosen
+    /// are not checked: pass the forward's own.
+    #[allow(clippy::too_many_arguments)]
+    pub fn max_pool2d_with_indices_backward(
+        &self,
+        indices: &Tensor,
+        input_shape: impl Into<Shape>,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+    ) -> Tensor {
+        let op = "max_pool2d_with_indices_backward";
         let input_shape = input_shape.into();
+        let windows = max_pool_windows(op, &input_shape, kernel, stride, padding, dilation, ceil_mode);
+        self.max_pool_backward(op, indices, input_shape, Some(&windows))
+    }
+
+    /// The gradient of [`Tensor::adaptive_max_pool2d`], as
+    /// [`Tensor::max_pool2d_with_indices_backward`] (the output size is `self`'s).
+    pub fn adaptive_max_pool2d_backward(&self, indices: &Tensor, input_shape: impl Into<Shape>) -> Tensor {
+        let op = "adaptive_max_pool2d_backward";
+        let input_shape = input_shape.into();
+        let windows = adaptive_pool_windows(op, &input_shape, spatial(self.dims()));
+        self.max_pool_backward(op, indices, input_shape, Some(&windows))
+    }
+
+    fn max_pool_backward(
+        &self,
+        op: &str,
+        indices: &Tensor,
+        input_shape: Shape,
+        windows: Option<&Windows>,
+    ) -> Tensor {
         check_input(op, &input_shape);
         let lead = input_shape.rank() - 2;
         assert!(
@@ -310,32 +354,40 @@ impl Tensor {
             indices.dtype(),
             indices.dims()
         );
+        if let Some(w) = windows {
+            assert!(
+                spatial(self.dims()) == w.output(),
+                "{op}: grad_out of shape {:?} is not the forward's output, whose last two dims are {:?}",
+                self.dims(),
+                w.output()
+            );
+        }
         self.same_device(indices, op);
-        let storage = match (&*self.storage(), &*indices.storage()) {
-            (Storage::Cpu(g), Storage::Cpu(i)) => Storage::Cpu(cpu::max_pool_backward(
-                g,
-                &nchw(self.layout()),
-                i,
-                &nchw(indices.layout()),
-                spatial(&input_shape),
-                op,
-            )),
-            (Storage::Cuda(g), Storage::Cuda(i)) => Storage::Cuda(cuda::max_pool_backward(
-                g,
-                &nchw(self.layout()),
-                i,
-                &nchw(indices.layout()),
-                spatial(&input_shape),
-                op,
-            )),
+        let (g_layout, i_layout) = (nchw(self.layout()), nchw(indices.layout()));
+        match (&*self.storage(), &*indices.storage(), windows) {
+            (Storage::Cpu(g), Storage::Cpu(i), _) => {
+                let out = cpu::max_pool_backward(g, &g_layout, i, &i_layout, spatial(&input_shape), op);
+                Tensor::from_storage(Storage::Cpu(out), input_shape)
+            }
+            (Storage::Cuda(g), Storage::Cuda(i), Some(w)) => {
+                // Channels-last in, channels-last out, so the convolution before the pooling
+                // gets its gradient in the order it computes in.
+                let nhwc = self.rank() == 4 && self.layout().strides()[1] == 1 && self.dims()[1] > 1;
+                let out = cuda::max_pool_backward_gather(g, &g_layout, i, &i_layout, w, nhwc, op);
+                let t = Tensor::from_storage(Storage::Cuda(out), input_shape.clone());
+                if nhwc {
+                    let [_, c, h, w] = [input_shape[0], input_shape[1], input_shape[2], input_shape[3]];
+                    t.with_layout(Layout::new(input_shape, vec![h * w * c, 1, w * c, c], 0))
+                } else {
+                    t
+                }
+            }
+            (Storage::Cuda(g), Storage::Cuda(i), None) => {
+                let out = cuda::max_pool_backward(g, &g_layout, i, &i_layout, spatial(&input_shape), op);
+                Tensor::from_storage(Storage::Cuda(out), input_shape)
+            }
             _ => unreachable!("{op}: checked to be on one device"),
-        };
-        Tensor::from_storage(storage, input_shape)
-    }
-
-    /// Alias of [`Tensor::max_pool2d_backward`], under the name of the forward op it inverts.
-    pub fn adaptive_max_pool2d_backward(&self, indices: &Tensor, input_shape: impl Into<Shape>) -> Tensor {
-        self.max_pool2d_backward(indices, input_shape)
+        }
     }
 
     /// Mean over sliding `kernel` windows, as `F.avg_pool2d(x, kernel, stride, padding, ceil_mode,

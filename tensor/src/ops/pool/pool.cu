@@ -166,6 +166,39 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
             if ((void*)a != (void*)(out + p * plane))                                            \
                 for (i64 k = 0; k < plane; ++k) out[p * plane + k] = STORE(a[k]);                \
         }                                                                                        \
+    }                                                                                        \
+    /* Gradient of the max, one thread per input element: it adds the gradients of the        */ \
+    /* covering windows whose index names it, in row-major order as the per-plane kernel       */ \
+    /* does, so both give the same bits. nhwc: thread i is element (n, h, w, c) of a           */ \
+    /* channels-last result (coalesced for channels-last inputs), else (n, c, h, w).            */ \
+    extern "C" __global__ void max_pool_backward_gather_##SUFFIX(                               \
+        PoolAxis rows, PoolAxis cols, PlaneLayout lg, PlaneLayout li, const T* g,                \
+        const i64* idx, T* out, i64 n, int nhwc) {                                               \
+        const i64 ih_len = rows.input, iw_len = cols.input, ch = lg.channels;                    \
+        FOR_EACH(i, n) {                                                                         \
+            i64 p, ih, iw;                                                                       \
+            if (nhwc) {                                                                          \
+                const i64 c = i % ch, t = i / ch;                                                \
+                iw = t % iw_len;                                                                 \
+                ih = (t / iw_len) % ih_len;                                                      \
+                p = (t / (iw_len * ih_len)) * ch + c;                                            \
+            } else {                                                                             \
+                p = i / (ih_len * iw_len);                                                       \
+                const i64 hw = i - p * (ih_len * iw_len);                                        \
+                ih = hw / iw_len;                                                                \
+                iw = hw - ih * iw_len;                                                           \
+            }                                                                                    \
+            const i64 at = ih * iw_len + iw;                                                     \
+            i64 r_lo, r_hi, c_lo, c_hi;                                                          \
+            covering_outputs(rows, ih, &r_lo, &r_hi);                                            \
+            covering_outputs(cols, iw, &c_lo, &c_hi);                                            \
+            const i64 gb = plane_base(lg, p), ib = plane_base(li, p);                            \
+            C acc = 0;                                                                           \
+            for (i64 r = r_lo; r <= r_hi; ++r)                                                   \
+                for (i64 c = c_lo; c <= c_hi; ++c)                                               \
+                    if (idx[ib + r * li.s2 + c * li.s3] == at) acc += LOAD(g[gb + r * lg.s2 + c * lg.s3]); \
+            out[i] = STORE(acc);                                                                 \
+        }                                                                                        \
     }
 POOL(f32, float, float, ID, ID)
 POOL(f64, double, double, ID, ID)

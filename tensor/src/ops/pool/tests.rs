@@ -74,11 +74,25 @@ fn backward(
     input: &[usize],
 ) -> Tensor {
     if let Some(indices) = indices {
-        return if case.contains("adaptmax") {
+        // The windowed gradients gather what the plain one scatters, in the same order: the
+        // same bits, whatever the layout.
+        let plain = grad_out.max_pool2d_backward(indices, input);
+        let windowed = if case.contains("adaptmax") {
             grad_out.adaptive_max_pool2d_backward(indices, input)
         } else {
-            grad_out.max_pool2d_backward(indices, input)
+            grad_out.max_pool2d_with_indices_backward(
+                indices,
+                input,
+                pair(f, case, "kernel"),
+                pair(f, case, "stride"),
+                pair(f, case, "padding"),
+                pair(f, case, "dilation"),
+                flag(f, case, "ceil_mode"),
+            )
         };
+        assert_eq!(windowed.dims(), plain.dims(), "{case}");
+        assert_eq!(windowed.to_f64_vec(), plain.to_f64_vec(), "{case}: windowed vs plain backward");
+        return windowed;
     }
     if case.contains("adaptavg") {
         return grad_out.adaptive_avg_pool2d_backward(input);
@@ -321,6 +335,11 @@ device_test! {
                 }
                 let got = g.max_pool2d_backward(&i, dims.clone());
                 assert_close(&got, &as_tensor(want_g, dims.clone(), dev), 1e-12, 1e-12, &format!("max grad {what}"));
+                for strided in [false, true] {
+                    let (g, i) = if strided { (channels_last(&g), channels_last(&i)) } else { (g.clone(), i.clone()) };
+                    let w = g.max_pool2d_with_indices_backward(&i, dims.clone(), kernel, stride, padding, dilation, ceil);
+                    assert_eq!(w.to_f64_vec(), got.to_f64_vec(), "windowed max grad {what} channels-last {strided}");
+                }
 
                 for (include_pad, over) in [(true, None), (false, None), (true, Some(7))] {
                     let p = Params { dilation: [1, 1], ..p };

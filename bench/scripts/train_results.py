@@ -56,13 +56,16 @@ def main():
         entry["goal"] = 1.0
         entry["rounds"] = {"oxtrain": n_ours, "peer": n_peer}
         benchmarks.append(entry)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
+    # The GPU machine gets a copy of the tree whose git history may not be this commit's.
+    commit = os.environ.get("COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            pass
     print(json.dumps({
         "date": datetime.date.today().isoformat(),
-        "commit": commit or os.environ.get("COMMIT", ""),
+        "commit": commit,
         "machine": "nvidia-h200 (1x H200)",
         "notes": "Whole training step (zero_grad, forward, loss, backward, optimizer step) on synthetic "
                  "data already on the GPU: `oxtrain bench` against bench/peers/train.py "

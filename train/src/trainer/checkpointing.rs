@@ -7,7 +7,8 @@
 //! elastic restart, `TORCHELASTIC_RESTART_COUNT` > 0), let process-level tests kill a run at a
 //! point they choose:
 //! - `OXTRAIN_TEST_HALT_AFTER_STEP=K[:RANK]`: after step K (its save, if any, committed) the
-//!   loop of RANK (default: every rank) prints a line naming its pid and sleeps for ever;
+//!   loop of RANK (default: every rank) prints a line naming its pid and waits, until SIGTERM
+//!   or SIGINT (then the next step saves and the run stops) or SIGKILL;
 //! - `OXTRAIN_TEST_PAUSE_CHECKPOINT=STEP:FRACTION`: the writer of step STEP's checkpoint
 //!   stops for ever once FRACTION of its bytes are written (at the latest just before the
 //!   manifest), after printing a line naming its pid.
@@ -303,9 +304,10 @@ impl Saver {
             self.rank,
             std::process::id()
         );
-        loop {
-            std::thread::sleep(Duration::from_secs(1));
+        while !self.policy.stop_requested() {
+            std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 }
 

@@ -42,9 +42,10 @@ enum Command {
     Eval(EvalArgs),
     /// Start this node's workers with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
     /// MASTER_ADDR, ...): one per GPU, or CPU workers talking through shared memory. Signals
-    /// are passed on; when one worker fails the others are stopped.
+    /// are passed on; when one worker fails the others are stopped, and with --max-restarts all are
+    /// started again from the latest checkpoint.
     #[command(
-        after_help = "Examples:\n  oxtrain launch --nproc-per-node 8 -- train --config examples/configs/resnet50_imagenet.toml\n  oxtrain launch --nproc-per-node 2 --backend shm -- train train.device=cpu\n  oxtrain launch --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 -- train --config run.toml"
+        after_help = "Examples:\n  oxtrain launch --nproc-per-node 8 -- train --config examples/configs/resnet50_imagenet.toml\n  oxtrain launch --nproc-per-node 2 --backend shm -- train train.device=cpu\n  oxtrain launch --nproc-per-node 8 --max-restarts 3 -- train --config run.toml checkpoint.every_steps=1000\n  oxtrain launch --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 -- train --config run.toml"
     )]
     Launch(LaunchArgs),
     /// Print the resolved config: every key with its value, defaults included.
@@ -117,6 +118,10 @@ struct LaunchArgs {
     /// Seconds workers get to exit after SIGTERM before they are killed.
     #[arg(long, default_value_t = 30.0)]
     stop_timeout: f64,
+    /// When a worker dies, stop the others and start all again, up to this many times;
+    /// `train` workers then resume from the newest valid checkpoint (checkpoint.resume=latest).
+    #[arg(long, default_value_t = 0)]
+    max_restarts: usize,
     /// What each worker runs: an oxtrain subcommand (`train ...`) or any program.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<std::ffi::OsString>,
@@ -224,6 +229,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         backend: a.backend,
         command: a.command,
         grace: std::time::Duration::from_secs_f64(a.stop_timeout.clamp(0.0, 3600.0)),
+        max_restarts: a.max_restarts,
     };
     match oxtrain::launch::launch(&spec) {
         Ok(()) => ExitCode::SUCCESS,

@@ -203,3 +203,43 @@ fn export_writes_the_model_of_a_checkpoint_for_pytorch() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("--checkpoint") && help.contains("Examples:"), "{help}");
 }
+
+#[test]
+fn the_checkpoint_section_shows_its_defaults_and_refuses_bad_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let oxtrain = |args: &[&str]| {
+        let r = std::process::Command::new(env!("CARGO_BIN_EXE_oxtrain"))
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            r.status.success(),
+            String::from_utf8_lossy(&r.stdout).into_owned() + &String::from_utf8_lossy(&r.stderr),
+        )
+    };
+    let (ok, out) = oxtrain(&["config", "--print"]);
+    assert!(ok, "{out}");
+    let section = out.split("[checkpoint]").nth(1).unwrap_or_else(|| panic!("{out}"));
+    for key in [
+        "dir = \"\"",
+        "every_steps = 0",
+        "every_minutes = 0.0",
+        "keep_last = 3",
+        "keep_every = 0",
+        "resume = \"\"",
+    ] {
+        assert!(section.contains(key), "{key} in {section}");
+    }
+    let (ok, out) = oxtrain(&["config", "--print", "checkpoint.resume=latest", "checkpoint.every_steps=100"]);
+    assert!(ok && out.contains("resume = \"latest\"") && out.contains("every_steps = 100"), "{out}");
+    for (bad, says) in [
+        ("checkpoint.keep_lst=2", "did you mean `keep_last`"),
+        ("checkpoint.every_minutes=-1", "checkpoint.every_minutes"),
+        ("checkpoint.keep_last=0", "checkpoint.keep_last"),
+        ("checkpoint.every_steps=-5", "checkpoint.every_steps"),
+    ] {
+        let (ok, out) = oxtrain(&["config", "--print", bad]);
+        assert!(!ok && out.contains(says), "{bad}: {out}");
+    }
+}

@@ -367,7 +367,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         let saved = saver.wait()?;
         progress.finish();
         strategy.barrier().map_err(TrainError::Comm)?;
-        let dir = saved.map_or_else(|| checkpoint_dir(config), |p| p);
+        let dir = saved.unwrap_or_else(|| checkpoint_dir(config));
         let why = format!(
             "SIGTERM/SIGINT: saved the checkpoint of step {at} to {}; continue with `oxtrain train --resume` \
              and the same config",

@@ -243,3 +243,45 @@ fn the_checkpoint_section_shows_its_defaults_and_refuses_bad_values() {
         assert!(!ok && out.contains(says), "{bad}: {out}");
     }
 }
+
+#[test]
+fn a_resnet_with_loader_workers_and_augmentation_resumes_bit_identical() {
+    // The state a GPT-2 does not have: batch-norm running statistics, random flips, and
+    // loader threads that read ahead of the step the checkpoint is taken at.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = |name: &str| -> Vec<String> {
+        [
+            "train".to_string(),
+            format!("data.cache={}", d.join("cache").display()),
+            "data.classes=2".into(),
+            "data.per_class=16".into(),
+            "data.image_size=16".into(),
+            "data.batch_size=8".into(),
+            "data.workers=2".into(),
+            "data.hflip=0.5".into(),
+            "optim.name=sgd".into(),
+            "train.steps=6".into(),
+            "train.device=cpu".into(),
+            "checkpoint.every_steps=3".into(),
+            "checkpoint.keep_last=1".into(),
+            "log.every_steps=1".into(),
+            "log.progress=lines".into(),
+            "log.plots=false".into(),
+            format!("log.dir={}", d.join(name).display()),
+        ]
+        .into()
+    };
+    run_ok(d, &args("reference"), &[]);
+    let mut w = start(d, &args("killed"), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "4".into())]);
+    let halted = w.wait_for("halted after step 4", 1);
+    sigkill(pid_in(&halted[0]));
+    w.finish();
+    let out = run_ok(d, &[args("killed"), vec!["--resume".into()]].concat(), &[]);
+    assert!(out.contains("step-000003 (step 3, epoch 0)"), "{out}");
+    let (a, b) = (losses(&d.join("reference")), losses(&d.join("killed")));
+    assert_eq!(a.len(), 6);
+    assert_eq!(a, b, "the losses differ (step, f64 bits)");
+    let weights = |run: &str| std::fs::read(final_weights(&d.join(run))).unwrap();
+    assert!(weights("reference") == weights("killed"), "the final weights (with BN statistics) differ");
+}

@@ -285,3 +285,35 @@ fn a_resnet_with_loader_workers_and_augmentation_resumes_bit_identical() {
     let weights = |run: &str| std::fs::read(final_weights(&d.join(run))).unwrap();
     assert!(weights("reference") == weights("killed"), "the final weights (with BN statistics) differ");
 }
+
+#[test]
+fn sigterm_to_the_launcher_saves_one_step_on_both_ranks_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let launch = |port: u16, args: Vec<String>| -> Vec<String> {
+        let head =
+            ["launch", "--nproc-per-node", "2", "--backend", "shm", "--master-port", &port.to_string(), "--"];
+        head.iter().map(|s| s.to_string()).chain(args).collect()
+    };
+    run_ok(d, &launch(29831, train_args(d, "reference", &[])), &[]);
+
+    // Only rank 1 waits after step 5; rank 0 is then inside step 6. The launcher passes
+    // SIGTERM on to both; they agree to save step 6 (or 7) together and exit 0.
+    let args = train_args(d, "preempted", &[]);
+    let mut w = start(d, &launch(29832, args.clone()), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "5:1".into())]);
+    w.wait_for("halted after step 5", 1);
+    // SAFETY: kill(2) on the launcher this test started.
+    assert_eq!(unsafe { libc::kill(w.child.id() as i32, libc::SIGTERM) }, 0);
+    let (status, out) = w.finish();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "the launcher reports the signal: {out}");
+    assert!(out.contains("all exited"), "every worker exited on its own: {out}");
+    let stopped = out.lines().find(|l| l.starts_with("stopped after ")).unwrap_or_else(|| panic!("{out}"));
+    let step: u64 = stopped["stopped after ".len()..].split(' ').next().unwrap().parse().unwrap();
+    let ckpts = d.join("preempted/checkpoints");
+    let part = |name: String| ckpts.join(name).join("manifest.json").is_file();
+    assert!(part(format!("step-{step:06}")) && part(format!("step-{step:06}.rank-1")), "{out}");
+
+    let out = run_ok(d, &launch(29833, [args, vec!["--resume".into()]].concat()), &[]);
+    assert!(out.contains(&format!("step-{step:06} (step {step},")), "{out}");
+    assert_same_run(&d.join("reference"), &d.join("preempted"));
+}

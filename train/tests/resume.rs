@@ -317,3 +317,30 @@ fn sigterm_to_the_launcher_saves_one_step_on_both_ranks_and_resumes_exactly() {
     assert!(out.contains(&format!("step-{step:06} (step {step},")), "{out}");
     assert_same_run(&d.join("reference"), &d.join("preempted"));
 }
+
+#[test]
+fn timed_saves_under_ddp_are_of_the_same_step_on_every_rank() {
+    // Every 3 ms by each rank's own clock: without the vote over ranks, rank 0 and rank 1
+    // would save at different steps and no checkpoint would have both parts.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = train_args(d, "timed", &["checkpoint.every_minutes=0.00005", "checkpoint.keep_last=100"]);
+    let head = ["launch", "--nproc-per-node", "2", "--backend", "shm", "--master-port", "29841", "--"];
+    run_ok(d, &head.iter().map(|s| s.to_string()).chain(args).collect::<Vec<_>>(), &[]);
+    let ckpts = d.join("timed/checkpoints");
+    let mut steps = vec![];
+    for e in std::fs::read_dir(&ckpts).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if let Some(step) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) {
+            steps.push(step);
+            let dir = ckpts.join(&name);
+            let m = oxtrain::checkpoint::verify_checkpoint(&dir).unwrap();
+            assert!(m.is_ok(), "{name}: {:?}", m.err());
+        }
+    }
+    assert!(steps.contains(&(STEPS as u64)), "the end is saved: {steps:?}");
+    assert!(steps.len() >= 3, "timed saves besides the end: {steps:?}");
+    let found = oxtrain::checkpoint::latest_valid(&ckpts).unwrap();
+    assert_eq!(found.step(), Some(STEPS as u64));
+    assert!(found.skipped.is_empty(), "{found}");
+}

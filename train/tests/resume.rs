@@ -93,6 +93,11 @@ fn resume_of_a_corrupt_checkpoint_names_the_file_and_latest_with_none_starts_fre
     let out = run_ok(d, &[args.clone(), vec!["--resume".into()]].concat(), &[]);
     assert!(out.contains("no complete checkpoint in") && out.contains("starting from step 0"), "{out}");
 
+    // Resuming with another config goes on, but says what differs.
+    let out = run_ok(d, &[args.clone(), vec!["optim.lr=0.001".into(), "--resume".into()]].concat(), &[]);
+    assert!(out.contains("step-000012 (step 12, epoch 1)"), "{out}");
+    assert!(out.contains("note: this run's config differs from the checkpoint's in optim.lr;"), "{out}");
+
     // Every committed checkpoint corrupt: refused, naming each file, never a silent restart.
     for step in ["step-000006", "step-000012"] {
         let f = d.join("run/checkpoints").join(step).join("optimizer.safetensors");

@@ -5,6 +5,12 @@
 //!
 //! Workers run in their own process group, so a Ctrl-C on the terminal reaches the launcher
 //! alone, which passes it on once to every worker.
+//!
+//! Elastic restart (`--max-restarts N`, torchrun's flag): when a worker dies (a non-zero exit,
+//! a signal, or an exit after a communicator timeout) the others are stopped and waited for,
+//! and all are started again, up to N times, with `TORCHELASTIC_RESTART_COUNT` counting the
+//! restarts; `oxtrain train` workers get `checkpoint.resume=latest`, so the run goes on from
+//! its newest valid checkpoint. Each launcher restarts the workers of its own node.
 
 use std::ffi::OsString;
 use std::process::{Child, Command, ExitStatus};
@@ -26,6 +32,8 @@ pub struct LaunchSpec {
     pub command: Vec<OsString>,
     /// How long workers get to exit after SIGTERM before they are killed.
     pub grace: Duration,
+    /// Times the workers are restarted after one of them dies (0: the launch fails then).
+    pub max_restarts: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,10 +47,17 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
-    #[error("worker {local_rank} (rank {rank}, pid {pid}) {how}; stopped the other workers")]
-    WorkerFailed { local_rank: usize, rank: usize, pid: u32, how: String, code: i32 },
+    #[error("worker {local_rank} (rank {rank}, pid {pid}) {how}; stopped the other workers{}", restarts_note(*.restarts))]
+    WorkerFailed { local_rank: usize, rank: usize, pid: u32, how: String, code: i32, restarts: usize },
     #[error("stopped by signal {signal}: forwarded it to every worker{}", if *.clean { "; all exited" } else { "; killed those that did not exit in time" })]
     Interrupted { signal: i32, clean: bool },
+}
+
+fn restarts_note(restarts: usize) -> String {
+    match restarts {
+        0 => String::new(),
+        n => format!(" (after {n} restart(s), all that --max-restarts allows)"),
+    }
 }
 
 impl LaunchError {
@@ -78,8 +93,13 @@ impl LaunchSpec {
         Ok(())
     }
 
-    /// The environment of local worker `local_rank`.
+    /// The environment of local worker `local_rank` (at the first start).
     pub fn worker_env(&self, local_rank: usize) -> Vec<(String, String)> {
+        self.worker_env_at(local_rank, 0)
+    }
+
+    /// The environment of local worker `local_rank` after `restart` restarts.
+    pub fn worker_env_at(&self, local_rank: usize, restart: usize) -> Vec<(String, String)> {
         let world = self.nnodes * self.nproc_per_node;
         let rank = self.node_rank * self.nproc_per_node + local_rank;
         let mut env = vec![
@@ -93,7 +113,8 @@ impl LaunchSpec {
             ("ROLE_WORLD_SIZE".into(), world.to_string()),
             ("MASTER_ADDR".into(), self.master_addr.clone()),
             ("MASTER_PORT".into(), self.master_port.to_string()),
-            ("TORCHELASTIC_RESTART_COUNT".into(), "0".into()),
+            ("TORCHELASTIC_RESTART_COUNT".into(), restart.to_string()),
+            ("TORCHELASTIC_MAX_RESTARTS".into(), self.max_restarts.to_string()),
         ];
         if let Some(b) = &self.backend {
             env.push(("OXTRAIN_COMM_BACKEND".into(), b.clone()));
@@ -106,7 +127,7 @@ impl LaunchSpec {
         env
     }
 
-    fn command_for(&self, local_rank: usize) -> Result<Command, LaunchError> {
+    fn command_for(&self, local_rank: usize, restart: usize) -> Result<Command, LaunchError> {
         let first = self.command[0].to_string_lossy().into_owned();
         let mut cmd = if SUBCOMMANDS.contains(&first.as_str()) {
             let exe = std::env::current_exe().map_err(|source| LaunchError::Spawn {
@@ -116,13 +137,17 @@ impl LaunchSpec {
             })?;
             let mut c = Command::new(exe);
             c.args(&self.command);
+            if restart > 0 && first == "train" {
+                // Last, so it wins over a resume among the user's overrides.
+                c.arg("checkpoint.resume=latest");
+            }
             c
         } else {
             let mut c = Command::new(&self.command[0]);
             c.args(&self.command[1..]);
             c
         };
-        cmd.envs(self.worker_env(local_rank));
+        cmd.envs(self.worker_env_at(local_rank, restart));
         #[cfg(unix)]
         {
             use std::os::unix::process::CommandExt;
@@ -189,7 +214,8 @@ fn poll(workers: &mut [Worker]) {
     }
 }
 
-/// Runs the workers to the end. Ok when every worker exited with status 0.
+/// Runs the workers to the end, restarting them all up to `max_restarts` times when one dies.
+/// Ok when every worker of the last start exited with status 0.
 pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
     spec.check()?;
     let pending = Arc::new(AtomicUsize::new(0));
@@ -197,9 +223,30 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
         signal_hook::flag::register_usize(sig, pending.clone(), sig as usize)
             .map_err(|e| LaunchError::Usage(format!("cannot catch signal {sig}: {e}")))?;
     }
+    let mut restart = 0;
+    loop {
+        match run_workers(spec, restart, &pending) {
+            Err(LaunchError::WorkerFailed { local_rank, rank, how, .. }) if restart < spec.max_restarts => {
+                restart += 1;
+                eprintln!(
+                    "oxtrain launch: worker {local_rank} (rank {rank}) {how}; the other workers are stopped; restart \
+                     {restart} of {}: starting all {} workers again from the latest valid checkpoint",
+                    spec.max_restarts, spec.nproc_per_node
+                );
+            }
+            Err(LaunchError::WorkerFailed { local_rank, rank, pid, how, code, .. }) => {
+                return Err(LaunchError::WorkerFailed { local_rank, rank, pid, how, code, restarts: restart })
+            }
+            other => return other,
+        }
+    }
+}
+
+/// One start of every worker, watched to the end.
+fn run_workers(spec: &LaunchSpec, restart: usize, pending: &AtomicUsize) -> Result<(), LaunchError> {
     let mut workers: Vec<Worker> = Vec::with_capacity(spec.nproc_per_node);
     for local_rank in 0..spec.nproc_per_node {
-        let spawned = spec.command_for(local_rank).and_then(|mut c| {
+        let spawned = spec.command_for(local_rank, restart).and_then(|mut c| {
             c.spawn().map_err(|source| LaunchError::Spawn {
                 local_rank,
                 program: spec.command[0].to_string_lossy().into_owned(),
@@ -232,7 +279,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
             let (local_rank, rank, pid) = (w.local_rank, w.rank, w.child.id());
             eprintln!("oxtrain launch: worker {local_rank} (rank {rank}) {how}; stopping the other workers");
             stop_all(&mut workers, libc::SIGTERM, spec.grace);
-            return Err(LaunchError::WorkerFailed { local_rank, rank, pid, how, code });
+            return Err(LaunchError::WorkerFailed { local_rank, rank, pid, how, code, restarts: 0 });
         }
         if workers.iter().all(|w| w.status.is_some()) {
             return Ok(());

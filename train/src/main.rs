@@ -24,9 +24,16 @@ enum Command {
     /// Train what a config says; with no config, the built-in example (a small ResNet on drawn
     /// shapes, written once into a cache folder), on the GPU if there is one.
     #[command(
-        after_help = "Examples:\n  oxtrain train\n  oxtrain train train.epochs=3 optim.lr=2e-3\n  oxtrain train --config examples/configs/gpt2_text.toml data.train=corpus.txt"
+        after_help = "Examples:\n  oxtrain train\n  oxtrain train train.epochs=3 optim.lr=2e-3\n  oxtrain train checkpoint.every_steps=500 --resume   # continue from the newest valid checkpoint\n  oxtrain train --config examples/configs/gpt2_text.toml data.train=corpus.txt"
     )]
     Train(TrainArgs),
+    /// Write the model of a checkpoint as a plain safetensors state_dict with PyTorch's names,
+    /// which `model.load_state_dict(safetensors.torch.load_file(...))` and Hugging Face's
+    /// `from_pretrained` (beside a config.json) load as they are. Checksums are verified first.
+    #[command(
+        after_help = "Examples:\n  oxtrain export --checkpoint runs/oxtrain/checkpoints/step-001000 --out model.safetensors\n  oxtrain export --checkpoint runs/oxtrain/checkpoints --out model.safetensors   # the newest valid one"
+    )]
+    Export(ExportArgs),
     /// Evaluate a model folder or checkpoint (model.safetensors + config.toml): top-1/top-5
     /// for images, perplexity for language models, accuracy and loss for classification.
     #[command(
@@ -35,9 +42,10 @@ enum Command {
     Eval(EvalArgs),
     /// Start this node's workers with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
     /// MASTER_ADDR, ...): one per GPU, or CPU workers talking through shared memory. Signals
-    /// are passed on; when one worker fails the others are stopped.
+    /// are passed on; when one worker fails the others are stopped, and with --max-restarts all are
+    /// started again from the latest checkpoint.
     #[command(
-        after_help = "Examples:\n  oxtrain launch --nproc-per-node 8 -- train --config examples/configs/resnet50_imagenet.toml\n  oxtrain launch --nproc-per-node 2 --backend shm -- train train.device=cpu\n  oxtrain launch --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 -- train --config run.toml"
+        after_help = "Examples:\n  oxtrain launch --nproc-per-node 8 -- train --config examples/configs/resnet50_imagenet.toml\n  oxtrain launch --nproc-per-node 2 --backend shm -- train train.device=cpu\n  oxtrain launch --nproc-per-node 8 --max-restarts 3 -- train --config run.toml checkpoint.every_steps=1000\n  oxtrain launch --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 -- train --config run.toml"
     )]
     Launch(LaunchArgs),
     /// Print the resolved config: every key with its value, defaults included.
@@ -54,9 +62,25 @@ struct TrainArgs {
     /// A TOML config (sections model, data, optim, schedule, precision, train, ddp, checkpoint, log).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Continue a run exactly where a checkpoint left it: `latest` (the default when given
+    /// without a value) is the newest valid checkpoint in checkpoint.dir; or a step directory
+    /// or a checkpoints folder. The same as checkpoint.resume=...
+    #[arg(long, value_name = "latest|DIR", num_args = 0..=1, default_missing_value = "latest")]
+    resume: Option<String>,
     /// Overrides: section.key=value (or key=value when one section has the key).
     #[arg(value_name = "KEY=VALUE", allow_hyphen_values = true)]
     overrides: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct ExportArgs {
+    /// A step directory (`.../checkpoints/step-001000`), or a checkpoints folder, whose newest
+    /// valid checkpoint is used.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The safetensors file to write (written beside it and renamed into place).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -94,6 +118,10 @@ struct LaunchArgs {
     /// Seconds workers get to exit after SIGTERM before they are killed.
     #[arg(long, default_value_t = 30.0)]
     stop_timeout: f64,
+    /// When a worker dies, stop the others and start all again, up to this many times;
+    /// `train` workers then resume from the newest valid checkpoint (checkpoint.resume=latest).
+    #[arg(long, default_value_t = 0)]
+    max_restarts: usize,
     /// What each worker runs: an oxtrain subcommand (`train ...`) or any program.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<std::ffi::OsString>,
@@ -116,7 +144,30 @@ fn fail(command: &str, e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
-fn train(args: TrainArgs) -> ExitCode {
+/// `--resume [VALUE]` given after the first override reaches the overrides (they take any
+/// word, so `optim.lr=-1` works): take it back out.
+fn take_resume_flag(args: &mut TrainArgs) {
+    let mut rest = Vec::with_capacity(args.overrides.len());
+    let mut words = std::mem::take(&mut args.overrides).into_iter().peekable();
+    while let Some(w) = words.next() {
+        if let Some(v) = w.strip_prefix("--resume=") {
+            args.resume = Some(v.to_string());
+        } else if w == "--resume" {
+            let value = words.next_if(|n| !n.contains('=') && !n.starts_with('-'));
+            args.resume = Some(value.unwrap_or_else(|| "latest".into()));
+        } else {
+            rest.push(w);
+        }
+    }
+    args.overrides = rest;
+}
+
+fn train(mut args: TrainArgs) -> ExitCode {
+    take_resume_flag(&mut args);
+    if let Some(r) = args.resume.take() {
+        // After the other overrides, so the flag wins over a checkpoint.resume=... among them.
+        args.overrides.push(format!("checkpoint.resume={r}"));
+    }
     let config = match Config::load(args.config.as_deref(), &args.overrides) {
         Ok(c) => c,
         Err(e) => return fail("train", e),
@@ -132,6 +183,22 @@ fn train(args: TrainArgs) -> ExitCode {
             eprintln!("oxtrain train: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn export(args: ExportArgs) -> ExitCode {
+    match oxtrain::checkpoint::export(&args.checkpoint, &args.out) {
+        Ok(e) => {
+            println!(
+                "exported the model of {} (step {}) to {} ({} bytes)",
+                e.checkpoint.display(),
+                e.step,
+                e.out.display(),
+                e.bytes
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("export", e),
     }
 }
 
@@ -162,6 +229,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         backend: a.backend,
         command: a.command,
         grace: std::time::Duration::from_secs_f64(a.stop_timeout.clamp(0.0, 3600.0)),
+        max_restarts: a.max_restarts,
     };
     match oxtrain::launch::launch(&spec) {
         Ok(()) => ExitCode::SUCCESS,
@@ -186,7 +254,8 @@ fn config(args: ConfigArgs) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        None => train(TrainArgs { config: None, overrides: vec![] }),
+        None => train(TrainArgs { config: None, resume: None, overrides: vec![] }),
+        Some(Command::Export(a)) => export(a),
         Some(Command::Train(a)) => train(a),
         Some(Command::Eval(a)) => eval(a),
         Some(Command::Config(a)) => config(a),

@@ -149,6 +149,20 @@ impl<D: Dataset> DataLoader<D> {
         self.lock_sampler().load_state_dict(state)
     }
 
+    /// Batches left in the sampler's current epoch (all of `len()` at its start; 0 once a
+    /// restored state says the epoch was used up), so a resumed loop knows whether to go on
+    /// with that epoch or start the next.
+    pub fn remaining_batches(&self) -> usize {
+        let s = self.lock_sampler();
+        let left = s.num_samples().saturating_sub(s.position());
+        let b = self.shared.config.batch_size;
+        if self.shared.config.drop_last {
+            left / b
+        } else {
+            left.div_ceil(b)
+        }
+    }
+
     /// The batches of `epoch`: from where a restored state left off when it is of this epoch,
     /// else from the start.
     pub fn epoch(&self, epoch: u64) -> EpochIter<D> {

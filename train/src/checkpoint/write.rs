@@ -149,6 +149,11 @@ fn write_files(info: &PartInfo<'_>, temp: &Path, files: &[PartFile], total: u64)
         writers.into_iter().map(|w| w.join().expect("a checkpoint file writer panicked")).collect()
     });
     let entries = entries.into_iter().collect::<Result<Vec<_>>>()?;
+    if let Some(p) = info.progress {
+        // The last point before the part can commit: every file is on disk, the manifest not yet.
+        let so_far = written.load(Ordering::Relaxed);
+        p(&WriteProgress { step: info.step, file: MANIFEST.into(), written: so_far, total });
+    }
     let manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,

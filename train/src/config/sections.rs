@@ -358,12 +358,14 @@ pub struct CheckpointConfig {
     pub every_steps: usize,
     /// Save every this many minutes; 0: never by time.
     pub every_minutes: f64,
-    /// Save when training ends.
+    /// Save when training ends: a checkpoint (unless the last step just saved one) and the
+    /// `final` model folder. SIGTERM and SIGINT always save, then end the run with status 0.
     pub at_end: bool,
     /// Checkpoints kept: the last `keep_last`, plus every `keep_every`-th (0: none extra).
     pub keep_last: usize,
     pub keep_every: usize,
-    /// "": start fresh; "latest": the newest valid checkpoint in `dir`; or a checkpoint folder.
+    /// "": start fresh; "latest": the newest valid checkpoint in `dir` (none yet: start fresh);
+    /// or a step directory, or a checkpoints folder (its newest valid one). `--resume` sets it.
     pub resume: String,
     /// Under DDP every rank, not only rank 0, writes its final model (`final-rank<N>`), to
     /// compare the replicas.

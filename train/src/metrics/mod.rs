@@ -73,6 +73,37 @@ impl MetricsLog {
         })
     }
 
+    /// Continues `dir/metrics.jsonl` of a resumed run: the records up to `step` (where the
+    /// checkpoint was taken) are kept, later ones (from the steps redone now) dropped.
+    pub fn resume(dir: &Path, write: bool, plots: bool, step: usize) -> Result<MetricsLog, TrainError> {
+        let path = dir.join("metrics.jsonl");
+        let kept: Vec<String> = if write {
+            match std::fs::read_to_string(&path) {
+                Ok(text) => text
+                    .lines()
+                    .filter(|l| {
+                        serde_json::from_str::<serde_json::Value>(l)
+                            .ok()
+                            .and_then(|v| v["step"].as_u64())
+                            .is_some_and(|s| s as usize <= step)
+                    })
+                    .map(String::from)
+                    .collect(),
+                Err(_) => Vec::new(),
+            }
+        } else {
+            Vec::new()
+        };
+        let mut log = MetricsLog::create(dir, write, plots)?;
+        if let Some(f) = &mut log.file {
+            for line in kept {
+                writeln!(f, "{line}").map_err(|e| TrainError::output(&path, e))?;
+            }
+            f.flush().map_err(|e| TrainError::output(&path, e))?;
+        }
+        Ok(log)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -182,6 +182,14 @@ impl Task for LanguageModel {
         }))
     }
 
+    fn data_state(&self) -> oxtrain_datasets::SamplerState {
+        self.train.state_dict()
+    }
+
+    fn restore_data_state(&self, state: &oxtrain_datasets::SamplerState) -> TaskResult<usize> {
+        super::restore_loader(&self.train, state)
+    }
+
     fn units(&self, batch: &(Tensor, Tensor)) -> usize {
         batch.0.elem_count()
     }

@@ -7,6 +7,7 @@ pub mod text_classification;
 
 use crate::trainer::{Strategy, TrainError};
 use oxtrain_autograd::Var;
+use oxtrain_datasets::SamplerState;
 use oxtrain_nn::Module;
 use oxtrain_tensor::Device;
 
@@ -53,6 +54,13 @@ pub trait Task {
     /// This rank's batches of `epoch`, on the task's device.
     fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<Self::Batch>> + '_>;
 
+    /// This rank's position in its training data (epoch, samples used), for a checkpoint.
+    fn data_state(&self) -> SamplerState;
+
+    /// Continues from a saved position: the next `batches(state.epoch)` goes on from there.
+    /// Returns the batches left in that epoch (0: it was used up; the loop starts the next).
+    fn restore_data_state(&self, state: &SamplerState) -> TaskResult<usize>;
+
     /// Units (images, tokens, texts) in a batch, for throughput.
     fn units(&self, batch: &Self::Batch) -> usize;
 
@@ -80,4 +88,15 @@ pub(crate) fn finish_eval<M: Module>(
         metrics: counts.iter().zip(&summed[2..]).map(|((name, _), v)| (name.to_string(), v / n)).collect(),
         samples: summed[1] as usize,
     })
+}
+
+/// `DataLoader::load_state_dict` with the error a resumed run shows.
+pub(crate) fn restore_loader<D: oxtrain_datasets::Dataset>(
+    loader: &oxtrain_datasets::DataLoader<D>,
+    state: &SamplerState,
+) -> TaskResult<usize> {
+    loader.load_state_dict(state).map_err(|e| {
+        TrainError::Data(format!("the checkpoint's data position does not fit this run's data: {e}"))
+    })?;
+    Ok(loader.remaining_batches())
 }

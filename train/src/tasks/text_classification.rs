@@ -181,14 +181,32 @@ impl Task for TextClassification {
     }
 
     fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<Batch>> + '_> {
+        // From a restored position when it is of this epoch (a resumed run), else from the start.
         let indices = {
             let mut s = self.sampler.lock().unwrap_or_else(|e| e.into_inner());
-            s.set_epoch(epoch);
-            s.epoch_indices()
+            if s.epoch() != epoch || s.position() >= s.num_samples() {
+                s.set_epoch(epoch);
+            }
+            s.remaining()
         };
         let b = self.config.data.batch_size;
         let chunks: Vec<Vec<usize>> = indices.chunks_exact(b).map(<[usize]>::to_vec).collect();
-        Box::new(chunks.into_iter().map(move |c| self.batch(&self.train, &c)))
+        Box::new(chunks.into_iter().map(move |c| {
+            self.sampler.lock().unwrap_or_else(|e| e.into_inner()).advance(c.len());
+            self.batch(&self.train, &c)
+        }))
+    }
+
+    fn data_state(&self) -> oxtrain_datasets::SamplerState {
+        self.sampler.lock().unwrap_or_else(|e| e.into_inner()).state_dict()
+    }
+
+    fn restore_data_state(&self, state: &oxtrain_datasets::SamplerState) -> TaskResult<usize> {
+        let mut s = self.sampler.lock().unwrap_or_else(|e| e.into_inner());
+        s.load_state_dict(state).map_err(|e| {
+            TrainError::Data(format!("the checkpoint's data position does not fit this run's data: {e}"))
+        })?;
+        Ok(s.num_samples().saturating_sub(s.position()) / self.config.data.batch_size)
     }
 
     fn units(&self, batch: &Batch) -> usize {

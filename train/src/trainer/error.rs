@@ -14,6 +14,8 @@ pub enum TrainError {
     Comm(String),
     #[error("the loss is {value} at step {step} (epoch {epoch}); {advice}")]
     NonFinite { value: f64, step: usize, epoch: usize, advice: String },
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("cannot write {path}: {reason}")]
     Output { path: String, reason: String },
 }

@@ -3,15 +3,18 @@
 //! evaluation at the interval, a stop (or skip) on a NaN or infinite loss, metrics, progress
 //! and the final model folder.
 
+mod checkpointing;
 mod error;
 pub mod optim;
 mod save;
 mod strategy;
 
+pub use checkpointing::checkpoint_dir;
 pub use error::TrainError;
 pub use save::{read_model_dir, write_model_dir};
 pub use strategy::Strategy;
 
+use crate::checkpoint::SaveReason;
 use crate::config::{
     parse_device, Config, DdpBackend, GradCompression, ModelName, NonFinite, PrecisionDtype,
 };
@@ -44,11 +47,16 @@ pub struct Summary {
     pub skipped_steps: usize,
     /// This process's rank (the summary is printed by rank 0).
     pub rank: usize,
+    /// Set when SIGTERM or SIGINT stopped the run early: what was saved, and how to go on.
+    pub interrupted: Option<String>,
 }
 
 impl Summary {
     /// The last line of a run, for a person.
     pub fn line(&self) -> String {
+        if let Some(why) = &self.interrupted {
+            return format!("stopped after {} steps: {why}", self.steps);
+        }
         let mut s = format!(
             "done: {} steps ({} epochs) in {:.1} s, {:.1} {}",
             self.steps, self.epochs, self.seconds, self.throughput, self.unit
@@ -176,8 +184,18 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
     });
     let params = strategy.module().parameters();
     let run_dir = PathBuf::from(&config.log.dir);
-    let mut log = MetricsLog::create(&run_dir, rank == 0, config.log.plots)?;
     let progress = Progress::new(config.log.progress, rank, total, epochs);
+    let say = |line: &str| progress.println(line);
+    // Last before the loop: restoring sets the generator that building the model drew from.
+    let start =
+        checkpointing::resume(config, &task, &strategy, opt.as_mut(), schedule.as_mut(), &mut scaler, &say)?;
+    // Every rank has looked before any writer clears its unfinished writes.
+    strategy.barrier().map_err(TrainError::Comm)?;
+    let mut saver = checkpointing::Saver::new(config, rank, world)?;
+    let mut log = match &start {
+        Some(s) => MetricsLog::resume(&run_dir, rank == 0, config.log.plots, s.step)?,
+        None => MetricsLog::create(&run_dir, rank == 0, config.log.plots)?,
+    };
     progress.println(&format!(
         "oxtrain train: {}; {} on {:?}, {}; {} steps of {} x {} x {} samples",
         task.describe(),
@@ -191,9 +209,15 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
     ));
 
     let accum = config.train.grad_accum;
-    let (mut step, mut skipped) = (0usize, 0usize);
-    let (mut window_loss, mut window_steps, mut window_units) = (0.0, 0usize, 0usize);
-    let (mut run_units, mut last_eval) = (0usize, None);
+    let counters = start.as_ref().map(|s| s.counters.clone()).unwrap_or_default();
+    let (mut step, mut skipped) = (start.as_ref().map_or(0, |s| s.step), counters.skipped);
+    let (mut window_loss, mut window_steps, mut window_units) =
+        (counters.window_loss, counters.window_steps, counters.window_units);
+    let (mut run_units, mut last_eval) = (counters.run_units, None);
+    let first_epoch = start.as_ref().map_or(0, |s| s.epoch);
+    // A save at the very end of an epoch resumes with the next one.
+    let mut skip_first_epoch = start.as_ref().is_some_and(|s| s.epoch_left == 0);
+    let (mut interrupted, mut last_epoch) = (None, first_epoch);
     let mut window_start = Instant::now();
     let mut train_loss = f64::NAN;
     let run_start = Instant::now();
@@ -215,10 +239,18 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             })?;
             Ok(Some(e))
         };
-    'epochs: for epoch in 0..epochs {
+    let epoch_range = if step >= total { 0..0 } else { first_epoch..epochs };
+    'epochs: for epoch in epoch_range {
         progress.start_epoch(epoch);
+        last_epoch = epoch;
         let (mut micro, mut step_loss) = (0usize, 0.0);
-        for batch in task.batches(epoch as u64) {
+        let batches: Box<dyn Iterator<Item = tasks::TaskResult<T::Batch>> + '_> =
+            if std::mem::take(&mut skip_first_epoch) {
+                Box::new(std::iter::empty())
+            } else {
+                task.batches(epoch as u64)
+            };
+        for batch in batches {
             let batch = batch?;
             micro += 1;
             let last = micro == accum;
@@ -301,6 +333,26 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             if config.train.eval_every > 0 && step % config.train.eval_every == 0 {
                 last_eval = evaluate(&mut log, step, epoch)?.map(|e| (step, e));
             }
+            if let Some(why) = saver.due(step, &strategy)? {
+                let counters =
+                    checkpointing::Counters { skipped, window_loss, window_steps, window_units, run_units };
+                saver.save(checkpointing::RunState {
+                    step,
+                    epoch,
+                    model: strategy.module(),
+                    optimizer: opt.as_ref(),
+                    schedule: schedule.as_ref(),
+                    scaler: &scaler,
+                    data: task.data_state(),
+                    config,
+                    counters,
+                })?;
+                if why == SaveReason::Signal {
+                    interrupted = Some(step);
+                    break 'epochs;
+                }
+            }
+            saver.test_halt(step)?;
             if step == total {
                 break 'epochs;
             }
@@ -310,11 +362,50 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         }
     }
     let seconds = run_start.elapsed().as_secs_f64();
+    if let Some(at) = interrupted {
+        // Preempted (Slurm, Kubernetes) or Ctrl-C: the save is on disk; end cleanly, exit 0.
+        let saved = saver.wait()?;
+        progress.finish();
+        strategy.barrier().map_err(TrainError::Comm)?;
+        let dir = saved.unwrap_or_else(|| checkpoint_dir(config));
+        let why = format!(
+            "SIGTERM/SIGINT: saved the checkpoint of step {at} to {}; continue with `oxtrain train --resume` \
+             and the same config",
+            dir.display()
+        );
+        return Ok(Summary {
+            steps: step,
+            epochs: step.div_ceil(per_epoch),
+            seconds,
+            train_loss,
+            eval: None,
+            throughput: (run_units * world) as f64 / seconds.max(1e-9),
+            unit: task.unit(),
+            metrics: log.path().to_path_buf(),
+            model_dir: None,
+            skipped_steps: skipped,
+            rank,
+            interrupted: Some(why),
+        });
+    }
     let eval = match last_eval {
         Some((s, e)) if s == step => Some(e),
         _ => evaluate(&mut log, step, epochs - 1)?,
     };
     progress.finish();
+    let counters = checkpointing::Counters { skipped, window_loss, window_steps, window_units, run_units };
+    saver.save_at_end(checkpointing::RunState {
+        step,
+        epoch: last_epoch,
+        model: strategy.module(),
+        optimizer: opt.as_ref(),
+        schedule: schedule.as_ref(),
+        scaler: &scaler,
+        data: task.data_state(),
+        config,
+        counters,
+    })?;
+    saver.wait()?;
     let model_dir = if config.checkpoint.at_end && (rank == 0 || config.checkpoint.all_ranks) {
         let dir = match config.checkpoint.dir.as_str() {
             "" => run_dir.join("checkpoints"),
@@ -338,5 +429,6 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         model_dir,
         skipped_steps: skipped,
         rank,
+        interrupted: None,
     })
 }

@@ -1,0 +1,57 @@
+//! `oxtrain launch --max-restarts`: a worker SIGKILLed mid-run makes the launcher stop the
+//! other, start both again from the latest valid checkpoint, and the run ends with the losses
+//! and final weights of a run that was never disturbed.
+
+#[path = "resume_support/mod.rs"]
+mod support;
+use support::*;
+
+fn launch(port: u16, extra: &[&str], args: Vec<String>) -> Vec<String> {
+    let port = port.to_string();
+    let mut head = vec!["launch", "--nproc-per-node", "2", "--backend", "shm", "--master-port", &port];
+    head.extend(extra);
+    head.push("--");
+    head.iter().map(|s| s.to_string()).chain(args).collect()
+}
+
+#[test]
+fn a_killed_worker_is_restarted_from_the_checkpoint_and_the_run_ends_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_ok(d, &launch(29821, &[], train_args(d, "reference", &[])), &[]);
+
+    // Rank 1 stops after step 6 (the checkpoint of step 4 is on disk) and is killed there;
+    // rank 0 is then waiting for it inside step 7's all-reduce.
+    let args = train_args(d, "elastic", &["checkpoint.every_steps=4"]);
+    let cmd = launch(29822, &["--max-restarts", "2", "--stop-timeout", "1"], args);
+    let mut w = start(d, &cmd, &[("OXTRAIN_TEST_HALT_AFTER_STEP", "6:1".into())]);
+    let halted = w.wait_for("halted after step 6", 1);
+    assert!(halted[0].contains("rank 1"), "{halted:?}");
+    sigkill(pid_in(&halted[0]));
+    let (status, out) = w.finish();
+    assert!(status.success(), "the restarted run finishes ({status}):\n{out}");
+    let restart = out.lines().find(|l| l.contains("restart 1 of 2")).unwrap_or_else(|| panic!("{out}"));
+    assert!(restart.contains("worker 1 (rank 1) was killed by signal 9"), "{restart}");
+    assert!(out.contains("resuming from") && out.contains("step-000004 (step 4, epoch 0)"), "{out}");
+    assert!(!out.contains("restart 2 of 2"), "one restart was enough: {out}");
+    assert_same_run(&d.join("reference"), &d.join("elastic"));
+}
+
+#[test]
+fn without_restarts_left_the_launch_fails_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A worker that always fails: the first start and one restart, then the launch gives up.
+    let cmd: Vec<String> =
+        ["launch", "--nproc-per-node", "2", "--max-restarts", "1", "--stop-timeout", "1", "--", "sh", "-c"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["echo start $TORCHELASTIC_RESTART_COUNT; [ $LOCAL_RANK = 0 ] && exit 3; exec sleep 30"
+                .to_string()])
+            .collect();
+    let (status, out) = start(d, &cmd, &[]).finish();
+    assert_eq!(status.code(), Some(3), "{out}");
+    assert_eq!(out.lines().filter(|l| *l == "start 1").count(), 2, "both workers restarted once: {out}");
+    assert!(out.contains("restart 1 of 1"), "{out}");
+    assert!(out.contains("after 1 restart(s)"), "{out}");
+}

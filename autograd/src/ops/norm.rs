@@ -1,6 +1,6 @@
 //! Gradients of `layer_norm` and `batch_norm` (kernels in the tensor crate's `ops/norm`).
-//! Batch norm's training backward on the CPU is the tensor crate's fused
-//! `batch_norm_backward`; on CUDA and for layer norm the gradients are composed from tensor ops.
+//! Batch norm's training backward is the tensor crate's fused `batch_norm_backward` on either
+//! device; layer norm's gradients are composed from tensor ops.
 
 use crate::Var;
 use oxtrain_tensor::{Shape, Tensor};
@@ -80,41 +80,19 @@ impl Var {
         let mut inputs = vec![self];
         inputs.extend(weight);
         inputs.extend(bias);
-        if !x.device().is_cuda() {
-            // The fused CPU backward: it reads the statistics forward computed, not a recomputed x_hat.
-            let (saved_mean, saved_var) = (mean.clone(), var.clone());
-            let w = weight.map(|w| w.tensor().clone());
-            let var_out = Var::from_op("batch_norm", out, &inputs, move |g, needs| {
-                let (dx, dw, db) =
-                    g.batch_norm_backward(&x, (&saved_mean, &saved_var), w.as_ref(), eps, needs[0]);
-                let mut grads = vec![dx];
-                if has_weight {
-                    grads.push(needs[1].then_some(dw));
-                }
-                if needs.len() > grads.len() {
-                    grads.push(needs[grads.len()].then_some(db));
-                }
-                grads
-            });
-            return (var_out, mean, var);
-        }
-        let channel_shape = per_channel_shape(x.dims());
-        let mean_b = mean.to_dtype(x.dtype()).reshape(channel_shape.as_slice());
-        let rstd_b = var.to_dtype(x.dtype()).add_scalar(eps).rsqrt().reshape(channel_shape.as_slice());
-        let w = weight.map(|w| w.tensor().to_dtype(x.dtype()).reshape(channel_shape.as_slice()));
+        // The fused backward (one pass for the per-channel sums, one for dx) on either device:
+        // it reads the statistics forward computed, not a recomputed x_hat.
+        let (saved_mean, saved_var) = (mean.clone(), var.clone());
+        let w = weight.map(|w| w.tensor().clone());
         let var_out = Var::from_op("batch_norm", out, &inputs, move |g, needs| {
-            let dims: Vec<usize> = (0..x.rank()).filter(|&d| d != 1).collect();
-            let xhat = x.sub(&mean_b).mul(&rstd_b);
-            let gy = match &w {
-                Some(w) => g.mul(w),
-                None => g.clone(),
-            };
-            let mut grads = vec![needs[0].then(|| normalized_grad(&gy, &xhat, &rstd_b, &dims))];
+            let (dx, dw, db) =
+                g.batch_norm_backward(&x, (&saved_mean, &saved_var), w.as_ref(), eps, needs[0]);
+            let mut grads = vec![dx];
             if has_weight {
-                grads.push(needs[1].then(|| g.mul(&xhat).sum(dims.as_slice(), false)));
+                grads.push(needs[1].then_some(dw));
             }
             if needs.len() > grads.len() {
-                grads.push(needs[grads.len()].then(|| g.sum(dims.as_slice(), false)));
+                grads.push(needs[grads.len()].then_some(db));
             }
             grads
         });

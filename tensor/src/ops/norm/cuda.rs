@@ -137,3 +137,104 @@ pub(super) fn layer_norm(
     }
     (out, f64_tensor(mean, stats_shape), f64_tensor(rstd, stats_shape))
 }
+
+/// Batch norm's training-mode gradients on the device: `(dx, dweight, dbias)`, dx contiguous
+/// in the input's dtype (None unless `input_grad`), dweight and dbias `[C]` f64 tensors. `mean`,
+/// `var` and `weight` are contiguous f64 tensors. Two passes over dy and x, as on the CPU.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn batch_norm_backward(
+    (g, g_layout): (&CudaStorage, &Layout),
+    (s, layout): (&CudaStorage, &Layout),
+    ch: Channels,
+    (mean, var, weight): (&Tensor, &Tensor, Option<&Tensor>),
+    eps: f64,
+    input_grad: bool,
+    op: &str,
+) -> (Option<CudaStorage>, Tensor, Tensor) {
+    let dev = s.device();
+    let channels = ch.channels;
+    let n = layout.elem_count();
+    let count = n.checked_div(channels).unwrap_or(0);
+    let alloc = |len: usize| expect_launch(CudaStorage::alloc(dev, DType::F64, len), op);
+    let (sum_dy, sum_dyx, dweight) = (alloc(channels), alloc(channels), alloc(channels));
+    let (scale, shift, k) = (alloc(channels), alloc(channels), alloc(channels));
+    let dx = input_grad.then(|| expect_launch(CudaStorage::alloc(dev, s.dtype(), n), op));
+    if channels == 0 || count == 0 {
+        // No element: every sum is zero.
+        let zeros =
+            || f64_tensor(expect_launch(CudaStorage::zeros(dev, DType::F64, channels), op), &[channels]);
+        return (dx, zeros(), zeros());
+    }
+    let suffix = cuda::suffix(s.dtype());
+    let stream = sum_dy.stream();
+    let splits = count.div_ceil(MOMENT_CHUNK).clamp(1, MAX_SPLITS);
+    let chunk = count.div_ceil(splits).max(1);
+    let (part_dy, part_dyx) = (alloc(channels * splits), alloc(channels * splits));
+    let (sdy, sx) = (StridedArg::new(g_layout), StridedArg::new(layout));
+    let (pg, px, pm) = (g.ptr(), s.ptr(), f64_ptr(Some(mean)));
+    let (c64, sp64, cnt64, chunk64, splits64) =
+        (channels as i64, ch.spatial as i64, count as i64, chunk as i64, splits as i64);
+    let partial = expect_launch(dev.function(&SOURCE, &format!("bn_grad_partial_{suffix}")), op);
+    let (ppd, ppx) = (part_dy.ptr(), part_dyx.ptr());
+    let mut b = stream.launch_builder(&partial);
+    b.arg(&sdy)
+        .arg(&pg)
+        .arg(&sx)
+        .arg(&px)
+        .arg(&pm)
+        .arg(&ppd)
+        .arg(&ppx)
+        .arg(&c64)
+        .arg(&sp64)
+        .arg(&cnt64)
+        .arg(&chunk64);
+    // SAFETY: types match the kernel; both layouts lie inside their storages and have the same
+    // dims; the partial buffers hold channels * splits values, `mean` `channels`.
+    expect_launch(unsafe { b.launch(blocks(channels, splits)) }, op);
+    let finish = expect_launch(dev.function(&SOURCE, "moments_finish"), op);
+    let one = 1.0f64;
+    for (src, dst) in [(ppd, sum_dy.ptr()), (ppx, sum_dyx.ptr())] {
+        let mut b = stream.launch_builder(&finish);
+        b.arg(&src).arg(&splits64).arg(&one).arg(&dst);
+        // SAFETY: `src` holds channels * splits values, `dst` `channels`.
+        expect_launch(unsafe { b.launch(blocks(channels, 1)) }, op);
+    }
+    let prepare = expect_launch(dev.function(&SOURCE, "bn_grad_prepare"), op);
+    let (pv, pw, countf) = (f64_ptr(Some(var)), f64_ptr(weight), count as f64);
+    let (psd, psx, ps, pz, pk, pdw) =
+        (sum_dy.ptr(), sum_dyx.ptr(), scale.ptr(), shift.ptr(), k.ptr(), dweight.ptr());
+    let mut b = stream.launch_builder(&prepare);
+    b.arg(&c64)
+        .arg(&pv)
+        .arg(&pw)
+        .arg(&eps)
+        .arg(&countf)
+        .arg(&psd)
+        .arg(&psx)
+        .arg(&ps)
+        .arg(&pz)
+        .arg(&pk)
+        .arg(&pdw);
+    // SAFETY: every per-channel buffer holds `channels` f64 values (checked shapes).
+    expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
+    if let Some(out) = &dx {
+        let f = expect_launch(dev.function(&SOURCE, &format!("bn_input_grad_{suffix}")), op);
+        let (po, n64) = (out.ptr(), n as i64);
+        let mut b = stream.launch_builder(&f);
+        b.arg(&sdy)
+            .arg(&pg)
+            .arg(&sx)
+            .arg(&px)
+            .arg(&po)
+            .arg(&n64)
+            .arg(&c64)
+            .arg(&sp64)
+            .arg(&pm)
+            .arg(&ps)
+            .arg(&pz)
+            .arg(&pk);
+        // SAFETY: as above; `out` holds n elements.
+        expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+    }
+    (dx, f64_tensor(dweight, &[channels]), f64_tensor(sum_dy, &[channels]))
+}

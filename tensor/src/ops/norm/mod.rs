@@ -208,10 +208,11 @@ impl Tensor {
     /// (1 when `None`). `dx` is `weight * rstd * (dy - mean(dy) - x_hat * mean(dy * x_hat))`
     /// with `x_hat = (x - mean) * rstd`, `rstd = 1 / sqrt(var + eps)`; `dweight = sum(dy * x_hat)`,
     /// `dbias = sum(dy)` over every dim but 1. `dx` has `x`'s dtype, `dweight` and `dbias` are
-    /// `[C]` in `x`'s dtype. CPU tensors only (the CUDA path composes tensor ops).
+    /// `[C]` in `x`'s dtype.
     ///
     /// Two passes: the per-channel sums of `dy` and `dy * (x - mean)` together (accumulated in
-    /// f64), then one elementwise pass for `dx` (skipped when `input_grad` is false).
+    /// f64), then one elementwise pass for `dx` (skipped when `input_grad` is false). On CUDA
+    /// the statistics stay on the device and nothing waits for it.
     pub fn batch_norm_backward(
         &self,
         x: &Tensor,
@@ -229,8 +230,27 @@ impl Tensor {
             self.dims(),
             x.dims()
         );
-        assert!(!x.device().is_cuda() && !self.device().is_cuda(), "{op}: CPU tensors only");
+        self.same_device(x, op);
         let shape = [ch.channels];
+        if let (Storage::Cuda(g), Storage::Cuda(s)) = (&*self.storage(), &*x.storage()) {
+            let mean = device_param(mean, &shape, "mean", op, x);
+            let var = device_param(var, &shape, "var", op, x);
+            let weight = weight.map(|w| device_param(w, &shape, "weight", op, x));
+            let (dx, dweight, dbias) = cuda::batch_norm_backward(
+                (g, self.layout()),
+                (s, x.layout()),
+                ch,
+                (&mean, &var, weight.as_ref()),
+                eps,
+                input_grad,
+                op,
+            );
+            let dx = dx.map(|d| Tensor::from_storage(Storage::Cuda(d), x.dims()));
+            return (dx, dweight.to_dtype(x.dtype()), dbias.to_dtype(x.dtype()));
+        }
+        if x.device().is_cuda() {
+            unreachable!("{op}: checked to be on one device");
+        }
         let mean = param(mean, &shape, "mean", op, x);
         let var = param(var, &shape, "var", op, x);
         let weight = weight.map(|w| param(w, &shape, "weight", op, x));

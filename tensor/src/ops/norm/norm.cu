@@ -90,6 +90,72 @@ BN_AFFINE(f64, double, double, ID, ID)
 BN_AFFINE(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
 BN_AFFINE(f16, f16_t, float, f16_to_f32, f32_to_f16)
 
+// Batch norm's backward, pass 1: partial per-channel sums of dy and of dy * (x - mean[c]) over
+// chunk blockIdx.y of channel blockIdx.x, both in f64 (element j as in moments_partial).
+#define BN_GRAD_SUMS(SUFFIX, T, LOAD)                                                            \
+    extern "C" __global__ void bn_grad_partial_##SUFFIX(                                         \
+        Strided sdy, const T* dy, Strided sx, const T* x, const double* mean, double* partial_dy, \
+        double* partial_dyx, i64 channels, i64 spatial, i64 count, i64 chunk) {                  \
+        __shared__ double sh[33];                                                                \
+        const i64 c = blockIdx.x, b = blockIdx.y;                                                \
+        const i64 begin = b * chunk;                                                             \
+        const i64 end = begin + chunk < count ? begin + chunk : count;                           \
+        const double m = mean[c];                                                                \
+        double acc = 0.0, acc_x = 0.0;                                                           \
+        for (i64 j = begin + threadIdx.x; j < end; j += blockDim.x) {                            \
+            const i64 o = j / spatial, s = j - o * spatial, at = (o * channels + c) * spatial + s; \
+            const double g = (double)LOAD(dy[strided_offset(sdy, at)]);                          \
+            acc += g;                                                                            \
+            acc_x += g * ((double)LOAD(x[strided_offset(sx, at)]) - m);                          \
+        }                                                                                        \
+        const double total = norm_block_sum(acc, sh);                                            \
+        const double total_x = norm_block_sum(acc_x, sh);                                        \
+        if (threadIdx.x == 0) {                                                                  \
+            partial_dy[c * gridDim.y + b] = total;                                               \
+            partial_dyx[c * gridDim.y + b] = total_x;                                            \
+        }                                                                                        \
+    }
+BN_GRAD_SUMS(f32, float, ID)
+BN_GRAD_SUMS(f64, double, ID)
+BN_GRAD_SUMS(bf16, bf16_t, bf16_to_f32)
+BN_GRAD_SUMS(f16, f16_t, f16_to_f32)
+
+// Pass 2's per-channel factors in f64, as the CPU's batch_norm_backward makes them:
+// rstd = 1/sqrt(var + eps), scale = weight * rstd, shift = sum_dy / count,
+// k = sum_dyx / count * rstd^2, and dweight = sum_dyx * rstd (weight may be null).
+extern "C" __global__ void bn_grad_prepare(i64 channels, const double* var, const double* weight,
+                                           double eps, double count, const double* sum_dy,
+                                           const double* sum_dyx, double* scale, double* shift,
+                                           double* k, double* dweight) {
+    FOR_EACH(c, channels) {
+        const double rstd = 1.0 / sqrt(var[c] + eps);
+        scale[c] = (weight ? weight[c] : 1.0) * rstd;
+        shift[c] = sum_dy[c] / count;
+        k[c] = sum_dyx[c] / count * rstd * rstd;
+        dweight[c] = sum_dyx[c] * rstd;
+    }
+}
+
+// Pass 2: dx = scale[c] * (dy - shift[c] - (x - mean[c]) * k[c]) in the compute type, no FMA
+// (the CPU's rounding); dx is contiguous, c = (i / spatial) % channels.
+#define BN_INPUT_GRAD(SUFFIX, T, C, LOAD, STORE)                                                 \
+    extern "C" __global__ void bn_input_grad_##SUFFIX(                                           \
+        Strided sdy, const T* dy, Strided sx, const T* x, T* out, i64 n, i64 channels,           \
+        i64 spatial, const double* mean, const double* scale, const double* shift,               \
+        const double* k) {                                                                       \
+        FOR_EACH(i, n) {                                                                         \
+            const i64 c = (i / spatial) % channels;                                              \
+            const C g = LOAD(dy[strided_offset(sdy, i)]), v = LOAD(x[strided_offset(sx, i)]);    \
+            const C centered = add_rn(v, -(C)mean[c]);                                           \
+            const C inner = add_rn(add_rn(g, -(C)shift[c]), -mul_rn(centered, (C)k[c]));         \
+            out[i] = STORE(mul_rn((C)scale[c], inner));                                          \
+        }                                                                                        \
+    }
+BN_INPUT_GRAD(f32, float, float, ID, ID)
+BN_INPUT_GRAD(f64, double, double, ID, ID)
+BN_INPUT_GRAD(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
+BN_INPUT_GRAD(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
 // Layer norm over contiguous rows of `row_len`: one block per row (grid-stride over rows).
 // out = (x - mean) * rstd * weight + bias; weight and bias (f64, may be null) have row_len
 // elements; mean and rstd of each row are written in f64.

@@ -189,3 +189,57 @@ device_test! {
         Tensor::zeros([5], DType::F32, dev).unwrap().batch_norm_stats();
     }
 }
+
+/// Batch norm's gradients from their definition in f64: `(dx, dweight, dbias)`.
+fn batch_norm_backward_loop(dy: &Tensor, x: &Tensor, w: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (c, spatial) = (x.dims()[1], x.dims()[2..].iter().product::<usize>());
+    let (xs, gs) = (x.to_f64_vec(), dy.to_f64_vec());
+    let (mean, var) = channel_moments_loop(x);
+    let count = (xs.len() / c) as f64;
+    let ch = |i: usize| (i / spatial) % c;
+    let (mut sum_dy, mut sum_dyx) = (vec![0.0; c], vec![0.0; c]);
+    for (i, (&g, &v)) in gs.iter().zip(&xs).enumerate() {
+        sum_dy[ch(i)] += g;
+        sum_dyx[ch(i)] += g * (v - mean[ch(i)]);
+    }
+    let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+    let dx = (0..xs.len())
+        .map(|i| {
+            let k = ch(i);
+            let xhat = (xs[i] - mean[k]) * rstd[k];
+            w[k] * rstd[k] * (gs[i] - sum_dy[k] / count - xhat * sum_dyx[k] * rstd[k] / count)
+        })
+        .collect();
+    let dweight = (0..c).map(|k| sum_dyx[k] * rstd[k]).collect();
+    (dx, dweight, sum_dy)
+}
+
+device_test! {
+    fn batch_norm_backward_matches_loop(dev: Device) {
+        let eps = 1e-5;
+        // [4, 6, 9, 11]: several chunks per channel on neither path; a channels-last view too.
+        let (x, dy) = (random(&[4, 6, 9, 11], 3, 0.5, 2.0, dev), random(&[4, 6, 9, 11], 4, 0.0, 1.0, dev));
+        let w: Vec<f64> = (0..6).map(|c| 0.5 + 0.25 * c as f64).collect();
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            for channels_last in [false, true] {
+                let view = |t: &Tensor| {
+                    let t = t.to_dtype(dtype);
+                    if channels_last { t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2]) } else { t }
+                };
+                let (x, dy) = (view(&x), view(&dy));
+                let (mean, var) = x.batch_norm_stats();
+                let weight = Tensor::from_vec(w.clone(), [6], dev).unwrap().to_dtype(dtype);
+                let (dx, dw, db) = dy.batch_norm_backward(&x, (&mean, &var), Some(&weight), eps, true);
+                // The reference starts from the values the low-precision tensors hold.
+                let (want_dx, want_dw, want_db) = batch_norm_backward_loop(&dy, &x, &w, eps);
+                let what = format!("batch_norm_backward {dtype} channels-last {channels_last}");
+                let as_t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, dev).unwrap().to_dtype(dtype);
+                check(&dx.expect("input gradient asked for"), &as_t(want_dx, x.dims()), dtype, &format!("{what} dx"));
+                check(&dw, &as_t(want_dw, &[6]), dtype, &format!("{what} dweight"));
+                check(&db, &as_t(want_db, &[6]), dtype, &format!("{what} dbias"));
+                let (none, _, _) = dy.batch_norm_backward(&x, (&mean, &var), Some(&weight), eps, false);
+                assert!(none.is_none(), "{what}: no input gradient asked for");
+            }
+        }
+    }
+}

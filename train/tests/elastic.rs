@@ -51,7 +51,10 @@ fn without_restarts_left_the_launch_fails_and_says_so() {
             .collect();
     let (status, out) = start(d, &cmd, &[]).finish();
     assert_eq!(status.code(), Some(3), "{out}");
-    assert_eq!(out.lines().filter(|l| *l == "start 1").count(), 2, "both workers restarted once: {out}");
+    // Worker 1 may be stopped before its shell prints (a loaded machine), so the launcher's
+    // own words say that both were started again.
+    assert!(out.lines().any(|l| l == "start 1"), "restarted once: {out}");
+    assert!(out.contains("starting all 2 workers again"), "{out}");
     assert!(out.contains("restart 1 of 1"), "{out}");
     assert!(out.contains("after 1 restart(s)"), "{out}");
 }

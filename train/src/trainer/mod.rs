@@ -4,6 +4,7 @@
 //! and the final model folder.
 
 mod error;
+pub mod nonfinite;
 pub mod optim;
 mod save;
 mod strategy;
@@ -12,9 +13,7 @@ pub use error::TrainError;
 pub use save::{read_model_dir, write_model_dir};
 pub use strategy::Strategy;
 
-use crate::config::{
-    parse_device, Config, DdpBackend, GradCompression, ModelName, NonFinite, PrecisionDtype,
-};
+use crate::config::{parse_device, Config, DdpBackend, GradCompression, ModelName, PrecisionDtype};
 use crate::metrics::{unix_time, EvalRecord, MetricsLog, Progress, StepRecord};
 use crate::tasks::{self, Evaluation, Placement, Task};
 use oxtrain_autograd::autocast;
@@ -64,7 +63,7 @@ impl Summary {
             }
         }
         if self.skipped_steps > 0 {
-            s += &format!(", {} steps skipped (non-finite loss)", self.skipped_steps);
+            s += &format!(", {} steps skipped (non-finite loss or gradient)", self.skipped_steps);
         }
         s += &format!("; metrics in {}", self.metrics.display());
         if let Some(d) = &self.model_dir {
@@ -175,6 +174,8 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         ..Default::default()
     });
     let params = strategy.module().parameters();
+    let named_params = strategy.module().named_parameters();
+    let mut guard = nonfinite::NonFiniteGuard::new(config, world, scaler.is_enabled());
     let run_dir = PathBuf::from(&config.log.dir);
     let mut log = MetricsLog::create(&run_dir, rank == 0, config.log.plots)?;
     let progress = Progress::new(config.log.progress, rank, total, epochs);
@@ -191,7 +192,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
     ));
 
     let accum = config.train.grad_accum;
-    let (mut step, mut skipped) = (0usize, 0usize);
+    let mut step = 0usize;
     let (mut window_loss, mut window_steps, mut window_units) = (0.0, 0usize, 0usize);
     let (mut run_units, mut last_eval) = (0usize, None);
     let mut window_start = Instant::now();
@@ -227,29 +228,18 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                 None => task.loss(m, &batch),
             });
             let value = loss.tensor().to_dtype(DType::F32).item();
-            if !value.is_finite() {
-                let advice = match config.train.on_nonfinite {
-                    NonFinite::Stop => "stopping (train.on_nonfinite = \"stop\"); a lower optim.lr, train.clip_grad_norm or precision.dtype = \"f32\" usually helps, or set train.on_nonfinite = \"skip\"",
-                    NonFinite::Skip if skipped + 1 > config.train.max_skipped => "stopping: more than train.max_skipped steps were skipped; lower optim.lr",
-                    NonFinite::Skip => "",
-                };
-                if advice.is_empty() {
-                    skipped += 1;
-                    progress.println(&format!(
-                        "step {}: the loss is {value}; skipping this update ({skipped} skipped so far)",
-                        step + 1
-                    ));
+            match guard.loss(value, step + 1, epoch + 1, &named_params) {
+                nonfinite::Verdict::Go => {}
+                nonfinite::Verdict::Skip(message) => {
+                    progress.println(&message);
                     opt.zero_grad();
                     (micro, step_loss) = (0, 0.0);
                     continue;
                 }
-                progress.finish();
-                return Err(TrainError::NonFinite {
-                    value,
-                    step: step + 1,
-                    epoch: epoch + 1,
-                    advice: advice.into(),
-                });
+                nonfinite::Verdict::Stop(e) => {
+                    progress.finish();
+                    return Err(e);
+                }
             }
             step_loss += value / accum as f64;
             let scaled = scaler.scale(&loss.mul_scalar(1.0 / accum as f64));
@@ -265,6 +255,19 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                 continue;
             }
             micro = 0;
+            match guard.gradients(step + 1, epoch + 1, &named_params) {
+                nonfinite::Verdict::Go => {}
+                nonfinite::Verdict::Skip(message) => {
+                    progress.println(&message);
+                    opt.zero_grad();
+                    step_loss = 0.0;
+                    continue;
+                }
+                nonfinite::Verdict::Stop(e) => {
+                    progress.finish();
+                    return Err(e);
+                }
+            }
             if config.train.clip_grad_norm > 0.0 {
                 scaler.unscale_(opt.as_mut());
                 clip_grad_norm_(&params, config.train.clip_grad_norm, 2.0);
@@ -292,6 +295,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                     unit: task.unit(),
                     wall_time: unix_time(),
                     elapsed: log.elapsed(),
+                    bad_files: task.bad_files(),
                 };
                 progress.record(&r, total);
                 log.log_step(r)?;
@@ -336,7 +340,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         unit: task.unit(),
         metrics: log.path().to_path_buf(),
         model_dir,
-        skipped_steps: skipped,
+        skipped_steps: guard.skipped,
         rank,
     })
 }

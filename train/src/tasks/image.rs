@@ -72,12 +72,14 @@ impl ImageClassification {
         }
         let bad_files = match d.bad_files {
             BadFiles::Replace => BadFilePolicy::Replace,
-            BadFiles::Skip if place.world_size > 1 => return Err(TrainError::Data(format!(
+            BadFiles::Skip if place.world_size > 1 => {
+                return Err(TrainError::Data(format!(
                 "data.bad_files = \"skip\" leaves a batch short wherever a file does not decode, so the {} \
                      ranks would train on batches of different sizes; use \"replace\" (another sample takes \
                      the bad one's place) or \"fail\"",
                 place.world_size
-            ))),
+            )))
+            }
             BadFiles::Skip => BadFilePolicy::Skip,
             BadFiles::Fail => BadFilePolicy::Fail,
         };

@@ -7,12 +7,23 @@ use std::path::Path;
 /// The last column's header in the page's tables.
 const TEST_COLUMNS: [&str; 2] = ["Test", "Replayed on stable by"];
 
-/// `(path, function)` of every table row's test reference; a row with none is an error.
+/// `(path, function)` of every row's test reference in the tables whose last column is a
+/// test column; a row there without one is an error. Other tables (figures) are not read.
 fn references(doc: &str) -> Result<Vec<(String, String)>, String> {
     let mut refs = vec![];
-    for line in doc.lines().filter(|l| l.starts_with('|') && !l.starts_with("| ---")) {
+    let (mut in_table, mut test_table) = (false, false);
+    for line in doc.lines() {
+        if !line.starts_with('|') {
+            in_table = false;
+            continue;
+        }
         let last = line.trim_end().trim_end_matches('|').rsplit('|').next().unwrap_or("").trim();
-        if TEST_COLUMNS.contains(&last) {
+        if !in_table {
+            // The header row.
+            (in_table, test_table) = (true, TEST_COLUMNS.contains(&last));
+            continue;
+        }
+        if !test_table || line.starts_with("| ---") {
             continue;
         }
         let reference =
@@ -52,4 +63,6 @@ fn rows_without_a_test_reference_are_caught() {
     assert_eq!(references(table).unwrap(), vec![("x.rs".to_string(), "f".to_string())]);
     let err = references(&format!("{table}| e | f | by hand |\n")).unwrap_err();
     assert!(err.contains("by hand"), "{err}");
+    // A table of figures is not a table of tests.
+    assert_eq!(references("| target | runs |\n| --- | --- |\n| x | 5 |\n").unwrap(), vec![]);
 }

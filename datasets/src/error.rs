@@ -20,6 +20,14 @@ pub enum Error {
     #[error("{}:{line}: {reason}", path.display())]
     BadRecord { path: PathBuf, line: usize, reason: String },
 
+    /// Every file an epoch tried was bad: nothing to train on.
+    #[error(
+        "every image of the epoch failed to load ({bad} bad-file loads, {total} files in the dataset); \
+         the messages above name each file - check the data folder (wrong path, files still downloading, \
+         or a format other than JPEG and PNG)"
+    )]
+    NoGoodFiles { bad: usize, total: usize },
+
     /// A setting that cannot work (a batch size of 0, ...): what it was and what to use.
     #[error("invalid setting: {0}")]
     Config(String),

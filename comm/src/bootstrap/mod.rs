@@ -6,7 +6,7 @@ mod env;
 mod store;
 
 pub use env::{LaunchEnv, Launcher};
-pub use store::TcpStore;
+pub use store::{serve_bytes, TcpStore, MAX_FRAME_BYTES};
 
 use crate::error::Result;
 

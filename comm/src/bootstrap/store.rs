@@ -48,10 +48,26 @@ pub struct TcpStore {
     barriers: AtomicU64,
 }
 
-fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+/// The largest key or value a request may carry. Real values are unique ids and shared-memory
+/// names (bytes to kilobytes); the bound keeps a corrupt or hostile length prefix from making
+/// the server allocate gigabytes.
+pub const MAX_FRAME_BYTES: usize = 64 << 20;
+
+/// The longest a `get` may ask the server to wait: longer requests are cut to this (a timeout
+/// near `u64::MAX` milliseconds would overflow the deadline).
+const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn read_frame(s: &mut impl Read) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
-    let mut buf = vec![0u8; u32::from_le_bytes(len) as usize];
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("store: a frame of {len} bytes, over the {MAX_FRAME_BYTES}-byte limit"),
+        ));
+    }
+    let mut buf = vec![0u8; len];
     s.read_exact(&mut buf)?;
     Ok(buf)
 }
@@ -61,59 +77,122 @@ fn frame(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-fn serve(mut s: TcpStream, table: Table) -> std::io::Result<()> {
-    let _ = s.set_nodelay(true);
-    loop {
-        let mut op = [0u8; 1];
-        if s.read_exact(&mut op).is_err() {
-            return Ok(()); // client closed
+/// One request as it came off the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Request {
+    op: u8,
+    key: String,
+    value: Vec<u8>,
+    timeout: Duration,
+}
+
+/// The next request of `s`, or `None` when the client closed the connection between
+/// requests. Bytes from the network: every length is bounded, and a short or malformed
+/// request is an error, never a panic.
+fn read_request(s: &mut impl Read) -> std::io::Result<Option<Request>> {
+    let mut op = [0u8; 1];
+    if s.read_exact(&mut op).is_err() {
+        return Ok(None);
+    }
+    let key = String::from_utf8_lossy(&read_frame(s)?).into_owned();
+    let value = read_frame(s)?;
+    let mut t = [0u8; 8];
+    s.read_exact(&mut t)?;
+    let timeout = Duration::from_millis(u64::from_le_bytes(t)).min(MAX_WAIT);
+    Ok(Some(Request { op: op[0], key, value, timeout }))
+}
+
+/// Carries out `req` on the table, waiting for a `get`'s key at most `max_wait` (the
+/// request's own timeout, or less), and returns the answer's status and payload.
+fn answer(table: &Table, req: Request, max_wait: Duration) -> std::io::Result<(u8, Vec<u8>)> {
+    let (lock, cv) = &**table;
+    let mut map = lock.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(match req.op {
+        OP_SET => {
+            map.insert(req.key, req.value);
+            cv.notify_all();
+            (OK, vec![])
         }
-        let key = String::from_utf8_lossy(&read_frame(&mut s)?).into_owned();
-        let value = read_frame(&mut s)?;
-        let mut t = [0u8; 8];
-        s.read_exact(&mut t)?;
-        let timeout = Duration::from_millis(u64::from_le_bytes(t));
-        let (lock, cv) = &*table;
-        let mut map = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let (status, payload) = match op[0] {
-            OP_SET => {
-                map.insert(key, value);
-                cv.notify_all();
-                (OK, vec![])
-            }
-            OP_GET => {
-                let deadline = Instant::now() + timeout;
-                loop {
-                    if let Some(v) = map.get(&key) {
-                        break (OK, v.clone());
-                    }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        break (MISSING, vec![]);
-                    }
-                    map = cv.wait_timeout(map, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        OP_GET => {
+            let deadline = Instant::now() + req.timeout.min(max_wait);
+            loop {
+                if let Some(v) = map.get(&req.key) {
+                    break (OK, v.clone());
                 }
+                let now = Instant::now();
+                if now >= deadline {
+                    break (MISSING, vec![]);
+                }
+                map = cv.wait_timeout(map, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
             }
-            OP_ADD => {
-                let delta = i64::from_le_bytes(value[..8].try_into().unwrap_or([0; 8]));
-                let old =
-                    map.get(&key).and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok()).unwrap_or(0);
-                let new = old + delta;
-                // Decimal text, as PyTorch's store keeps counters.
-                map.insert(key, new.to_string().into_bytes());
-                cv.notify_all();
-                (OK, new.to_le_bytes().to_vec())
-            }
-            OP_CHECK => (OK, vec![u8::from(map.contains_key(&key))]),
-            OP_DELETE => (OK, vec![u8::from(map.remove(&key).is_some())]),
-            OP_NUM_KEYS => (OK, (map.len() as u64).to_le_bytes().to_vec()),
-            other => return Err(std::io::Error::other(format!("unknown store op {other}"))),
-        };
-        drop(map);
+        }
+        OP_ADD => {
+            let Ok(delta) = <[u8; 8]>::try_from(req.value.as_slice()) else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "store: add on '{}' carries {} bytes, not an 8-byte delta",
+                        req.key,
+                        req.value.len()
+                    ),
+                ));
+            };
+            let delta = i64::from_le_bytes(delta);
+            let old =
+                map.get(&req.key).and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok()).unwrap_or(0);
+            // Wrapping, as PyTorch's store's int64 counters do, instead of a panic on overflow.
+            let new = old.wrapping_add(delta);
+            // Decimal text, as PyTorch's store keeps counters.
+            map.insert(req.key, new.to_string().into_bytes());
+            cv.notify_all();
+            (OK, new.to_le_bytes().to_vec())
+        }
+        OP_CHECK => (OK, vec![u8::from(map.contains_key(&req.key))]),
+        OP_DELETE => (OK, vec![u8::from(map.remove(&req.key).is_some())]),
+        OP_NUM_KEYS => (OK, (map.len() as u64).to_le_bytes().to_vec()),
+        other => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("unknown store op {other}"),
+            ))
+        }
+    })
+}
+
+/// Answers the requests of one connection until it closes or sends something malformed.
+fn serve(mut s: impl Read + Write, table: Table, max_wait: Duration) -> std::io::Result<()> {
+    while let Some(req) = read_request(&mut s)? {
+        let (status, payload) = answer(&table, req, max_wait)?;
         let mut out = vec![status];
         frame(&mut out, &payload);
         s.write_all(&out)?;
     }
+    Ok(())
+}
+
+/// Feeds `bytes` to the server as if one client had sent them, over a fresh table, with no
+/// waiting: the entry point of the fuzz target and its regression test. Returns the answers
+/// the server wrote before it stopped.
+#[doc(hidden)]
+pub fn serve_bytes(bytes: &[u8]) -> Vec<u8> {
+    struct Duplex<'a>(std::io::Cursor<&'a [u8]>, Vec<u8>);
+    impl Read for Duplex<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.0.read(buf)
+        }
+    }
+    impl Write for Duplex<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.1.write(buf)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let table: Table = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
+    let mut duplex = Duplex(std::io::Cursor::new(bytes), Vec::new());
+    let _ = serve(&mut duplex, table, Duration::ZERO);
+    duplex.1
 }
 
 impl TcpStore {
@@ -139,9 +218,11 @@ impl TcpStore {
                     }
                     if let Ok(conn) = conn {
                         let table = table.clone();
-                        let _ = std::thread::Builder::new()
-                            .name("oxtrain-store-conn".into())
-                            .spawn(move || serve(conn, table));
+                        let _ =
+                            std::thread::Builder::new().name("oxtrain-store-conn".into()).spawn(move || {
+                                let _ = conn.set_nodelay(true);
+                                serve(conn, table, MAX_WAIT)
+                            });
                     }
                 }
             })
@@ -228,7 +309,7 @@ impl TcpStore {
         s.write_all(&msg).map_err(io)?;
         let mut status = [0u8; 1];
         s.read_exact(&mut status).map_err(io)?;
-        let payload = read_frame(&mut s).map_err(io)?;
+        let payload = read_frame(&mut *s).map_err(io)?;
         Ok((status[0], payload))
     }
 

@@ -38,19 +38,49 @@ fn fill<D: Dataset>(
     for &index in indices {
         let slot = &mut bytes[kept.len() * sb..(kept.len() + 1) * sb];
         let mut rng = SampleRng::new(shared.config.seed, epoch, index as u64);
-        match shared.dataset.load_into(index, &mut rng, slot) {
+        let e = match shared.dataset.load_into(index, &mut rng, slot) {
             Ok(label) => {
                 labels.push(label);
                 kept.push(index);
+                continue;
             }
-            Err(e @ Error::BadImage { .. }) if shared.config.bad_files == BadFilePolicy::Skip => {
-                let n = shared.bad_files.fetch_add(1, Ordering::Relaxed) + 1;
-                eprintln!("oxtrain-datasets: skipping sample {index}: {e} ({n} bad files so far)");
+            Err(e @ Error::BadImage { .. }) if shared.config.bad_files != BadFilePolicy::Fail => e,
+            Err(e) => return Err(e),
+        };
+        let n = shared.bad_files.fetch_add(1, Ordering::Relaxed) + 1;
+        if shared.config.bad_files == BadFilePolicy::Skip {
+            eprintln!("oxtrain-datasets: skipping sample {index}: {e} ({n} bad files so far)");
+            continue;
+        }
+        let (label, used) = replacement(shared, epoch, index, slot)?;
+        eprintln!("oxtrain-datasets: sample {index} replaced by sample {used}: {e} ({n} bad files so far)");
+        labels.push(label);
+        kept.push(used);
+    }
+    Ok((labels, kept))
+}
+
+/// The first index after `bad` (wrapping round) whose file loads, written into `slot` with
+/// that index's own random stream, so the choice depends on nothing but the dataset.
+fn replacement<D: Dataset>(
+    shared: &Shared<D>,
+    epoch: u64,
+    bad: usize,
+    slot: &mut [u8],
+) -> Result<(i64, usize)> {
+    let len = shared.dataset.len();
+    for k in 1..len {
+        let index = (bad + k) % len;
+        let mut rng = SampleRng::new(shared.config.seed, epoch, index as u64);
+        match shared.dataset.load_into(index, &mut rng, slot) {
+            Ok(label) => return Ok((label, index)),
+            Err(Error::BadImage { .. }) => {
+                shared.bad_files.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => return Err(e),
         }
     }
-    Ok((labels, kept))
+    Err(Error::NoGoodFiles { bad: shared.bad_files.load(Ordering::Relaxed), total: len })
 }
 
 macro_rules! typed_batch {

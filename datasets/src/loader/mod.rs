@@ -5,6 +5,8 @@
 //! choice for a sample comes from a stream keyed by (seed, epoch, index) ([`SampleRng`]), so
 //! the batches are the same whatever the number of workers or their timing.
 
+#[cfg(test)]
+mod bad_file_tests;
 mod batch;
 mod load;
 #[cfg(test)]
@@ -25,10 +27,18 @@ use std::thread::JoinHandle;
 pub use crate::rng::SampleRng;
 
 /// What to do with a file that is not a usable image (empty, truncated, not an image, or over
-/// the decode limits).
+/// the decode limits). Each is counted ([`DataLoader::bad_files`]) and named on stderr; an
+/// epoch in which every file is bad is an error ([`Error::NoGoodFiles`]) whatever the policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BadFilePolicy {
-    /// Leave the sample out of its batch, count it, and warn on stderr naming the file.
+    /// Put another sample in its place: the next index after it (wrapping round) that loads,
+    /// with that index's own random stream. Every batch stays full, so under DDP every rank's
+    /// batches keep the same size (ranks would otherwise disagree on the gradient's
+    /// normalisation, and a BatchNorm batch would shrink). The replacement appears twice in
+    /// the epoch; the result does not depend on the number of workers.
+    Replace,
+    /// Leave the sample out of its batch: batches come out short (fine in one process; under
+    /// DDP ranks then train on different batch sizes).
     Skip,
     /// End the epoch with the error.
     Fail,
@@ -68,7 +78,7 @@ impl Default for LoaderConfig {
             seed: 0,
             drop_last: false,
             pin_memory: PinMemory::Auto,
-            bad_files: BadFilePolicy::Skip,
+            bad_files: BadFilePolicy::Replace,
         }
     }
 }
@@ -130,7 +140,8 @@ impl<D: Dataset> DataLoader<D> {
         self.len() == 0
     }
 
-    /// Files skipped as bad so far.
+    /// Loads of bad files so far, replaced or skipped (a file counts once per epoch it is
+    /// met in, replacement tries included).
     pub fn bad_files(&self) -> usize {
         self.shared.bad_files.load(Ordering::Relaxed)
     }
@@ -200,6 +211,10 @@ pub struct EpochIter<D: Dataset> {
     done: Option<Receiver<Done>>,
     workers: Vec<JoinHandle<()>>,
     finished: bool,
+    /// Samples handed out, and the loader's bad-file count when the epoch began: an epoch of
+    /// bad files only is an error, not an empty epoch.
+    samples_out: usize,
+    bad_at_start: usize,
 }
 
 impl<D: Dataset> EpochIter<D> {
@@ -222,7 +237,10 @@ impl<D: Dataset> EpochIter<D> {
             done: None,
             workers: Vec::new(),
             finished: false,
+            samples_out: 0,
+            bad_at_start: 0,
         };
+        it.bad_at_start = it.shared.bad_files.load(Ordering::Relaxed);
         let workers = it.shared.config.num_workers;
         if workers > 0 && !it.queued.is_empty() {
             let ahead = workers * it.shared.config.prefetch_factor.max(1);
@@ -310,6 +328,10 @@ impl<D: Dataset> Iterator for EpochIter<D> {
                     self.finished = true;
                     // A dropped incomplete batch was never handed out; the epoch is over all the same.
                     self.sampler.lock().unwrap_or_else(|e| e.into_inner()).finish_epoch();
+                    let bad = self.shared.bad_files.load(Ordering::Relaxed) - self.bad_at_start;
+                    if self.samples_out == 0 && bad > 0 {
+                        return Some(Err(Error::NoGoodFiles { bad, total: self.shared.dataset.len() }));
+                    }
                     return None;
                 }
                 // A batch whose every file was bad has nothing to hand out.
@@ -318,7 +340,10 @@ impl<D: Dataset> Iterator for EpochIter<D> {
                     self.finished = true;
                     return Some(Err(e));
                 }
-                Some(ok) => return Some(ok),
+                Some(Ok(b)) => {
+                    self.samples_out += b.len();
+                    return Some(Ok(b));
+                }
             }
         }
     }

@@ -3,14 +3,14 @@ use crate::image_folder::ImageFolder;
 use crate::transforms::{ChannelLayout, ImageTransform, PixelOutput};
 use std::path::{Path, PathBuf};
 
-fn tmp(name: &str) -> PathBuf {
+pub(super) fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("oxtrain-loader-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
-fn config(batch_size: usize, num_workers: usize) -> LoaderConfig {
+pub(super) fn config(batch_size: usize, num_workers: usize) -> LoaderConfig {
     LoaderConfig { batch_size, num_workers, seed: 42, pin_memory: PinMemory::Off, ..Default::default() }
 }
 
@@ -92,7 +92,7 @@ fn crc32(bytes: &[u8]) -> u32 {
 }
 
 /// Bad files of every kind, written among good ones; returns how many were written.
-fn write_bad_files(class_dir: &Path) -> usize {
+pub(super) fn write_bad_files(class_dir: &Path) -> usize {
     let good = std::fs::read(class_dir.join("00000.jpg")).unwrap();
     std::fs::write(class_dir.join("bad_empty.jpg"), b"").unwrap();
     std::fs::write(class_dir.join("bad_text.jpg"), b"this is not an image").unwrap();
@@ -123,7 +123,8 @@ fn bad_files_are_skipped_and_counted() {
         let ds = ImageFolder::new(&d, ImageTransform::imagenet_train(32)).unwrap();
         assert_eq!(ds.len(), 10 + bad);
         let sampler = DistributedSampler::single(ds.len()).seed(1);
-        let loader = DataLoader::new(ds, sampler, config(3, workers)).unwrap();
+        let skip = LoaderConfig { bad_files: BadFilePolicy::Skip, ..config(3, workers) };
+        let loader = DataLoader::new(ds, sampler, skip).unwrap();
         let batches: Vec<Batch> = loader.epoch(0).map(|b| b.unwrap()).collect();
         let seen: usize = batches.iter().map(Batch::len).sum();
         assert_eq!(seen, 10, "every good file and no bad one ({workers} workers)");

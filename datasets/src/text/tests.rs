@@ -95,3 +95,26 @@ fn lm_block_size_zero_is_an_error() {
     assert!(matches!(err, Error::Config(_)) && err.to_string().contains("block_size is 0"), "{err}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn classification_lines_without_a_usable_label_name_the_line() {
+    let d = tmp("cls_bad");
+    let cases = [
+        ("{\"text\": \"ok\", \"label\": 1}\n{\"text\": \"no label here\"}\n", ":2", "no field \"label\""),
+        ("{\"text\": \"ok\", \"label\": [1]}\n", ":1", "neither an integer nor a string"),
+        (
+            "{\"text\": \"a\", \"label\": 1}\n{\"text\": \"b\", \"label\": \"pos\"}\n",
+            "",
+            "mix integers and strings",
+        ),
+        ("{\"label\": 0}\n", ":1", "text"),
+        ("{\"text\": \"a\", \"label\": 0\n", ":1", "not JSON"),
+    ];
+    for (i, (body, line, reason)) in cases.iter().enumerate() {
+        let path = d.join(format!("bad{i}.jsonl"));
+        std::fs::write(&path, body).unwrap();
+        let err = TextClassificationDataset::from_jsonl(&path).unwrap_err().to_string();
+        assert!(err.contains(&format!("bad{i}.jsonl{line}")) && err.contains(reason), "case {i}: {err}");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

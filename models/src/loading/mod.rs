@@ -72,7 +72,7 @@ fn read_sharded(index_path: &Path) -> Result<HashMap<String, Tensor>> {
     }
     let mut out = HashMap::new();
     for (shard, names) in by_shard {
-        let shard_path = folder.join(shard);
+        let shard_path = folder.join(shard_inside_folder(index_path, shard)?);
         let file = safetensors::load(&shard_path)?;
         for name in names {
             if !file.contains(name) {
@@ -88,6 +88,26 @@ fn read_sharded(index_path: &Path) -> Result<HashMap<String, Tensor>> {
         }
     }
     Ok(out)
+}
+
+/// `shard` as a path below the index's folder. Shards are file names beside the index (Hugging
+/// Face writes `model-00001-of-00002.safetensors`); an absolute path or a `..` would let a
+/// downloaded index read any file of the machine, so only plain names and sub-folders pass.
+fn shard_inside_folder<'a>(index_path: &Path, shard: &'a str) -> Result<&'a Path> {
+    use std::path::Component;
+    let path = Path::new(shard);
+    let plain = !shard.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)));
+    if plain {
+        return Ok(path);
+    }
+    Err(ModelError::BadFile {
+        path: index_path.to_path_buf(),
+        reason: format!(
+            "the weight map names the shard {shard:?}, which is not a file inside the checkpoint's \
+             folder (absolute paths and `..` are refused, so an index cannot read files elsewhere); \
+             the index is corrupt or hostile - use the shards' plain file names"
+        ),
+    })
 }
 
 /// The `config.json` of a Hugging Face checkpoint at `path`: inside it when `path` is a

@@ -57,3 +57,37 @@ fn sharded_index_is_read_and_checked() {
     assert!(err.contains("neither model.safetensors nor"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A fresh folder with `model.safetensors.index.json` holding `weight_map`, and one real shard.
+fn index_folder(test: &str, weight_map: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("oxtrain-models-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    safetensors::save(&[("w", &t(2))], None, dir.join("model-00001-of-00001.safetensors")).unwrap();
+    std::fs::write(
+        dir.join(SAFETENSORS_INDEX_FILE),
+        format!(r#"{{"metadata":{{}},"weight_map":{weight_map}}}"#),
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn a_weight_map_naming_a_path_outside_the_folder_is_refused() {
+    // A shard beside the folder that a `..` would reach: it must not be opened.
+    let dir = index_folder("index_escape", "{}");
+    let outside = dir.with_extension("outside.safetensors");
+    safetensors::save(&[("w", &t(2))], None, &outside).unwrap();
+    let escape = format!("../{}", outside.file_name().unwrap().to_string_lossy());
+    for shard in ["../../../etc/passwd", "/etc/passwd", escape.as_str(), "sub/../../x", ""] {
+        let map = format!(r#"{{"w":{}}}"#, serde_json::to_string(shard).unwrap());
+        std::fs::write(dir.join(SAFETENSORS_INDEX_FILE), format!(r#"{{"weight_map":{map}}}"#)).unwrap();
+        let err = read_checkpoint(&dir).expect_err(shard).to_string();
+        assert!(
+            err.contains("not a file inside the checkpoint's folder") && err.contains(SAFETENSORS_INDEX_FILE),
+            "{shard}: {err}"
+        );
+    }
+    std::fs::remove_file(&outside).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

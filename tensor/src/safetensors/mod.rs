@@ -75,10 +75,27 @@ pub struct TensorInfo {
     data: std::ops::Range<usize>,
 }
 
+/// The bytes of a file: mapped from disk, or owned (a file received over the network or
+/// built in memory, given to [`load_bytes`]).
+enum Bytes {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
 /// An open safetensors file: a validated header over a memory map of the file.
 pub struct SafetensorsFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Bytes,
     data_start: usize,
     /// Names in the order their data sits in the file.
     names: Vec<String>,
@@ -97,6 +114,47 @@ pub fn load(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
     SafetensorsFile::open(path.as_ref())
 }
 
+/// Validates a whole safetensors file held in memory, as [`load`] does a file on disk;
+/// `name` stands for the file's path in error messages.
+pub fn load_bytes(bytes: Vec<u8>, name: impl Into<PathBuf>) -> Result<SafetensorsFile> {
+    let path = name.into();
+    let len = bytes.len() as u64;
+    if len < 8 {
+        return Err(too_short(&path, len));
+    }
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+    check_header_len(&path, header_len, len)?;
+    SafetensorsFile::from_bytes(path, Bytes::Owned(bytes), header_len as usize)
+}
+
+fn too_short(path: &Path, file_len: u64) -> Error {
+    Error::SafetensorsFormat {
+        path: path.to_path_buf(),
+        reason: format!(
+            "the file is {file_len} bytes long, too short for the 8-byte header length; it is \
+             truncated or not a safetensors file - save or download it again"
+        ),
+    }
+}
+
+/// The header length prefix against the file's size, before anything is mapped or allocated.
+fn check_header_len(path: &Path, header_len: u64, file_len: u64) -> Result<()> {
+    let format_err = |reason: String| Error::SafetensorsFormat { path: path.to_path_buf(), reason };
+    if header_len > file_len - 8 {
+        return Err(format_err(format!(
+            "the header length prefix says {header_len} bytes, but only {} bytes follow it; \
+             the file is truncated or not a safetensors file - save or download it again",
+            file_len - 8
+        )));
+    }
+    if header_len > MAX_HEADER_BYTES {
+        return Err(format_err(format!(
+            "the header is {header_len} bytes, over the {MAX_HEADER_BYTES}-byte limit; the file is corrupt"
+        )));
+    }
+    Ok(())
+}
+
 /// Every tensor of `path`, in file order, on the CPU.
 pub fn load_all(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
     let file = load(path)?;
@@ -106,42 +164,35 @@ pub fn load_all(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
 impl SafetensorsFile {
     fn open(path: &Path) -> Result<SafetensorsFile> {
         let io_err = |source| Error::Io { path: path.to_path_buf(), source };
-        let format_err = |reason: String| Error::SafetensorsFormat { path: path.to_path_buf(), reason };
         let mut file = File::open(path).map_err(io_err)?;
         let file_len = file.metadata().map_err(io_err)?.len();
         if file_len < 8 {
-            return Err(format_err(format!(
-                "the file is {file_len} bytes long, too short for the 8-byte header length; it is \
-                 truncated or not a safetensors file - save or download it again"
-            )));
+            return Err(too_short(path, file_len));
         }
         // Check the header length against the file size before mapping or allocating anything.
         let mut prefix = [0u8; 8];
         file.read_exact(&mut prefix).map_err(io_err)?;
         let header_len = u64::from_le_bytes(prefix);
-        if header_len > file_len - 8 {
-            return Err(format_err(format!(
-                "the header length prefix says {header_len} bytes, but only {} bytes follow it; \
-                 the file is truncated or not a safetensors file - save or download it again",
-                file_len - 8
-            )));
-        }
-        if header_len > MAX_HEADER_BYTES {
-            return Err(format_err(format!(
-                "the header is {header_len} bytes, over the {MAX_HEADER_BYTES}-byte limit; the file is corrupt"
-            )));
-        }
+        check_header_len(path, header_len, file_len)?;
         // SAFETY: the map is read-only; like every mmap loader we rely on nobody truncating
         // the file while it is open (that would fault, not corrupt memory silently).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io_err)?;
         if mmap.len() as u64 != file_len {
-            return Err(format_err("the file changed size while being opened; try again".into()));
+            return Err(Error::SafetensorsFormat {
+                path: path.to_path_buf(),
+                reason: "the file changed size while being opened; try again".into(),
+            });
         }
-        let data_start = 8 + header_len as usize;
-        let header = parse_header(&mmap[8..data_start], mmap.len() - data_start, path)?;
+        SafetensorsFile::from_bytes(path.to_path_buf(), Bytes::Mapped(mmap), header_len as usize)
+    }
+
+    /// `bytes` whose length prefix has been checked: parses and validates the header.
+    fn from_bytes(path: PathBuf, bytes: Bytes, header_len: usize) -> Result<SafetensorsFile> {
+        let data_start = 8 + header_len;
+        let header = parse_header(&bytes[8..data_start], bytes.len() - data_start, &path)?;
         Ok(SafetensorsFile {
-            path: path.to_path_buf(),
-            mmap,
+            path,
+            mmap: bytes,
             data_start,
             names: header.names,
             infos: header.infos,
@@ -266,6 +317,41 @@ struct RawInfo {
     data_offsets: [usize; 2],
 }
 
+/// The header's entries in file order, or the first name that appears twice. A JSON map
+/// keeps the last of two equal keys, which would hide the first tensor and report its bytes
+/// as a gap; reading the entries one by one finds the real fault.
+enum EntriesInOrder {
+    Unique(Vec<(String, serde_json::Value)>),
+    Duplicate(String),
+}
+
+impl<'de> serde::Deserialize<'de> for EntriesInOrder {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = EntriesInOrder;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                let mut entries = Vec::new();
+                while let Some((name, value)) = map.next_entry::<String, serde_json::Value>()? {
+                    if !seen.insert(name.clone()) {
+                        return Ok(EntriesInOrder::Duplicate(name));
+                    }
+                    entries.push((name, value));
+                }
+                Ok(EntriesInOrder::Unique(entries))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
 /// Validates the JSON header against a data section of `data_len` bytes.
 fn parse_header(header: &[u8], data_len: usize, path: &Path) -> Result<Header> {
     let format_err = |reason: String| Error::SafetensorsFormat { path: path.to_path_buf(), reason };
@@ -277,11 +363,22 @@ fn parse_header(header: &[u8], data_len: usize, path: &Path) -> Result<Header> {
     let text = std::str::from_utf8(header).map_err(|e| {
         format_err(format!("the header is not UTF-8 ({e}); the file is corrupt or not a safetensors file"))
     })?;
-    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text).map_err(|e| {
-        format_err(format!(
-            "the header is not a JSON object ({e}); the file is corrupt or not a safetensors file"
-        ))
-    })?;
+    let json = match serde_json::from_str::<EntriesInOrder>(text) {
+        Ok(EntriesInOrder::Unique(entries)) => entries,
+        Ok(EntriesInOrder::Duplicate(name)) => {
+            return Err(tensor_err(
+                &name,
+                "the header names this tensor twice; a safetensors header holds each name once - \
+                 the file was written by a broken tool or edited by hand, save it again"
+                    .into(),
+            ))
+        }
+        Err(e) => {
+            return Err(format_err(format!(
+                "the header is not a JSON object ({e}); the file is corrupt or not a safetensors file"
+            )))
+        }
+    };
 
     let mut metadata = HashMap::new();
     let mut entries: Vec<(String, TensorInfo)> = Vec::with_capacity(json.len());

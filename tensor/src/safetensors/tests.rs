@@ -1,5 +1,5 @@
 use super::write::write_atomically;
-use crate::safetensors::{load, load_all, save};
+use crate::safetensors::{load, load_all, load_bytes, save};
 use crate::*;
 use half::{bf16, f16};
 use std::collections::HashMap;
@@ -415,4 +415,39 @@ fn error_element_count_overflow() {
 fn errors_from_files_that_do_not_exist() {
     let err = load(Path::new("/nonexistent-oxtrain/model.safetensors")).unwrap_err();
     assert!(matches!(err, Error::Io { .. }) && err.to_string().contains("model.safetensors"));
+}
+
+#[test]
+fn error_the_same_tensor_named_twice() {
+    let dir = TempDir::new("err_twice");
+    let header = r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},
+                     "w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+    let err = load_error(&dir, &raw_file(header, &[0; 8]), &["`w`", "names this tensor twice"]);
+    assert!(!err.to_string().contains("gap"), "{err}");
+}
+
+#[test]
+fn error_a_100_gb_tensor_declared_in_a_tiny_file() {
+    // 25e9 f32 = 100 GB: refused from the header, before any allocation.
+    let dir = TempDir::new("err_100gb");
+    let header = f32_header("w", "[25000000000]", "[0,100000000000]");
+    load_error(&dir, &raw_file(&header, &[0; 16]), &["`w`", "past the end", "100000000000"]);
+    // Offsets that agree with the data size but a shape that claims 100 GB.
+    let header = f32_header("w", "[25000000000]", "[0,16]");
+    load_error(&dir, &raw_file(&header, &[0; 16]), &["`w`", "need 100000000000 bytes"]);
+}
+
+#[test]
+fn bytes_in_memory_load_as_a_file_does() {
+    let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], Device::Cpu).unwrap();
+    let dir = TempDir::new("bytes");
+    let path = dir.path("w.safetensors");
+    save(&[("w", &w)], None, &path).unwrap();
+    let file = load_bytes(std::fs::read(&path).unwrap(), "in-memory").unwrap();
+    assert_eq!(file.get("w").unwrap().to_vec::<f32>(), vec![1.0, 2.0, 3.0]);
+    let err = load_bytes(vec![1, 2, 3], "in-memory").unwrap_err().to_string();
+    assert!(err.contains("in-memory") && err.contains("3 bytes long"), "{err}");
+    let mut bad = raw_file(&f32_header("w", "[1]", "[0,4]"), &[0; 4]);
+    bad[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(load_bytes(bad, "x").unwrap_err().to_string().contains("truncated"));
 }

@@ -107,6 +107,33 @@ pub fn hex(digest: u64) -> String {
     format!("{digest:016x}")
 }
 
+/// A manifest's text, checked for what the JSON types cannot say: the format and version,
+/// a rank inside the world, and file names that stay inside the part's folder (a manifest
+/// naming `../../x` or `/etc/passwd` would have the checksum pass read files elsewhere).
+pub fn parse(text: &str) -> std::result::Result<Manifest, Problem> {
+    let manifest: Manifest = serde_json::from_str(text).map_err(|e| Problem::BadManifest(e.to_string()))?;
+    if manifest.format != FORMAT || manifest.version != VERSION {
+        return Err(Problem::WrongVersion { format: manifest.format, version: manifest.version });
+    }
+    if manifest.rank >= manifest.world_size {
+        return Err(Problem::BadManifest(format!(
+            "rank {} of a world of {} ranks is impossible",
+            manifest.rank, manifest.world_size
+        )));
+    }
+    for entry in &manifest.files {
+        let plain = !entry.name.is_empty()
+            && Path::new(&entry.name).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(Problem::BadManifest(format!(
+                "it lists the file {:?}, which is not a file inside the checkpoint's folder",
+                entry.name
+            )));
+        }
+    }
+    Ok(manifest)
+}
+
 /// Reads `dir`'s manifest and checks every file it lists: presence, size, checksum. The
 /// outer `Result` is for I/O errors other than missing files (permissions), the inner one
 /// says whether the part is valid.
@@ -117,13 +144,10 @@ pub fn verify(dir: &Path) -> Result<std::result::Result<Manifest, Problem>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Err(Problem::Partial)),
         Err(e) => return Err(io(&path, "reading the manifest")(e)),
     };
-    let manifest: Manifest = match serde_json::from_str(&text) {
+    let manifest = match parse(&text) {
         Ok(m) => m,
-        Err(e) => return Ok(Err(Problem::BadManifest(e.to_string()))),
+        Err(problem) => return Ok(Err(problem)),
     };
-    if manifest.format != FORMAT || manifest.version != VERSION {
-        return Ok(Err(Problem::WrongVersion { format: manifest.format, version: manifest.version }));
-    }
     for entry in &manifest.files {
         let file = dir.join(&entry.name);
         let f = match std::fs::File::open(&file) {

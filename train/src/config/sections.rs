@@ -80,6 +80,19 @@ pub enum DataKind {
     SyntheticShapes,
 }
 
+/// Images: what the loader does with a file it cannot decode (each is counted in the
+/// metrics' `bad_files` and named on stderr; a folder of bad files only is an error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadFiles {
+    /// Another sample takes its place: batches stay full and equal on every rank.
+    Replace,
+    /// The batch comes out one sample short (one process only: under DDP ranks would differ).
+    Skip,
+    /// The run stops with an error naming the file.
+    Fail,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
@@ -115,6 +128,8 @@ pub struct DataConfig {
     /// synthetic_shapes: classes (up to 6), pictures per class for training, their side.
     pub classes: usize,
     pub per_class: usize,
+    /// Images: "replace" (default), "skip" or "fail" for files that do not decode.
+    pub bad_files: BadFiles,
 }
 
 impl Default for DataConfig {
@@ -135,6 +150,7 @@ impl Default for DataConfig {
             cache: String::new(),
             classes: 4,
             per_class: 600,
+            bad_files: BadFiles::Replace,
         }
     }
 }

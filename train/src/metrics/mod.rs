@@ -26,6 +26,8 @@ pub struct StepRecord {
     /// Seconds since the Unix epoch, and since the run started.
     pub wall_time: f64,
     pub elapsed: f64,
+    /// Files that did not decode so far on this rank, replaced or skipped (data.bad_files).
+    pub bad_files: usize,
 }
 
 /// An evaluation, with the task's metrics as extra keys (`accuracy`, `top5`, `perplexity`).

@@ -3,10 +3,12 @@
 //! and top-5 accuracy.
 
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
-use crate::config::{Config, DataKind, ModelName};
+use crate::config::{BadFiles, Config, DataKind, ModelName};
 use crate::trainer::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
-use oxtrain_datasets::{DataLoader, DistributedSampler, ImageFolder, ImageTransform, LoaderConfig};
+use oxtrain_datasets::{
+    BadFilePolicy, DataLoader, DistributedSampler, ImageFolder, ImageTransform, LoaderConfig,
+};
 use oxtrain_models::{ResNet, ResNetConfig};
 use oxtrain_nn::loss::{cross_entropy_with, CrossEntropyOptions};
 use oxtrain_nn::Module;
@@ -68,6 +70,19 @@ impl ImageClassification {
                 (train_set.len() / place.world_size).max(1)
             )));
         }
+        let bad_files = match d.bad_files {
+            BadFiles::Replace => BadFilePolicy::Replace,
+            BadFiles::Skip if place.world_size > 1 => {
+                return Err(TrainError::Data(format!(
+                "data.bad_files = \"skip\" leaves a batch short wherever a file does not decode, so the {} \
+                     ranks would train on batches of different sizes; use \"replace\" (another sample takes \
+                     the bad one's place) or \"fail\"",
+                place.world_size
+            )))
+            }
+            BadFiles::Skip => BadFilePolicy::Skip,
+            BadFiles::Fail => BadFilePolicy::Fail,
+        };
         let loader =
             |set: ImageFolder, shuffle: bool, drop_last: bool| -> TaskResult<DataLoader<ImageFolder>> {
                 let sampler = DistributedSampler::new(set.len(), place.world_size, place.rank)
@@ -79,6 +94,7 @@ impl ImageClassification {
                     num_workers: d.workers,
                     seed: config.train.seed,
                     drop_last,
+                    bad_files,
                     ..LoaderConfig::default()
                 };
                 DataLoader::new(set, sampler, lc).map_err(|e| TrainError::Data(e.to_string()))
@@ -185,6 +201,10 @@ impl Task for ImageClassification {
 
     fn units(&self, batch: &(Tensor, Tensor)) -> usize {
         batch.1.elem_count()
+    }
+
+    fn bad_files(&self) -> usize {
+        self.train.bad_files() + self.val.as_ref().map_or(0, |v| v.bad_files())
     }
 
     fn loss(&self, model: &ResNet, (images, labels): &(Tensor, Tensor)) -> Var {

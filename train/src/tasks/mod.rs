@@ -64,6 +64,12 @@ pub trait Task {
     /// Units (images, tokens, texts) in a batch, for throughput.
     fn units(&self, batch: &Self::Batch) -> usize;
 
+    /// Files this rank's loaders met that did not decode and were replaced or skipped (the
+    /// metrics' `bad_files`).
+    fn bad_files(&self) -> usize {
+        0
+    }
+
     /// The training loss of `batch` (forward included).
     fn loss(&self, model: &Self::Model, batch: &Self::Batch) -> Var;
 

@@ -12,8 +12,10 @@ pub enum TrainError {
     Device(String),
     #[error("communication: {0}")]
     Comm(String),
-    #[error("the loss is {value} at step {step} (epoch {epoch}); {advice}")]
-    NonFinite { value: f64, step: usize, epoch: usize, advice: String },
+    /// `what` went bad ("the loss is NaN", "a gradient is inf"); `advice` names the first bad
+    /// tensor and what to do.
+    #[error("{what} at step {step} (epoch {epoch}); {advice}")]
+    NonFinite { what: String, step: usize, epoch: usize, advice: String },
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("cannot write {path}: {reason}")]

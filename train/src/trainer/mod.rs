@@ -5,6 +5,7 @@
 
 mod checkpointing;
 mod error;
+pub mod nonfinite;
 pub mod optim;
 mod save;
 mod strategy;
@@ -15,9 +16,7 @@ pub use save::{read_model_dir, write_model_dir};
 pub use strategy::Strategy;
 
 use crate::checkpoint::SaveReason;
-use crate::config::{
-    parse_device, Config, DdpBackend, GradCompression, ModelName, NonFinite, PrecisionDtype,
-};
+use crate::config::{parse_device, Config, DdpBackend, GradCompression, ModelName, PrecisionDtype};
 use crate::metrics::{unix_time, EvalRecord, MetricsLog, Progress, StepRecord};
 use crate::tasks::{self, Evaluation, Placement, Task};
 use oxtrain_autograd::autocast;
@@ -72,7 +71,7 @@ impl Summary {
             }
         }
         if self.skipped_steps > 0 {
-            s += &format!(", {} steps skipped (non-finite loss)", self.skipped_steps);
+            s += &format!(", {} steps skipped (non-finite loss or gradient)", self.skipped_steps);
         }
         s += &format!("; metrics in {}", self.metrics.display());
         if let Some(d) = &self.model_dir {
@@ -183,6 +182,8 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         ..Default::default()
     });
     let params = strategy.module().parameters();
+    let named_params = strategy.module().named_parameters();
+    let mut guard = nonfinite::NonFiniteGuard::new(config, world, scaler.is_enabled());
     let run_dir = PathBuf::from(&config.log.dir);
     let progress = Progress::new(config.log.progress, rank, total, epochs);
     let say = |line: &str| progress.println(line);
@@ -210,7 +211,8 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
 
     let accum = config.train.grad_accum;
     let counters = start.as_ref().map(|s| s.counters.clone()).unwrap_or_default();
-    let (mut step, mut skipped) = (start.as_ref().map_or(0, |s| s.step), counters.skipped);
+    let mut step = start.as_ref().map_or(0, |s| s.step);
+    guard.skipped = counters.skipped;
     let (mut window_loss, mut window_steps, mut window_units) =
         (counters.window_loss, counters.window_steps, counters.window_units);
     let (mut run_units, mut last_eval) = (counters.run_units, None);
@@ -259,29 +261,18 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                 None => task.loss(m, &batch),
             });
             let value = loss.tensor().to_dtype(DType::F32).item();
-            if !value.is_finite() {
-                let advice = match config.train.on_nonfinite {
-                    NonFinite::Stop => "stopping (train.on_nonfinite = \"stop\"); a lower optim.lr, train.clip_grad_norm or precision.dtype = \"f32\" usually helps, or set train.on_nonfinite = \"skip\"",
-                    NonFinite::Skip if skipped + 1 > config.train.max_skipped => "stopping: more than train.max_skipped steps were skipped; lower optim.lr",
-                    NonFinite::Skip => "",
-                };
-                if advice.is_empty() {
-                    skipped += 1;
-                    progress.println(&format!(
-                        "step {}: the loss is {value}; skipping this update ({skipped} skipped so far)",
-                        step + 1
-                    ));
+            match guard.loss(value, step + 1, epoch + 1, &named_params) {
+                nonfinite::Verdict::Go => {}
+                nonfinite::Verdict::Skip(message) => {
+                    progress.println(&message);
                     opt.zero_grad();
                     (micro, step_loss) = (0, 0.0);
                     continue;
                 }
-                progress.finish();
-                return Err(TrainError::NonFinite {
-                    value,
-                    step: step + 1,
-                    epoch: epoch + 1,
-                    advice: advice.into(),
-                });
+                nonfinite::Verdict::Stop(e) => {
+                    progress.finish();
+                    return Err(e);
+                }
             }
             step_loss += value / accum as f64;
             let scaled = scaler.scale(&loss.mul_scalar(1.0 / accum as f64));
@@ -297,6 +288,19 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                 continue;
             }
             micro = 0;
+            match guard.gradients(step + 1, epoch + 1, &named_params) {
+                nonfinite::Verdict::Go => {}
+                nonfinite::Verdict::Skip(message) => {
+                    progress.println(&message);
+                    opt.zero_grad();
+                    step_loss = 0.0;
+                    continue;
+                }
+                nonfinite::Verdict::Stop(e) => {
+                    progress.finish();
+                    return Err(e);
+                }
+            }
             if config.train.clip_grad_norm > 0.0 {
                 scaler.unscale_(opt.as_mut());
                 clip_grad_norm_(&params, config.train.clip_grad_norm, 2.0);
@@ -311,7 +315,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             window_steps += 1;
             step_loss = 0.0;
             progress.step();
-            if step % config.log.every_steps == 0 || step == total {
+            if step.is_multiple_of(config.log.every_steps) || step == total {
                 let secs = window_start.elapsed().as_secs_f64().max(1e-9);
                 train_loss = window_loss / window_steps as f64;
                 let r = StepRecord {
@@ -324,18 +328,24 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                     unit: task.unit(),
                     wall_time: unix_time(),
                     elapsed: log.elapsed(),
+                    bad_files: task.bad_files(),
                 };
                 progress.record(&r, total);
                 log.log_step(r)?;
                 (window_loss, window_steps, window_units) = (0.0, 0, 0);
                 window_start = Instant::now();
             }
-            if config.train.eval_every > 0 && step % config.train.eval_every == 0 {
+            if config.train.eval_every > 0 && step.is_multiple_of(config.train.eval_every) {
                 last_eval = evaluate(&mut log, step, epoch)?.map(|e| (step, e));
             }
             if let Some(why) = saver.due(step, &strategy)? {
-                let counters =
-                    checkpointing::Counters { skipped, window_loss, window_steps, window_units, run_units };
+                let counters = checkpointing::Counters {
+                    skipped: guard.skipped,
+                    window_loss,
+                    window_steps,
+                    window_units,
+                    run_units,
+                };
                 saver.save(checkpointing::RunState {
                     step,
                     epoch,
@@ -383,7 +393,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             unit: task.unit(),
             metrics: log.path().to_path_buf(),
             model_dir: None,
-            skipped_steps: skipped,
+            skipped_steps: guard.skipped,
             rank,
             interrupted: Some(why),
         });
@@ -393,7 +403,13 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         _ => evaluate(&mut log, step, epochs - 1)?,
     };
     progress.finish();
-    let counters = checkpointing::Counters { skipped, window_loss, window_steps, window_units, run_units };
+    let counters = checkpointing::Counters {
+        skipped: guard.skipped,
+        window_loss,
+        window_steps,
+        window_units,
+        run_units,
+    };
     saver.save_at_end(checkpointing::RunState {
         step,
         epoch: last_epoch,
@@ -427,7 +443,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         unit: task.unit(),
         metrics: log.path().to_path_buf(),
         model_dir,
-        skipped_steps: skipped,
+        skipped_steps: guard.skipped,
         rank,
         interrupted: None,
     })

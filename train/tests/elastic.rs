@@ -20,12 +20,14 @@ fn a_killed_worker_is_restarted_from_the_checkpoint_and_the_run_ends_the_same() 
     let d = dir.path();
     run_ok(d, &launch(29821, &[], train_args(d, "reference", &[])), &[]);
 
-    // Rank 1 stops after step 6 (the checkpoint of step 4 is on disk) and is killed there;
-    // rank 0 is then waiting for it inside step 7's all-reduce.
+    // Rank 1 stops after a step picked at random between the checkpoint of step 4 and the
+    // next one (the seed is printed) and is killed there; rank 0 is then waiting for it inside
+    // the next step's all-reduce.
+    let kill_after = 5 + seed() % 3;
     let args = train_args(d, "elastic", &["checkpoint.every_steps=4"]);
     let cmd = launch(29822, &["--max-restarts", "2", "--stop-timeout", "1"], args);
-    let mut w = start(d, &cmd, &[("OXTRAIN_TEST_HALT_AFTER_STEP", "6:1".into())]);
-    let halted = w.wait_for("halted after step 6", 1);
+    let mut w = start(d, &cmd, &[("OXTRAIN_TEST_HALT_AFTER_STEP", format!("{kill_after}:1"))]);
+    let halted = w.wait_for(&format!("halted after step {kill_after}"), 1);
     assert!(halted[0].contains("rank 1"), "{halted:?}");
     sigkill(pid_in(&halted[0]));
     let (status, out) = w.finish();

@@ -386,6 +386,18 @@ pub struct CheckpointConfig {
     /// Under DDP every rank, not only rank 0, writes its final model (`final-rank<N>`), to
     /// compare the replicas.
     pub all_ranks: bool,
+    /// When a checkpoint cannot be written (a full disk, a failing device): "stop" ends the
+    /// run with the error, "continue" warns and trains on. Either way the last complete
+    /// checkpoint stays intact.
+    pub on_save_error: OnSaveError,
+}
+
+/// What a failed checkpoint write does to the run (`checkpoint.on_save_error`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnSaveError {
+    Stop,
+    Continue,
 }
 
 impl Default for CheckpointConfig {
@@ -399,6 +411,7 @@ impl Default for CheckpointConfig {
             keep_every: 0,
             resume: String::new(),
             all_ranks: false,
+            on_save_error: OnSaveError::Stop,
         }
     }
 }

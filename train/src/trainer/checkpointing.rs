@@ -19,7 +19,7 @@ use crate::checkpoint::{
     latest_valid, Checkpoint, CheckpointConfig as WriterConfig, CheckpointError, Checkpointer, Problem,
     ProgressFn, SavePolicy, SaveReason, SaveTriggers, WriteProgress,
 };
-use crate::config::Config;
+use crate::config::{Config, OnSaveError};
 use crate::tasks::Task;
 use oxtrain_datasets::SamplerState;
 use oxtrain_nn::amp::GradScaler;
@@ -204,6 +204,7 @@ fn step_of(path: &Path) -> Option<u64> {
 /// The save side: the background writer, the triggers, and the test hooks.
 pub(crate) struct Saver {
     writer: Checkpointer,
+    on_error: OnSaveError,
     policy: SavePolicy,
     last_saved: Option<usize>,
     rank: usize,
@@ -233,7 +234,7 @@ impl Saver {
                 let (step, rank) = v.split_once(':').map_or((v.as_str(), None), |(s, r)| (s, Some(r)));
                 (step.trim().parse().unwrap_or(usize::MAX), rank.and_then(|r| r.trim().parse().ok()))
             });
-        Ok(Saver { writer, policy, last_saved: None, rank, halt_after })
+        Ok(Saver { writer, on_error: c.on_save_error, last_saved: None, policy, rank, halt_after })
     }
 
     /// After each optimizer step: whether to save now, and why, the same on every rank (a
@@ -264,19 +265,41 @@ impl Saver {
     /// Copies the state to host memory and hands it to the writer thread.
     pub fn save(&mut self, s: RunState<'_>) -> Result<(), TrainError> {
         let extra = serde_json::to_value(&s.counters).expect("counters are JSON");
-        let snap = self
-            .writer
-            .snapshot(s.step as u64, s.epoch as u64)?
-            .model(s.model)?
-            .optimizer(s.optimizer)?
-            .scheduler(s.schedule)
-            .grad_scaler(s.scaler)
-            .config_toml(s.config.to_toml())
-            .extra(extra)
-            .sampler(s.data);
-        self.writer.save(snap)?;
+        // Taking a snapshot waits for the previous write and reports its failure; handing
+        // this one over may too.
+        let writer = &mut self.writer;
+        let saved = (|| {
+            let snap = writer
+                .snapshot(s.step as u64, s.epoch as u64)?
+                .model(s.model)?
+                .optimizer(s.optimizer)?
+                .scheduler(s.schedule)
+                .grad_scaler(s.scaler)
+                .config_toml(s.config.to_toml())
+                .extra(extra)
+                .sampler(s.data);
+            writer.save(snap)
+        })();
+        self.tolerate(saved)?;
         self.last_saved = Some(s.step);
         Ok(())
+    }
+
+    /// A write error under `checkpoint.on_save_error`: the run's error with "stop"; with
+    /// "continue" a warning (the last complete checkpoint is still there) and `None`.
+    fn tolerate<T>(&self, r: Result<T, CheckpointError>) -> Result<Option<T>, TrainError> {
+        match (r, self.on_error) {
+            (Ok(v), _) => Ok(Some(v)),
+            (Err(e), OnSaveError::Continue) => {
+                eprintln!(
+                    "warning (rank {}): a checkpoint was not saved: {e}; training goes on \
+                     (checkpoint.on_save_error = \"continue\")",
+                    self.rank
+                );
+                Ok(None)
+            }
+            (Err(e), OnSaveError::Stop) => Err(e.into()),
+        }
     }
 
     /// The end of the run: saves unless this very step was just saved (or `at_end` is off).
@@ -289,7 +312,8 @@ impl Saver {
 
     /// Waits for the save in flight; returns the directory of this rank's last committed part.
     pub fn wait(&mut self) -> Result<Option<PathBuf>, TrainError> {
-        Ok(self.writer.wait()?.map(|s| s.path.clone()))
+        let waited = self.writer.wait().map(|s| s.map(|s| s.path.clone()));
+        Ok(self.tolerate(waited)?.flatten())
     }
 
     /// The test hook `OXTRAIN_TEST_HALT_AFTER_STEP`: call after each step's save.

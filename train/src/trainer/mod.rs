@@ -241,6 +241,29 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             })?;
             Ok(Some(e))
         };
+    // What a save writes at the current step of `$epoch`: a macro, as it borrows the loop's
+    // locals where a function would take a dozen arguments.
+    macro_rules! run_state {
+        ($epoch:expr) => {
+            checkpointing::RunState {
+                step,
+                epoch: $epoch,
+                model: strategy.module(),
+                optimizer: opt.as_ref(),
+                schedule: schedule.as_ref(),
+                scaler: &scaler,
+                data: task.data_state(),
+                config,
+                counters: checkpointing::Counters {
+                    skipped: guard.skipped,
+                    window_loss,
+                    window_steps,
+                    window_units,
+                    run_units,
+                },
+            }
+        };
+    }
     let epoch_range = if step >= total { 0..0 } else { first_epoch..epochs };
     'epochs: for epoch in epoch_range {
         progress.start_epoch(epoch);
@@ -339,24 +362,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                 last_eval = evaluate(&mut log, step, epoch)?.map(|e| (step, e));
             }
             if let Some(why) = saver.due(step, &strategy)? {
-                let counters = checkpointing::Counters {
-                    skipped: guard.skipped,
-                    window_loss,
-                    window_steps,
-                    window_units,
-                    run_units,
-                };
-                saver.save(checkpointing::RunState {
-                    step,
-                    epoch,
-                    model: strategy.module(),
-                    optimizer: opt.as_ref(),
-                    schedule: schedule.as_ref(),
-                    scaler: &scaler,
-                    data: task.data_state(),
-                    config,
-                    counters,
-                })?;
+                saver.save(run_state!(epoch))?;
                 if why == SaveReason::Signal {
                     interrupted = Some(step);
                     break 'epochs;
@@ -403,24 +409,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         _ => evaluate(&mut log, step, epochs - 1)?,
     };
     progress.finish();
-    let counters = checkpointing::Counters {
-        skipped: guard.skipped,
-        window_loss,
-        window_steps,
-        window_units,
-        run_units,
-    };
-    saver.save_at_end(checkpointing::RunState {
-        step,
-        epoch: last_epoch,
-        model: strategy.module(),
-        optimizer: opt.as_ref(),
-        schedule: schedule.as_ref(),
-        scaler: &scaler,
-        data: task.data_state(),
-        config,
-        counters,
-    })?;
+    saver.save_at_end(run_state!(last_epoch))?;
     saver.wait()?;
     let model_dir = if config.checkpoint.at_end && (rank == 0 || config.checkpoint.all_ranks) {
         let dir = match config.checkpoint.dir.as_str() {

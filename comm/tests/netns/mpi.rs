@@ -50,6 +50,13 @@ pub(super) fn mpirun(net: &Net, role: &str, timeout_s: &str, extra: &[(&str, &st
     (Proc::spawn("mpirun", cmd), Hostfile(path))
 }
 
+/// The rest of the first line holding `needle`, from `needle` on. mpirun forwards each rank's
+/// output in chunks, not lines, so one rank's line may follow another rank's unfinished one
+/// (libtest's `-q` prints a `.` with no newline when a rank's test passes).
+fn from_needle<'a>(out: &'a str, needle: &str) -> Option<&'a str> {
+    out.lines().find_map(|l| l.find(needle).map(|at| &l[at..]))
+}
+
 /// Role `mpi-all-reduce`: the process group from Open MPI's variables, the store across
 /// hosts, every collective against its reference, and a 4 MiB all-reduce.
 pub fn all_reduce_role() {
@@ -119,7 +126,7 @@ fn mpi_all_reduce_2_hosts_x_2_ranks_with_mpirun_hostfile() {
             r % 2,
             net.hosts[r / 2].ns
         );
-        assert!(out.lines().any(|l| l.starts_with(&head)), "no line {head:?} in:\n{out}");
+        assert!(from_needle(out, &head).is_some(), "no line {head:?} in:\n{out}");
     }
     // The 4 MiB all-reduce alone moves megabytes over host 1's link.
     let after = net.eth0_bytes(1);
@@ -157,7 +164,8 @@ fn mpi_a_host_cut_off_mid_run_times_out_the_others() {
     let out = job.output();
     let _ = wait_all(vec![job], Duration::from_secs(2));
     for r in 0..2 {
-        let line = out.lines().find(|l| l.starts_with(&format!("CUT-OFF rank {r} "))).unwrap();
+        let line = from_needle(&out, &format!("CUT-OFF rank {r} "))
+            .unwrap_or_else(|| panic!("no CUT-OFF line for rank {r} in:\n{out}"));
         eprintln!("{line}");
         let msg = line.split_once(": ").unwrap().1;
         let head = format!("all_reduce: rank {r} timed out after 3s waiting for rank(s) [2, 3]; ");

@@ -1,13 +1,14 @@
 //! Processes of a namespace test: started with their output captured, watched against a
 //! hard deadline, killed past it (a hang fails the test, it never blocks it).
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// A started process whose stdout and stderr are read into one shared text as they come.
+/// A started process whose stdout and stderr are read into one shared text as they come, a
+/// whole line at a time, so a line of one stream is never split by the other.
 pub struct Proc {
     pub name: String,
     child: Child,
@@ -34,15 +35,15 @@ impl Proc {
         let mut readers = vec![];
         let pipes: Vec<Box<dyn Read + Send>> =
             vec![Box::new(child.stdout.take().unwrap()), Box::new(child.stderr.take().unwrap())];
-        for mut pipe in pipes {
+        for pipe in pipes {
             let text = text.clone();
             readers.push(std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    text.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                let mut pipe = BufReader::new(pipe);
+                let mut line = vec![];
+                // The last line may lack its newline: it is pushed as it is at the end.
+                while matches!(pipe.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                    text.lock().unwrap().push_str(&String::from_utf8_lossy(&line));
+                    line.clear();
                 }
             }));
         }

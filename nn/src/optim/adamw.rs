@@ -1,10 +1,9 @@
 //! `AdamW`: Adam with decoupled weight decay.
 
-use super::groups::{build, GroupConfig, IntoParamGroups, ParamGroup, ParamGroupSpec};
+use super::groups::{hypers, GroupConfig, Groups, IntoParamGroups};
 use super::sgd::with_master;
-use super::state::{for_each_grad, state_dtype, StateTable};
+use super::state::state_dtype;
 use oxtrain_tensor::{AdamWStep, DType, Tensor};
-use std::collections::BTreeMap;
 
 /// Hyper-parameters of [`AdamW`], PyTorch's names and defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,41 +31,15 @@ impl Default for AdamWConfig {
 }
 
 impl GroupConfig for AdamWConfig {
-    fn with_spec(&self, spec: &ParamGroupSpec) -> Self {
-        AdamWConfig {
-            lr: spec.lr.unwrap_or(self.lr),
-            weight_decay: spec.weight_decay.unwrap_or(self.weight_decay),
-            ..*self
-        }
-    }
-    fn to_map(&self) -> BTreeMap<String, f64> {
-        BTreeMap::from([
-            ("lr".into(), self.lr),
-            ("beta1".into(), self.betas.0),
-            ("beta2".into(), self.betas.1),
-            ("eps".into(), self.eps),
-            ("weight_decay".into(), self.weight_decay),
-            ("amsgrad".into(), self.amsgrad as u8 as f64),
-            ("maximize".into(), self.maximize as u8 as f64),
-        ])
-    }
-    fn set_from_map(&mut self, m: &BTreeMap<String, f64>) {
-        let get = |k: &str, v: f64| m.get(k).copied().unwrap_or(v);
-        self.lr = get("lr", self.lr);
-        self.betas = (get("beta1", self.betas.0), get("beta2", self.betas.1));
-        self.eps = get("eps", self.eps);
-        self.weight_decay = get("weight_decay", self.weight_decay);
-        self.amsgrad = get("amsgrad", self.amsgrad as u8 as f64) != 0.0;
-        self.maximize = get("maximize", self.maximize as u8 as f64) != 0.0;
-    }
+    hypers! { Num "lr" => lr, Num "beta1" => betas.0, Num "beta2" => betas.1, Num "eps" => eps,
+    Num "weight_decay" => weight_decay, Flag "amsgrad" => amsgrad, Flag "maximize" => maximize }
 }
 
 /// `torch.optim.AdamW`: per parameter, in one fused pass, `p *= 1 - lr*wd`,
 /// `m = b1 m + (1-b1) g`, `v = b2 v + (1-b2) g²` (AMSGrad: `vmax = max(vmax, v)` used below),
 /// `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`.
 pub struct AdamW {
-    pub(crate) groups: Vec<ParamGroup<AdamWConfig>>,
-    pub(crate) state: StateTable,
+    pub(crate) held: Groups<AdamWConfig>,
 }
 
 impl AdamW {
@@ -77,11 +50,11 @@ impl AdamW {
             "AdamW: betas must be in [0, 1), got {:?}",
             config.betas
         );
-        AdamW { groups: build(params.into_param_groups(), &config, "AdamW"), state: StateTable::default() }
+        AdamW { held: Groups::new(params, &config, "AdamW") }
     }
 
     fn update(&mut self) {
-        for_each_grad(&self.groups, &mut self.state, |c, p, grad, st| {
+        self.held.for_each_grad(|c, p, grad, st| {
             st.step += 1;
             let step = AdamWStep {
                 lr: c.lr,

@@ -1,6 +1,8 @@
 //! Parameter groups: which parameters share hyper-parameters, and the usual decay/no-decay split.
 
+use super::state::{for_each_grad, ParamState, StateTable};
 use oxtrain_autograd::Var;
+use oxtrain_tensor::Tensor;
 use std::collections::BTreeMap;
 
 /// One group as an optimizer holds it: its parameters and its own copy of the hyper-parameters
@@ -97,21 +99,90 @@ pub fn decay_groups(named: Vec<(String, Var)>, weight_decay: f64) -> Vec<ParamGr
 }
 
 /// The hyper-parameters of an optimizer's config, by PyTorch's names, for checkpoints.
+/// A hyper-parameter of an optimizer's config, borrowed for reading or setting by name.
+pub(crate) enum Hyper<'a> {
+    Num(&'a mut f64),
+    /// A boolean, saved as 0 or 1 (as torch's `param_groups` JSON holds it).
+    Flag(&'a mut bool),
+}
+
+/// Implements [`GroupConfig::hypers`] from a table of `Kind "torch name" => field`.
+macro_rules! hypers {
+    ($($kind:ident $name:literal => $($field:tt).+),* $(,)?) => {
+        fn hypers(&mut self) -> Vec<(&'static str, $crate::optim::groups::Hyper<'_>)> {
+            vec![$(($name, $crate::optim::groups::Hyper::$kind(&mut self.$($field).+))),*]
+        }
+    };
+}
+pub(crate) use hypers;
+
+/// An optimizer's config as its groups hold it. The optimizer lists its hyper-parameters by
+/// their PyTorch names; the overrides of a spec, saving and loading follow from that list.
 pub(crate) trait GroupConfig: Clone {
-    /// The config with a spec's overrides applied.
-    fn with_spec(&self, spec: &ParamGroupSpec) -> Self;
+    /// Every hyper-parameter, by the name torch's `param_groups` uses for it.
+    fn hypers(&mut self) -> Vec<(&'static str, Hyper<'_>)>;
+
+    /// The config with a spec's overrides applied (`lr`, `weight_decay`, `lars_exclude`).
+    fn with_spec(&self, spec: &ParamGroupSpec) -> Self {
+        let mut config = self.clone();
+        for (name, hyper) in config.hypers() {
+            match (name, hyper) {
+                ("lr", Hyper::Num(v)) => *v = spec.lr.unwrap_or(*v),
+                ("weight_decay", Hyper::Num(v)) => *v = spec.weight_decay.unwrap_or(*v),
+                ("lars_exclude", Hyper::Flag(b)) => *b |= spec.lars_exclude,
+                _ => {}
+            }
+        }
+        config
+    }
+
     /// Hyper-parameters by name (booleans as 0 and 1).
-    fn to_map(&self) -> BTreeMap<String, f64>;
+    fn to_map(&self) -> BTreeMap<String, f64> {
+        let mut config = self.clone();
+        let hypers = config.hypers();
+        hypers
+            .into_iter()
+            .map(|(name, hyper)| match hyper {
+                Hyper::Num(v) => (name.to_string(), *v),
+                Hyper::Flag(b) => (name.to_string(), *b as u8 as f64),
+            })
+            .collect()
+    }
+
     /// Sets the hyper-parameters `map` names (others keep their values).
-    fn set_from_map(&mut self, map: &BTreeMap<String, f64>);
+    fn set_from_map(&mut self, map: &BTreeMap<String, f64>) {
+        for (name, hyper) in self.hypers() {
+            match (map.get(name), hyper) {
+                (Some(&x), Hyper::Num(v)) => *v = x,
+                (Some(&x), Hyper::Flag(b)) => *b = x != 0.0,
+                (None, _) => {}
+            }
+        }
+    }
+}
+
+/// What every optimizer holds: its parameter groups and their per-parameter state. The
+/// optimizers differ only in their config and their update; this is the rest.
+pub(crate) struct Groups<C> {
+    pub(crate) groups: Vec<ParamGroup<C>>,
+    pub(crate) state: StateTable,
+}
+
+impl<C: GroupConfig> Groups<C> {
+    /// The groups of a new optimizer `op` from `params` (panics on an empty list or a
+    /// non-parameter, as torch raises).
+    pub(crate) fn new(params: impl IntoParamGroups, defaults: &C, op: &str) -> Groups<C> {
+        Groups { groups: build(params.into_param_groups(), defaults, op), state: StateTable::default() }
+    }
+
+    /// Calls `f(group config, parameter, gradient, state)` for every parameter with a gradient.
+    pub(crate) fn for_each_grad(&mut self, f: impl FnMut(&C, &Var, Tensor, &mut ParamState)) {
+        for_each_grad(&self.groups, &mut self.state, f)
+    }
 }
 
 /// Builds the groups of a new optimizer from specs and its defaults.
-pub(crate) fn build<C: GroupConfig>(
-    specs: Vec<ParamGroupSpec>,
-    defaults: &C,
-    op: &str,
-) -> Vec<ParamGroup<C>> {
+fn build<C: GroupConfig>(specs: Vec<ParamGroupSpec>, defaults: &C, op: &str) -> Vec<ParamGroup<C>> {
     assert!(!specs.is_empty(), "{op}: got no parameter groups");
     let groups: Vec<ParamGroup<C>> = specs
         .into_iter()

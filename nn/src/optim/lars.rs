@@ -13,10 +13,9 @@
 //! [`decay_groups`](super::decay_groups)) use `trust = 1`: plain momentum SGD with their own
 //! weight decay, usually 0. Norms and the trust ratio stay on the device: no host sync.
 
-use super::groups::{build, GroupConfig, IntoParamGroups, ParamGroup, ParamGroupSpec};
-use super::state::{for_each_grad, state_dtype, StateTable};
+use super::groups::{hypers, GroupConfig, Groups, IntoParamGroups};
+use super::state::state_dtype;
 use oxtrain_tensor::CmpOp;
-use std::collections::BTreeMap;
 
 /// Hyper-parameters of [`Lars`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,50 +46,23 @@ impl Default for LarsConfig {
 }
 
 impl GroupConfig for LarsConfig {
-    fn with_spec(&self, spec: &ParamGroupSpec) -> Self {
-        LarsConfig {
-            lr: spec.lr.unwrap_or(self.lr),
-            weight_decay: spec.weight_decay.unwrap_or(self.weight_decay),
-            exclude: self.exclude || spec.lars_exclude,
-            ..*self
-        }
-    }
-    fn to_map(&self) -> BTreeMap<String, f64> {
-        BTreeMap::from([
-            ("lr".into(), self.lr),
-            ("momentum".into(), self.momentum),
-            ("weight_decay".into(), self.weight_decay),
-            ("trust_coefficient".into(), self.trust_coefficient),
-            ("eps".into(), self.eps),
-            ("nesterov".into(), self.nesterov as u8 as f64),
-            ("lars_exclude".into(), self.exclude as u8 as f64),
-        ])
-    }
-    fn set_from_map(&mut self, m: &BTreeMap<String, f64>) {
-        let get = |k: &str, v: f64| m.get(k).copied().unwrap_or(v);
-        self.lr = get("lr", self.lr);
-        self.momentum = get("momentum", self.momentum);
-        self.weight_decay = get("weight_decay", self.weight_decay);
-        self.trust_coefficient = get("trust_coefficient", self.trust_coefficient);
-        self.eps = get("eps", self.eps);
-        self.nesterov = get("nesterov", self.nesterov as u8 as f64) != 0.0;
-        self.exclude = get("lars_exclude", self.exclude as u8 as f64) != 0.0;
-    }
+    hypers! { Num "lr" => lr, Num "momentum" => momentum, Num "weight_decay" => weight_decay,
+    Num "trust_coefficient" => trust_coefficient, Num "eps" => eps, Flag "nesterov" => nesterov,
+    Flag "lars_exclude" => exclude }
 }
 
 /// LARS with momentum; see the module docs for the formula.
 pub struct Lars {
-    pub(crate) groups: Vec<ParamGroup<LarsConfig>>,
-    pub(crate) state: StateTable,
+    pub(crate) held: Groups<LarsConfig>,
 }
 
 impl Lars {
     pub fn new(params: impl IntoParamGroups, config: LarsConfig) -> Lars {
-        Lars { groups: build(params.into_param_groups(), &config, "Lars"), state: StateTable::default() }
+        Lars { held: Groups::new(params, &config, "Lars") }
     }
 
     fn update(&mut self) {
-        for_each_grad(&self.groups, &mut self.state, |c, p, grad, st| {
+        self.held.for_each_grad(|c, p, grad, st| {
             let dtype = state_dtype(p);
             let w = p.tensor().to_dtype(dtype);
             let gr = grad.to_dtype(dtype);

@@ -68,20 +68,20 @@ pub trait Optimizer {
     fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()>;
 }
 
-/// Implements the bookkeeping part of [`Optimizer`] for a type with `groups: Vec<ParamGroup<C>>`
-/// and `state: state::StateTable`, and its `param_groups` accessors; the type provides
+/// Implements the bookkeeping part of [`Optimizer`] for a type with `held: groups::Groups<C>`,
+/// and its `param_groups` accessors; the type provides
 /// `fn update(&mut self)`.
 macro_rules! impl_optimizer {
     ($ty:ty, $config:ty) => {
         impl $ty {
             pub fn param_groups(&self) -> &[$crate::optim::ParamGroup<$config>] {
-                &self.groups
+                &self.held.groups
             }
 
             /// The groups, to change hyper-parameters between steps
             /// (`opt.param_groups[i]["lr"] = ..`).
             pub fn param_groups_mut(&mut self) -> &mut [$crate::optim::ParamGroup<$config>] {
-                &mut self.groups
+                &mut self.held.groups
             }
         }
 
@@ -90,31 +90,31 @@ macro_rules! impl_optimizer {
                 oxtrain_autograd::no_grad(|| self.update())
             }
             fn params(&self) -> Vec<oxtrain_autograd::Var> {
-                self.groups.iter().flat_map(|g| g.params.iter().cloned()).collect()
+                self.held.groups.iter().flat_map(|g| g.params.iter().cloned()).collect()
             }
             fn num_groups(&self) -> usize {
-                self.groups.len()
+                self.held.groups.len()
             }
             fn lr(&self, group: usize) -> f64 {
-                self.groups[group].config.lr
+                self.held.groups[group].config.lr
             }
             fn set_group_lr(&mut self, group: usize, lr: f64) {
-                self.groups[group].config.lr = lr;
+                self.held.groups[group].config.lr = lr;
             }
             fn initial_lr(&self, group: usize) -> Option<f64> {
-                self.groups[group].initial_lr
+                self.held.groups[group].initial_lr
             }
             fn set_initial_lr(&mut self, group: usize, lr: f64) {
-                self.groups[group].initial_lr = Some(lr);
+                self.held.groups[group].initial_lr = Some(lr);
             }
             fn state_dict(&self) -> $crate::optim::OptimizerState {
-                self.state.to_state(&self.groups)
+                self.held.state.to_state(&self.held.groups)
             }
             fn load_state_dict(
                 &mut self,
                 state: &$crate::optim::OptimizerState,
             ) -> oxtrain_tensor::Result<()> {
-                self.state.load(&mut self.groups, state)
+                self.held.state.load(&mut self.held.groups, state)
             }
         }
     };

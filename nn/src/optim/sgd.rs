@@ -1,10 +1,9 @@
 //! `Sgd`: stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
 
-use super::groups::{build, GroupConfig, IntoParamGroups, ParamGroup, ParamGroupSpec};
-use super::state::{for_each_grad, state_dtype, StateTable};
+use super::groups::{hypers, GroupConfig, Groups, IntoParamGroups};
+use super::state::state_dtype;
 use oxtrain_autograd::Var;
 use oxtrain_tensor::{DType, SgdStep, Tensor};
-use std::collections::BTreeMap;
 
 /// Hyper-parameters of [`Sgd`], PyTorch's names and defaults (`lr` 1e-3).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,39 +31,14 @@ impl Default for SgdConfig {
 }
 
 impl GroupConfig for SgdConfig {
-    fn with_spec(&self, spec: &ParamGroupSpec) -> Self {
-        SgdConfig {
-            lr: spec.lr.unwrap_or(self.lr),
-            weight_decay: spec.weight_decay.unwrap_or(self.weight_decay),
-            ..*self
-        }
-    }
-    fn to_map(&self) -> BTreeMap<String, f64> {
-        BTreeMap::from([
-            ("lr".into(), self.lr),
-            ("momentum".into(), self.momentum),
-            ("dampening".into(), self.dampening),
-            ("nesterov".into(), self.nesterov as u8 as f64),
-            ("weight_decay".into(), self.weight_decay),
-            ("maximize".into(), self.maximize as u8 as f64),
-        ])
-    }
-    fn set_from_map(&mut self, m: &BTreeMap<String, f64>) {
-        let get = |k: &str, v: f64| m.get(k).copied().unwrap_or(v);
-        self.lr = get("lr", self.lr);
-        self.momentum = get("momentum", self.momentum);
-        self.dampening = get("dampening", self.dampening);
-        self.nesterov = get("nesterov", self.nesterov as u8 as f64) != 0.0;
-        self.weight_decay = get("weight_decay", self.weight_decay);
-        self.maximize = get("maximize", self.maximize as u8 as f64) != 0.0;
-    }
+    hypers! { Num "lr" => lr, Num "momentum" => momentum, Num "dampening" => dampening,
+    Flag "nesterov" => nesterov, Num "weight_decay" => weight_decay, Flag "maximize" => maximize }
 }
 
 /// `torch.optim.SGD`: `d = g + wd * p`; with momentum `buf = momentum * buf + (1 - dampening) * d`
 /// (`buf = d` on the first step), `d = d + momentum * buf` (Nesterov) or `d = buf`; `p -= lr * d`.
 pub struct Sgd {
-    pub(crate) groups: Vec<ParamGroup<SgdConfig>>,
-    pub(crate) state: StateTable,
+    pub(crate) held: Groups<SgdConfig>,
 }
 
 impl Sgd {
@@ -74,11 +48,11 @@ impl Sgd {
             !config.nesterov || (config.momentum > 0.0 && config.dampening == 0.0),
             "Sgd: Nesterov momentum requires a momentum and zero dampening"
         );
-        Sgd { groups: build(params.into_param_groups(), &config, "Sgd"), state: StateTable::default() }
+        Sgd { held: Groups::new(params, &config, "Sgd") }
     }
 
     fn update(&mut self) {
-        for_each_grad(&self.groups, &mut self.state, |c, p, grad, st| {
+        self.held.for_each_grad(|c, p, grad, st| {
             let first = !st.buffers.contains_key(MOMENTUM);
             let buf = (c.momentum != 0.0).then(|| st.buffer(MOMENTUM, p));
             if state_dtype(p) == DType::F64 {

@@ -101,7 +101,7 @@ pub fn uniform_(t: &Tensor, low: f64, high: f64, gen: Option<&mut Generator>) {
     }
     let values = match gen {
         Some(g) => Distribution::Uniform { low, high }.sample_with(g, t.dims(), t.dtype(), t.device()),
-        None => Tensor::uniform(t.dims(), low, high, t.dtype(), t.device()),
+        None => Tensor::uniform(t.dims(), low..high, t.dtype(), t.device()),
     };
     t.copy_(&values.expect("random values on the tensor's own device"));
 }

@@ -451,16 +451,16 @@ fn short(d: DType) -> &'static str {
     }
 }
 
+/// The trimmed standard output of `program args`, when it ran and succeeded.
+fn command_text(program: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(program).args(args).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 /// Today as YYYY-MM-DD (UTC), from `date` (the results' date; comm has no calendar crate, and
 /// a copy of the civil-calendar arithmetic in oxtrain-bench was the alternative).
 fn today() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%F"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
+    command_text("date", &["-u", "+%F"]).unwrap_or_else(|| "unknown".into())
 }
 
 fn write_json(path: &str, rows: &[Row]) {
@@ -479,14 +479,7 @@ fn write_json_with(
     let commit = std::env::var("OXTRAIN_COMMIT")
         .ok()
         .filter(|c| !c.is_empty())
-        .or_else(|| {
-            std::process::Command::new("git")
-                .args(["rev-parse", "--short", "HEAD"])
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        })
+        .or_else(|| command_text("git", &["rev-parse", "--short", "HEAD"]))
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mut benchmarks = extra;

@@ -30,47 +30,20 @@ fn draw(
     Ok(out)
 }
 
-fn per_block(dtype: DType) -> usize {
-    if dtype == DType::F64 {
-        2
-    } else {
-        4
-    }
-}
-
-pub(super) fn uniform(
+/// Draws from the kernel family `name` (`uniform`, `normal`, `bernoulli`) with its f64
+/// parameters, `per_block` elements from each Philox block.
+pub(super) fn sample(
+    name: &str,
     ordinal: usize,
     dtype: DType,
     n: usize,
+    per_block: usize,
     stream: Stream,
-    low: f64,
-    high: f64,
+    params: &[f64],
 ) -> Result<CudaStorage> {
-    let kernel = format!("uniform_{}", cuda::suffix(dtype));
-    draw(&kernel, ordinal, dtype, n, per_block(dtype), stream, &[Arg::F64(low), Arg::F64(high)])
-}
-
-pub(super) fn normal(
-    ordinal: usize,
-    dtype: DType,
-    n: usize,
-    stream: Stream,
-    mean: f64,
-    std: f64,
-) -> Result<CudaStorage> {
-    let kernel = format!("normal_{}", cuda::suffix(dtype));
-    draw(&kernel, ordinal, dtype, n, per_block(dtype), stream, &[Arg::F64(mean), Arg::F64(std)])
-}
-
-pub(super) fn bernoulli_scalar(
-    ordinal: usize,
-    dtype: DType,
-    n: usize,
-    stream: Stream,
-    p: f64,
-) -> Result<CudaStorage> {
-    let kernel = format!("bernoulli_{}", cuda::suffix(dtype));
-    draw(&kernel, ordinal, dtype, n, 4, stream, &[Arg::F64(p)])
+    let kernel = format!("{name}_{}", cuda::suffix(dtype));
+    let args: Vec<Arg> = params.iter().map(|&p| Arg::F64(p)).collect();
+    draw(&kernel, ordinal, dtype, n, per_block, stream, &args)
 }
 
 /// Element `i` is 1 with the probability at element `i` (row-major) of the view `probs`.

@@ -47,6 +47,7 @@ use crate::shape::Shape;
 use crate::storage::{CpuStorage, Storage};
 use crate::{DType, Device, Result, Tensor};
 use generator::Stream;
+use std::ops::Range;
 
 /// Reserves `blocks` from `gen`, or from the default generator, whose lock is held only for
 /// the reservation so threads drawing concurrently do not wait on each other's kernels.
@@ -59,71 +60,6 @@ fn reserve(gen: Option<&mut Generator>, blocks: u64) -> Stream {
 
 fn expect_float(op: &str, dtype: DType) {
     assert!(dtype.is_float(), "{op}: expected a floating-point dtype, got {dtype}");
-}
-
-fn uniform_impl(
-    gen: Option<&mut Generator>,
-    shape: Shape,
-    low: f64,
-    high: f64,
-    dtype: DType,
-    device: Device,
-) -> Result<Tensor> {
-    expect_float("uniform", dtype);
-    assert!(
-        low.is_finite() && high.is_finite() && low <= high,
-        "uniform: expected finite bounds with low <= high, got low {low} and high {high}"
-    );
-    device.check_available()?;
-    let n = shape.elem_count();
-    let per_block = if dtype == DType::F64 { 2 } else { 4 };
-    let stream = reserve(gen, cpu::blocks_for(n, per_block));
-    if let Device::Cuda(ordinal) = device {
-        return Ok(on_cuda(cuda::uniform(ordinal, dtype, n, stream, low, high)?, shape));
-    }
-    let storage = cpu::generate(dtype, n, stream, per_block, |w, _| {
-        let mut out = [0.0; 4];
-        for (j, o) in out.iter_mut().enumerate().take(per_block) {
-            let words = if per_block == 2 { &w[2 * j..2 * j + 2] } else { &w[j..j + 1] };
-            *o = low + (high - low) * cpu::unit(dtype, words);
-        }
-        out
-    });
-    Tensor::from_cpu_on(storage, shape, device)
-}
-
-fn normal_impl(
-    gen: Option<&mut Generator>,
-    shape: Shape,
-    mean: f64,
-    std: f64,
-    dtype: DType,
-    device: Device,
-) -> Result<Tensor> {
-    expect_float("normal", dtype);
-    assert!(
-        std >= 0.0 && std.is_finite() && mean.is_finite(),
-        "normal: expected std >= 0 and finite, got mean {mean} and std {std}"
-    );
-    device.check_available()?;
-    let n = shape.elem_count();
-    let per_block = if dtype == DType::F64 { 2 } else { 4 };
-    let stream = reserve(gen, cpu::blocks_for(n, per_block));
-    if let Device::Cuda(ordinal) = device {
-        return Ok(on_cuda(cuda::normal(ordinal, dtype, n, stream, mean, std)?, shape));
-    }
-    let storage = cpu::generate(dtype, n, stream, per_block, |w, _| {
-        let z = if per_block == 2 {
-            let [a, b] = cpu::box_muller_f64(w);
-            [a, b, 0.0, 0.0]
-        } else {
-            let [a, b] = cpu::box_muller_f32(w[0], w[1]);
-            let [c, d] = cpu::box_muller_f32(w[2], w[3]);
-            [a, b, c, d].map(|z| z as f64)
-        };
-        z.map(|z| mean + std * z)
-    });
-    Tensor::from_cpu_on(storage, shape, device)
 }
 
 /// Ones with probability `p(i)`, zeros otherwise, as `dtype`.
@@ -230,11 +166,59 @@ impl Distribution {
         self.draw(Some(gen), shape.into(), dtype, device)
     }
 
-    fn draw(self, gen: Option<&mut Generator>, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+    /// The kernel family's name and the distribution's two parameters, checked.
+    fn checked(self) -> (&'static str, f64, f64) {
         match self {
-            Distribution::Uniform { low, high } => uniform_impl(gen, shape, low, high, dtype, device),
-            Distribution::Normal { mean, std } => normal_impl(gen, shape, mean, std, dtype, device),
+            Distribution::Uniform { low, high } => {
+                assert!(
+                    low.is_finite() && high.is_finite() && low <= high,
+                    "uniform: expected finite bounds with low <= high, got low {low} and high {high}"
+                );
+                ("uniform", low, high)
+            }
+            Distribution::Normal { mean, std } => {
+                assert!(
+                    std >= 0.0 && std.is_finite() && mean.is_finite(),
+                    "normal: expected std >= 0 and finite, got mean {mean} and std {std}"
+                );
+                ("normal", mean, std)
+            }
         }
+    }
+
+    fn draw(self, gen: Option<&mut Generator>, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+        let (name, a, b) = self.checked();
+        expect_float(name, dtype);
+        device.check_available()?;
+        let n = shape.elem_count();
+        // f64 takes two words an element, so a block of four words makes two.
+        let per_block = if dtype == DType::F64 { 2 } else { 4 };
+        let stream = reserve(gen, cpu::blocks_for(n, per_block));
+        if let Device::Cuda(ordinal) = device {
+            return Ok(on_cuda(cuda::sample(name, ordinal, dtype, n, per_block, stream, &[a, b])?, shape));
+        }
+        let storage = match self {
+            Distribution::Uniform { .. } => cpu::generate(dtype, n, stream, per_block, |w, _| {
+                let mut out = [0.0; 4];
+                for (j, o) in out.iter_mut().enumerate().take(per_block) {
+                    let words = if per_block == 2 { &w[2 * j..2 * j + 2] } else { &w[j..j + 1] };
+                    *o = a + (b - a) * cpu::unit(dtype, words);
+                }
+                out
+            }),
+            Distribution::Normal { .. } => cpu::generate(dtype, n, stream, per_block, |w, _| {
+                let z = if per_block == 2 {
+                    let [z0, z1] = cpu::box_muller_f64(w);
+                    [z0, z1, 0.0, 0.0]
+                } else {
+                    let [z0, z1] = cpu::box_muller_f32(w[0], w[1]);
+                    let [z2, z3] = cpu::box_muller_f32(w[2], w[3]);
+                    [z0, z1, z2, z3].map(|z| z as f64)
+                };
+                z.map(|z| a + b * z)
+            }),
+        };
+        Tensor::from_cpu_on(storage, shape, device)
     }
 }
 
@@ -244,20 +228,15 @@ impl Tensor {
         Distribution::UNIT_UNIFORM.sample(shape, dtype, device)
     }
 
-    /// Uniform samples in [low, high) (`tensor.uniform_(low, high)`), up to the dtype's rounding.
-    pub fn uniform(
-        shape: impl Into<Shape>,
-        low: f64,
-        high: f64,
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        Distribution::Uniform { low, high }.sample(shape, dtype, device)
-    }
-
     /// Standard normal samples (`torch.randn`), by Box-Muller.
     pub fn randn(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
         Distribution::STANDARD_NORMAL.sample(shape, dtype, device)
+    }
+
+    /// Uniform samples in `range` = [low, high) (`tensor.uniform_(low, high)`), up to the
+    /// dtype's rounding: `Tensor::uniform([2, 3], -0.1..0.1, DType::F32, Device::Cpu)`.
+    pub fn uniform(shape: impl Into<Shape>, range: Range<f64>, dtype: DType, device: Device) -> Result<Self> {
+        Distribution::Uniform { low: range.start, high: range.end }.sample(shape, dtype, device)
     }
 
     /// Normal samples with `mean` and standard deviation `std` (`tensor.normal_(mean, std)`).
@@ -267,7 +246,7 @@ impl Tensor {
         std: f64,
         dtype: DType,
         device: Device,
-    ) -> Result<Tensor> {
+    ) -> Result<Self> {
         Distribution::Normal { mean, std }.sample(shape, dtype, device)
     }
 
@@ -319,7 +298,7 @@ impl Tensor {
         if let Device::Cuda(ordinal) = device {
             let n = shape.elem_count();
             let stream = reserve(gen, cpu::blocks_for(n, 4));
-            return Ok(on_cuda(cuda::bernoulli_scalar(ordinal, dtype, n, stream, p)?, shape));
+            return Ok(on_cuda(cuda::sample("bernoulli", ordinal, dtype, n, 4, stream, &[p])?, shape));
         }
         let storage = bernoulli_impl(gen, shape.elem_count(), |_| p, dtype);
         Tensor::from_cpu_on(storage, shape, device)

@@ -185,6 +185,7 @@ fn a_host_cut_off_mid_training_times_out_and_the_job_resumes_from_its_checkpoint
         .output()
         .unwrap();
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+    println!("host 1 back {:.1} s after the cut", cut.elapsed().as_secs_f64());
     let ended = wait_all(vec![job], Duration::from_secs(30));
     assert!(!ended[0].killed, "mpirun did not end after host 1 came back:\n{}", ended[0].output);
     assert!(!ended[0].success, "the cut job must fail:\n{}", ended[0].output);

@@ -176,6 +176,19 @@ fn describe(status: ExitStatus) -> (String, i32) {
     (format!("exited with status {code}"), code)
 }
 
+fn killed_by_signal(status: ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal().is_some()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
 fn signal(workers: &[Worker], sig: i32) {
     for w in workers.iter().filter(|w| w.status.is_none()) {
         // SAFETY: kill(2) on a child's pid we still own (not yet reaped).
@@ -273,7 +286,12 @@ fn run_workers(spec: &LaunchSpec, restart: usize, pending: &AtomicUsize) -> Resu
             return Err(LaunchError::Interrupted { signal: sig as i32, clean });
         }
         poll(&mut workers);
-        let failed = workers.iter().find(|w| w.status.is_some_and(|s| !s.success()));
+        // A worker killed by a signal is named before those that exited with an error in the
+        // same poll: these are usually its peers, ending on their communicator's error about it.
+        let failed = workers
+            .iter()
+            .filter(|w| w.status.is_some_and(|s| !s.success()))
+            .min_by_key(|w| !w.status.is_some_and(killed_by_signal));
         if let Some(w) = failed {
             let (how, code) = describe(w.status.expect("found by its status"));
             let (local_rank, rank, pid) = (w.local_rank, w.rank, w.child.id());

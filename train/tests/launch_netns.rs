@@ -8,7 +8,11 @@
 //!   back, and the run goes on from the last step every rank had recorded, to the end.
 //!
 //! The workers are this test binary again (test `netns_rank`, the role in an environment
-//! variable): CPU training across hosts runs on MPI, which `mpirun` starts, not this launcher.
+//! variable), not `oxtrain train`: across hosts `oxtrain launch` workers meet through the TCP
+//! store, as NCCL's and NVSHMEM's do, and on CPU there is no backend they could train over
+//! (CPU collectives across hosts are MPI's, whose ranks mpirun or srun start, not this
+//! launcher; `comm` has no TCP collectives of its own). Real `oxtrain train` workers across
+//! the hosts, cut off mid-run and resumed from their checkpoint, are `mpirun_netns.rs`.
 //! The tests need root and iproute2; without them they say so and pass, except under
 //! `CI=true`, where they fail.
 

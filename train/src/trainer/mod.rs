@@ -299,10 +299,18 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             }
             step_loss += value / accum as f64;
             let scaled = scaler.scale(&loss.mul_scalar(1.0 / accum as f64));
-            if last {
-                scaled.backward();
-            } else {
-                strategy.no_sync(|| scaled.backward());
+            // Under DDP the end of backward waits for the gradient all-reduces: a peer that
+            // failed or a host cut off is the communicator's error here (its timeout, naming
+            // the missing ranks), which ends the run with that message instead of a panic.
+            let backward =
+                if last { scaled.try_backward() } else { strategy.no_sync(|| scaled.try_backward()) };
+            if let Err(e) = backward {
+                progress.finish();
+                return Err(TrainError::Comm(format!(
+                    "DDP backward of step {} (epoch {}): {e}",
+                    step + 1,
+                    epoch + 1
+                )));
             }
             let units = task.units(&batch);
             window_units += units;

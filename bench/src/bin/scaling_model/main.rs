@@ -4,7 +4,9 @@
 //! to 1024 GPUs (flat and hierarchical all-reduce, with and without overlap). Checks the model
 //! against every measured point it can: the 2xH200 all-reduces (a second sitting of NCCL's,
 //! not fitted, too) and the CPU all-reduces across network namespaces (2 hosts x 2 ranks
-//! predicted from the 1x2 and 2x1 runs).
+//! predicted from the 1x2 and 2x1 runs), and CPU DDP steps measured on 1 host x 2 ranks
+//! (shm) and 2 hosts x 2 ranks across the namespaces (mpi), predicted from each rank's
+//! compute alone and the CPU all-reduce fits (`ddp-cpu-netns.json`, optional).
 //!
 //! Writes the generated parts of docs/scaling.md (between `<!-- generated:NAME -->` and
 //! `<!-- /generated:NAME -->`) and the plots docs/img/scaling-*.png.
@@ -13,6 +15,7 @@
 //!        [--font FILE.ttf]   (run from the repository root)
 
 mod cluster;
+mod cpu_ddp;
 mod ddp;
 mod fit;
 mod plot;
@@ -89,6 +92,10 @@ pub struct Model {
     pub cpu_checks: Vec<(String, Vec<fit::Point>, Cluster, Algo)>,
     pub cpu_points: Vec<(String, Vec<fit::Point>)>,
     pub cpu_notes: String,
+    /// The DDP steps measured on CPU beside their predictions, the 1-process step, the notes.
+    pub cpu_ddp: Vec<cpu_ddp::Check>,
+    pub one_process_ms: Option<f64>,
+    pub cpu_ddp_notes: String,
     pub profiles: Vec<ddp::Profile>,
     /// One cluster per intra-node backend (nccl, nvshmem).
     pub clusters: Vec<(String, Cluster)>,
@@ -131,9 +138,8 @@ fn main() {
     let inter = fit::fit("mpi, 2 hosts x 1 rank (TCP over veth)", &inter_pts);
     let mut cpu_fits = vec![intra.clone(), inter.clone()];
     let shm = series("shm_2r");
-    if !shm.is_empty() {
-        cpu_fits.push(fit::fit("shm, 1 host x 2 ranks", &shm));
-    }
+    let shm_fit = (!shm.is_empty()).then(|| fit::fit("shm, 1 host x 2 ranks", &shm));
+    cpu_fits.extend(shm_fit.clone());
     let ns = Cluster {
         g: 2,
         nics: 1,
@@ -151,6 +157,14 @@ fn main() {
             cpu_checks.push((label.to_string(), pts, ns.clone(), algo));
         }
     }
+    // Absent until scripts/netns/ddp_step.sh has run: the section then says so.
+    let ddp_doc: Option<Value> =
+        std::fs::read_to_string(args.results.join("ddp-cpu-netns.json")).ok().map(|t| {
+            serde_json::from_str(&t).unwrap_or_else(|e| fail(&format!("ddp-cpu-netns.json is not JSON: {e}")))
+        });
+    let cpu_ddp = ddp_doc.as_ref().map(|d| cpu_ddp::checks(d, shm_fit.as_ref(), &ns)).unwrap_or_default();
+    let one_process_ms = ddp_doc.as_ref().and_then(|d| cpu_ddp::slowest(d, "alone-1")).map(|r| r.step_ms);
+    let cpu_ddp_notes = ddp_doc.as_ref().and_then(|d| d["notes"].as_str()).unwrap_or("").to_string();
     let cpu_points = vec![("mpi 1x2".to_string(), intra_pts), ("mpi 2x1".to_string(), inter_pts)];
     let profiles: Vec<ddp::Profile> = steps["models"]
         .as_array()
@@ -181,6 +195,9 @@ fn main() {
         cpu_checks,
         cpu_points,
         cpu_notes: cpu["notes"].as_str().unwrap_or("").to_string(),
+        cpu_ddp,
+        one_process_ms,
+        cpu_ddp_notes,
         profiles,
         clusters,
     };

@@ -116,6 +116,51 @@ fn cpu_checks(m: &Model) -> String {
     s
 }
 
+/// The CPU DDP steps, measured and predicted, with the error of each.
+fn ddp_checks(m: &Model) -> String {
+    if m.cpu_ddp.is_empty() {
+        return "No CPU DDP step has been measured yet: run `scripts/netns/ddp_step.sh` (see below).\n"
+            .into();
+    }
+    let mut s = String::from(
+        "| run | ranks | buckets | overlap | a rank's compute alone (ms) | measured step (ms) | model step (ms) | error | measured exposed comm (ms) | model exposed comm (ms) | measured all-reduce (ms) | model all-reduce (ms) | error |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for c in &m.cpu_ddp {
+        let (ms, ps) = (c.measured.step_ms, c.predicted.step_ms);
+        let (ma, pa) = (c.measured.all_reduce_ms(), c.predicted.comm_ms);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.1} | {ms:.1} | {ps:.1} | {:+.1}% | {:.1} | {:.1} | {ma:.1} | {pa:.1} | {:+.1}% |",
+            c.label,
+            c.ranks,
+            c.buckets,
+            if c.overlap { "yes" } else { "no" },
+            c.compute_ms,
+            err_pct(ps, ms),
+            c.measured.exposed_ms,
+            c.predicted.exposed_ms,
+            err_pct(pa, ma),
+        );
+    }
+    let errs: Vec<f64> =
+        m.cpu_ddp.iter().map(|c| err_pct(c.predicted.step_ms, c.measured.step_ms).abs()).collect();
+    let _ = writeln!(
+        s,
+        "\n- step time: mean absolute error {:.1}%, largest {:.1}% over {} runs",
+        errs.iter().sum::<f64>() / errs.len() as f64,
+        errs.iter().cloned().fold(0.0, f64::max),
+        errs.len()
+    );
+    if let Some(one) = m.one_process_ms {
+        let _ = writeln!(s, "- one process (a group of one, the same program): {one:.1} ms per step");
+    }
+    if !m.cpu_ddp_notes.is_empty() {
+        let _ = writeln!(s, "\nMeasurement notes: {}", m.cpu_ddp_notes);
+    }
+    s
+}
+
 /// The predicted step of `p` at `gpus` GPUs on cluster `c`.
 pub fn predict(
     p: &ddp::Profile,
@@ -181,6 +226,7 @@ pub fn sections(m: &Model) -> Vec<(&'static str, String)> {
         ("fits", fits_table(&fits)),
         ("gpu-checks", gpu_checks(m)),
         ("cpu-checks", cpu_checks(m)),
+        ("ddp-checks", ddp_checks(m)),
         ("predictions", predictions(m)),
     ]
 }

@@ -15,6 +15,10 @@
 //! steps after 3 of warm-up, per run; a run's figure is its slowest rank's median step.
 //!
 //! Internally the same binary is each rank: `ddp_cpu rank` reads torchrun's variables.
+//! `ddp_cpu step-rank` is one rank of the DDP step check of the scaling model
+//! (`scripts/netns/ddp_step.sh`, see `step.rs`).
+
+mod step;
 
 use oxtrain_autograd::Var;
 use oxtrain_bench::{
@@ -130,8 +134,10 @@ fn throughput(ranks: &[Value]) -> (f64, f64) {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if std::env::args().nth(1).as_deref() == Some("rank") {
-        return rank();
+    match std::env::args().nth(1).as_deref() {
+        Some("rank") => return rank(),
+        Some("step-rank") => return step::step_rank(),
+        _ => {}
     }
     let me = std::env::current_exe()?.to_string_lossy().into_owned();
     let python = std::env::var("OXTRAIN_PEER_PYTHON").unwrap_or_else(|_| "python3".into());

@@ -77,6 +77,7 @@ mod retention;
 mod snapshot;
 mod triggers;
 mod write;
+mod write_behind;
 mod writer;
 
 pub use discover::{latest_valid, part_name, step_dir_name, verify_checkpoint, Discovery, Skipped};

@@ -5,6 +5,7 @@
 
 use super::error::{io, CheckpointError, Result};
 use super::manifest::{hex, FileEntry, Manifest, FORMAT, MANIFEST, VERSION};
+use super::write_behind::WriteBehind;
 use oxtrain_tensor::Tensor;
 use std::collections::HashMap;
 use std::fs::File;
@@ -184,7 +185,7 @@ fn write_file(
             p(&WriteProgress { step: info.step, file: f.name.clone(), written: w, total });
         }
     };
-    let file = File::create(&path).map_err(io(&path, "creating"))?;
+    let file = WriteBehind::new(File::create(&path).map_err(io(&path, "creating"))?);
     let mut tap = Tap { inner: file, hasher: Xxh3::new(), bytes: 0, part_written: written, report: &report };
     {
         let mut w = BufWriter::with_capacity(4 << 20, &mut tap);
@@ -201,7 +202,7 @@ fn write_file(
         }
         w.flush().map_err(io(&path, "writing"))?;
     }
-    tap.inner.sync_all().map_err(io(&path, "flushing to disk"))?;
+    tap.inner.file.sync_all().map_err(io(&path, "flushing to disk"))?;
     Ok(FileEntry { name: f.name.clone(), bytes: tap.bytes, xxh3: hex(tap.hasher.digest()) })
 }
 

@@ -5,8 +5,9 @@ Both sides run the very same case: the weights, images and labels are not drawn 
 framework's random generator but computed by `det_uniform` below (splitmix64 of a counter,
 keyed by the seed and the tensor's name), which accuracy.rs computes bit for bit the same.
 The drift of f32 from f64 varies a thousandfold from one random initialisation to another
-(one seed stays within 1e-6 for ten steps, another departs to 1e-3 at step 2), so a bar
-measured on another draw would say nothing about oxtrain's kernels.
+(with torch's own initialisation one seed stays within 1e-6 for ten steps, another departs at
+step 2 and reaches 2e-3: rare ReLU sign flips set it), so a bar measured on another draw would
+say nothing about oxtrain's kernels.
 
 - resnet18_sgd: torchvision ResNet-18 (1000 classes), batch 2 of 64x64 images, the same batch
   every step, cross-entropy, SGD lr 0.01 momentum 0.9, 10 steps in f32 and in f64 from the

@@ -166,7 +166,9 @@ fn col2im_add<T: GemmElement + std::ops::AddAssign>(
 const K_BLOCK: usize = 128;
 
 /// `dst (+)= lhs[m x k] @ rhs[k x n]` as [`gemm_into`], the reduction cut into blocks of at
-/// most [`K_BLOCK`] terms whose sums are added into `dst` one after another.
+/// most [`K_BLOCK`] terms whose sums are added into `dst` one after another. Only for f32:
+/// f64 needs no help, and an f16 `dst` would be rounded to f16 after every block, where gemm
+/// alone rounds once from its f32 accumulators.
 #[allow(clippy::too_many_arguments)]
 fn gemm_k_blocked<T: GemmElement>(
     (m, n, k): (usize, usize, usize),
@@ -177,7 +179,7 @@ fn gemm_k_blocked<T: GemmElement>(
     accumulate: bool,
     threads: usize,
 ) {
-    if k <= K_BLOCK {
+    if k <= K_BLOCK || std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {
         return gemm_into((m, n, k), dst, dst_rs, lhs, rhs, accumulate, threads);
     }
     for k0 in (0..k).step_by(K_BLOCK) {

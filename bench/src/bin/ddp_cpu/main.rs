@@ -42,20 +42,26 @@ fn steps() -> usize {
     std::env::var("BENCH_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(10)
 }
 
+/// A ResNet-18 and rank `rank`'s batch of `batch` `size`x`size` images: random images
+/// (seeded by the rank) and fixed labels.
+fn model_and_batch(
+    rank: usize,
+    batch: usize,
+    size: usize,
+) -> Result<(ResNet, Var, Tensor), Box<dyn std::error::Error>> {
+    let model = ResNet::new(&ResNetConfig::resnet18(), Device::Cpu)?;
+    let mut g = Generator::new(rank as u64);
+    let images =
+        Distribution::STANDARD_NORMAL.sample_with(&mut g, [batch, 3, size, size], DType::F32, Device::Cpu)?;
+    let labels: Vec<i64> = (0..batch).map(|i| ((i * 37 + rank * 11) % 1000) as i64).collect();
+    Ok((model, Var::constant(images), Tensor::from_vec(labels, batch, Device::Cpu)?))
+}
+
 /// One rank (or the single process when WORLD_SIZE is 1): prints its median step time.
 fn rank() -> Result<(), Box<dyn std::error::Error>> {
     let world: usize = std::env::var("WORLD_SIZE")?.parse()?;
     let rank: usize = std::env::var("RANK")?.parse()?;
-    let model = ResNet::new(&ResNetConfig::resnet18(), Device::Cpu)?;
-    let mut g = Generator::new(rank as u64);
-    let images = Var::constant(Distribution::STANDARD_NORMAL.sample_with(
-        &mut g,
-        [BATCH, 3, SIZE, SIZE],
-        DType::F32,
-        Device::Cpu,
-    )?);
-    let labels: Vec<i64> = (0..BATCH).map(|i| ((i * 37 + rank * 11) % 1000) as i64).collect();
-    let labels = Tensor::from_vec(labels, BATCH, Device::Cpu)?;
+    let (model, images, labels) = model_and_batch(rank, BATCH, SIZE)?;
     let sgd = SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() };
     let mut times = Vec::new();
     let mut exposed = Vec::new();

@@ -14,14 +14,11 @@
 //! - `BENCH_OUT_DIR`: each rank writes `rank-R.json` there (mpirun's forwarded output may
 //!   interleave lines), else prints it.
 
-use oxtrain_autograd::Var;
 use oxtrain_bench::median;
 use oxtrain_comm::ddp::{Ddp, DdpConfig};
 use oxtrain_comm::Communicator;
-use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_nn::optim::{Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{loss, Module};
-use oxtrain_tensor::{DType, Device, Distribution, Generator, Tensor};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -62,16 +59,7 @@ pub fn step_rank() -> Result<(), Box<dyn std::error::Error>> {
         (Arc::from(oxtrain_comm::init_from_env()?.comm), None)
     };
     let (rank, world, backend) = (comm.rank(), comm.world_size(), comm.backend().to_string());
-    let model = ResNet::new(&ResNetConfig::resnet18(), Device::Cpu)?;
-    let mut g = Generator::new(rank as u64);
-    let images = Var::constant(Distribution::STANDARD_NORMAL.sample_with(
-        &mut g,
-        [BATCH, 3, SIZE, SIZE],
-        DType::F32,
-        Device::Cpu,
-    )?);
-    let labels: Vec<i64> = (0..BATCH).map(|i| ((i * 37 + rank * 11) % 1000) as i64).collect();
-    let labels = Tensor::from_vec(labels, BATCH, Device::Cpu)?;
+    let (model, images, labels) = super::model_and_batch(rank, BATCH, SIZE)?;
     let ddp = Ddp::new(model, comm, cfg)?;
     ddp.enable_trace();
     let mut opt =

@@ -1,6 +1,6 @@
 //! Parameter groups: which parameters share hyper-parameters, and the usual decay/no-decay split.
 
-use super::state::{for_each_grad, ParamState, StateTable};
+use super::state::{ParamState, StateTable};
 use oxtrain_autograd::Var;
 use oxtrain_tensor::Tensor;
 use std::collections::BTreeMap;
@@ -175,9 +175,15 @@ impl<C: GroupConfig> Groups<C> {
         Groups { groups: build(params.into_param_groups(), defaults, op), state: StateTable::default() }
     }
 
-    /// Calls `f(group config, parameter, gradient, state)` for every parameter with a gradient.
-    pub(crate) fn for_each_grad(&mut self, f: impl FnMut(&C, &Var, Tensor, &mut ParamState)) {
-        for_each_grad(&self.groups, &mut self.state, f)
+    /// Calls `f(group config, parameter, gradient, state)` for every parameter with a
+    /// gradient, in the state's numbering (the order over all groups).
+    pub(crate) fn for_each_grad(&mut self, mut f: impl FnMut(&C, &Var, Tensor, &mut ParamState)) {
+        let params = self.groups.iter().flat_map(|g| g.params.iter().map(move |p| (&g.config, p)));
+        for (index, (config, p)) in params.enumerate() {
+            if let Some(grad) = p.grad() {
+                f(config, p, grad, self.state.get_mut(index));
+            }
+        }
     }
 }
 

@@ -121,25 +121,6 @@ impl ParamState {
     }
 }
 
-/// Calls `f(group config, parameter, gradient, state)` for every parameter that has a
-/// gradient, in the state's numbering (the order over all groups).
-pub(crate) fn for_each_grad<C>(
-    groups: &[ParamGroup<C>],
-    state: &mut StateTable,
-    mut f: impl FnMut(&C, &Var, Tensor, &mut ParamState),
-) {
-    let mut index = 0;
-    for g in groups {
-        for p in &g.params {
-            let i = index;
-            index += 1;
-            if let Some(grad) = p.grad() {
-                f(&g.config, p, grad, state.get_mut(i));
-            }
-        }
-    }
-}
-
 /// The state of all parameters, by position over all groups.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StateTable {

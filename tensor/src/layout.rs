@@ -81,6 +81,28 @@ impl Layout {
         true
     }
 
+    /// The order of dims, outermost first, in which this view's elements lie packed in memory:
+    /// a permutation `order` such that `self.permute(&order)` is contiguous, as for an NCHW
+    /// tensor stored channels-last (`[0, 2, 3, 1]`). `None` when the elements have gaps,
+    /// overlap or broadcast dims. A row-major layout gives the identity. Dims of size 1 keep
+    /// their place, so they never make a layout look permuted.
+    pub fn dense_order(&self) -> Option<Vec<usize>> {
+        let dims = self.dims();
+        let mut big: Vec<usize> = (0..dims.len()).filter(|&d| dims[d] != 1).collect();
+        // Outermost (largest stride) first; ties only arise from stride-0 or overlapping dims,
+        // which the check below rejects.
+        big.sort_by(|&a, &b| self.strides[b].cmp(&self.strides[a]).then(a.cmp(&b)));
+        let mut expected = 1;
+        for &d in big.iter().rev() {
+            if self.strides[d] != expected {
+                return None;
+            }
+            expected *= dims[d];
+        }
+        let mut sorted = big.into_iter();
+        Some((0..dims.len()).map(|d| if dims[d] == 1 { d } else { sorted.next().expect("one per dim") }).collect())
+    }
+
     /// When contiguous, the range of storage the elements occupy.
     pub fn contiguous_range(&self) -> Option<std::ops::Range<usize>> {
         self.is_contiguous().then(|| self.offset..self.offset + self.elem_count())
@@ -215,6 +237,28 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dense_order_finds_the_memory_order_of_packed_views() {
+        let nchw = Layout::contiguous([2, 3, 4, 5]);
+        assert_eq!(nchw.dense_order(), Some(vec![0, 1, 2, 3]));
+        // NHWC storage seen as NCHW: channels innermost.
+        let nhwc = Layout::contiguous([2, 4, 5, 3]).permute(&[0, 3, 1, 2]);
+        let order = nhwc.dense_order().unwrap();
+        assert_eq!(order, vec![0, 2, 3, 1]);
+        assert!(nhwc.permute(&order).is_contiguous());
+        // Size-1 dims stay where they are.
+        let pooled = Layout::contiguous([2, 1, 1, 3]).permute(&[0, 3, 1, 2]);
+        assert_eq!(pooled.dense_order(), Some(vec![0, 1, 2, 3]));
+        assert!(pooled.is_contiguous());
+        let t = Layout::contiguous([4, 1, 3]).permute(&[2, 1, 0]);
+        assert_eq!(t.dense_order(), Some(vec![2, 1, 0]));
+        // Gaps, broadcasts and overlaps are not packed.
+        assert_eq!(Layout::contiguous([4, 6]).narrow(1, 0, 3).dense_order(), None);
+        assert_eq!(Layout::contiguous([1, 3]).broadcast_as(&[4, 3]).unwrap().dense_order(), None);
+        assert_eq!(Layout::new([3, 3], vec![1, 1], 0).dense_order(), None);
+        assert_eq!(Layout::contiguous([0, 3]).permute(&[1, 0]).dense_order().map(|o| o.len()), Some(2));
+    }
 
     #[test]
     fn transposed_view_reshapes_only_where_pytorch_can() {

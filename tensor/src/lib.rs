@@ -18,6 +18,7 @@ mod device;
 mod dtype;
 mod error;
 mod layout;
+mod memory_order;
 pub mod ops;
 pub mod safetensors;
 mod shape;

@@ -182,28 +182,16 @@ impl Var {
         Var::from_op("relu", out, &[self], move |g, _| vec![Some(g.threshold_backward(&y, 0.0))])
     }
 
-    /// Exact GELU `x * Phi(x)`; its derivative is `Phi(x) + x * phi(x)`.
+    /// Exact GELU `x * Phi(x)`; its derivative is `Phi(x) + x * phi(x)` (one fused kernel).
     pub fn gelu(&self) -> Var {
-        self.unary_x("gelu", Tensor::gelu, |x| {
-            let y = x.gelu();
-            // Phi(x) = gelu(x) / x is exact up to rounding (gelu multiplies by x), except at 0.
-            let at_zero = x.cmp_scalar(0.0, CmpOp::Eq);
-            let safe_x = x.masked_fill(&at_zero, 1.0);
-            let cdf = y.div(&safe_x).masked_fill(&at_zero, 0.5);
-            let pdf = x.square().mul_scalar(-0.5).exp().mul_scalar(1.0 / (2.0 * std::f64::consts::PI).sqrt());
-            cdf.add(&x.mul(&pdf))
-        })
+        let x = self.tensor().clone();
+        Var::from_op("gelu", x.gelu(), &[self], move |g, _| vec![Some(g.gelu_backward(&x, false))])
     }
 
     /// GELU's tanh approximation, `0.5 x (1 + tanh(c (x + 0.044715 x^3)))`.
     pub fn gelu_tanh(&self) -> Var {
-        self.unary_x("gelu_tanh", Tensor::gelu_tanh, |x| {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            let x2 = x.square();
-            let t = x.mul(&x2.affine(0.044715, 1.0)).mul_scalar(c).tanh();
-            let dt = t.square().affine(-1.0, 1.0).mul(&x2.affine(3.0 * 0.044715 * c, c));
-            t.affine(0.5, 0.5).add(&x.mul(&dt).mul_scalar(0.5))
-        })
+        let x = self.tensor().clone();
+        Var::from_op("gelu_tanh", x.gelu_tanh(), &[self], move |g, _| vec![Some(g.gelu_backward(&x, true))])
     }
 
     /// `x * sigmoid(x)`; its derivative is `s (1 + x (1 - s))`.

@@ -2,7 +2,7 @@
 //! `ops/pool`): each uses the tensor crate's backward kernel of its op.
 
 use crate::Var;
-use oxtrain_tensor::Shape;
+use oxtrain_tensor::{Shape, Tensor};
 
 impl Var {
     /// Max pooling, as `F.max_pool2d`; the gradient goes to each window's (first) maximum.
@@ -62,8 +62,17 @@ impl Var {
     pub fn adaptive_avg_pool2d(&self, output_size: [usize; 2]) -> Var {
         let out = self.tensor().adaptive_avg_pool2d(output_size);
         let input = Shape::from(self.dims());
+        let nhwc = channels_last_on_cuda(self.tensor());
         Var::from_op("adaptive_avg_pool2d", out, &[self], move |g, _| {
-            vec![Some(g.adaptive_avg_pool2d_backward(&input))]
+            let dx = g.adaptive_avg_pool2d_backward(&input);
+            // The gradient goes back in the input's memory format, as PyTorch's does, so the
+            // layers before keep computing channels-last.
+            vec![Some(if nhwc { dx.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2]) } else { dx })]
         })
     }
+}
+
+/// A 4-D CUDA tensor stored channels-last (the channel innermost), whose gradient should be too.
+fn channels_last_on_cuda(t: &Tensor) -> bool {
+    t.device().is_cuda() && t.rank() == 4 && t.dims()[1] > 1 && t.layout().strides()[1] == 1
 }

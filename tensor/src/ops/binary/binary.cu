@@ -132,3 +132,56 @@ BINARY_VEC(f32, float, float, ID, ID)
 BINARY_VEC(f64, double, double, ID, ID)
 BINARY_VEC(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
 BINARY_VEC(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
+// Backward ops that combine an output gradient g with the op's input x elementwise, each in a
+// strided form (any layouts) and a vector form (contiguous, 16-byte aligned): NAME(g, x, p) in
+// the compute type, p one scalar parameter.
+#define GRAD_PAIR(NAME, SUFFIX, T, C, LOAD, STORE)                                               \
+    extern "C" __global__ void NAME##_##SUFFIX(Strided sg, Strided sx, const T* g, const T* x,   \
+                                               T* out, i64 n, double p) {                        \
+        FOR_EACH(i, n) out[i] = STORE(NAME<C>(LOAD(g[strided_offset(sg, i)]), LOAD(x[strided_offset(sx, i)]), p)); \
+    }                                                                                            \
+    extern "C" __global__ void NAME##_vec_##SUFFIX(const T* g, const T* x, T* out, i64 n, double p) { \
+        const int V = 16 / sizeof(T);                                                            \
+        const i64 nv = n / V;                                                                    \
+        FOR_EACH(i, nv) {                                                                        \
+            uint4 gv = ((const uint4*)g)[i], xv = ((const uint4*)x)[i], r;                       \
+            const T* gs = (const T*)&gv;                                                         \
+            const T* xs = (const T*)&xv;                                                         \
+            T* rs = (T*)&r;                                                                      \
+            _Pragma("unroll") for (int j = 0; j < V; ++j) rs[j] = STORE(NAME<C>(LOAD(gs[j]), LOAD(xs[j]), p)); \
+            ((uint4*)out)[i] = r;                                                                \
+        }                                                                                        \
+        FOR_EACH(k, n - nv * V) {                                                                \
+            const i64 i = nv * V + k;                                                            \
+            out[i] = STORE(NAME<C>(LOAD(g[i]), LOAD(x[i]), p));                                  \
+        }                                                                                        \
+    }
+#define GRAD_PAIR_ALL(NAME)                                                                      \
+    GRAD_PAIR(NAME, f32, float, float, ID, ID)                                                   \
+    GRAD_PAIR(NAME, f64, double, double, ID, ID)                                                 \
+    GRAD_PAIR(NAME, bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)                               \
+    GRAD_PAIR(NAME, f16, f16_t, float, f16_to_f32, f32_to_f16)
+
+// ReLU's backward: g where x > p, else 0 (a NaN input gives 0, as on the CPU). g passes
+// through the compute type unchanged.
+template <typename C> __device__ __forceinline__ C threshold_backward(C g, C x, double p) {
+    return x > (C)p ? g : (C)0;
+}
+GRAD_PAIR_ALL(threshold_backward)
+
+// GELU's backward, exact: g * (Phi(x) + x phi(x)).
+template <typename C> __device__ __forceinline__ C gelu_backward(C g, C x, double) {
+    const C cdf = (C)0.5 * ((C)1 + m_erf(x * (C)0.70710678118654752440));
+    const C pdf = (C)0.39894228040143267794 * m_exp((C)-0.5 * x * x);
+    return g * (cdf + x * pdf);
+}
+GRAD_PAIR_ALL(gelu_backward)
+
+// GELU's backward, tanh approximation: g * d/dx [0.5 x (1 + tanh(c (x + 0.044715 x^3)))].
+template <typename C> __device__ __forceinline__ C gelu_tanh_backward(C g, C x, double) {
+    const C c = (C)0.79788456080286535588, k = (C)0.044715;
+    const C t = m_tanh(c * (x + k * x * x * x));
+    return g * ((C)0.5 * ((C)1 + t) + (C)0.5 * x * ((C)1 - t * t) * c * ((C)1 + (C)3 * k * x * x));
+}
+GRAD_PAIR_ALL(gelu_tanh_backward)

@@ -92,6 +92,34 @@ pub(super) fn threshold_backward(
     ))
 }
 
+fn gelu_backward_typed<T: ComputeAs>(g: &[T], lg: &Layout, x: &[T], lx: &Layout, tanh: bool) -> Vec<T> {
+    let of = <T::C as Special>::of;
+    let (half, one) = (of(0.5), of(1.0));
+    if tanh {
+        let (c, k, k3) = (of((2.0 / std::f64::consts::PI).sqrt()), of(0.044715), of(3.0 * 0.044715));
+        zip_map(g, lg, x, lx, move |g: T, x: T| {
+            let x = x.up();
+            let t = (c * (x + k * x * x * x)).tanh();
+            let d = half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x);
+            T::down(g.up() * d)
+        })
+    } else {
+        let (r2, rpi) = (of(std::f64::consts::FRAC_1_SQRT_2), of(1.0 / (2.0 * std::f64::consts::PI).sqrt()));
+        zip_map(g, lg, x, lx, move |g: T, x: T| {
+            let x = x.up();
+            let d = half * (one + (x * r2).erf()) + x * rpi * (-half * x * x).exp();
+            T::down(g.up() * d)
+        })
+    }
+}
+
+/// `g * gelu'(x)`, exact (erf) or the tanh approximation, in one pass.
+pub(super) fn gelu_backward(g: &CpuStorage, lg: &Layout, x: &CpuStorage, lx: &Layout, tanh: bool) -> CpuStorage {
+    with_float_storage!(g, "gelu_backward", gv, T => T::into_storage(
+        gelu_backward_typed::<T>(gv, lg, x.as_slice::<T>(), lx, tanh)
+    ))
+}
+
 fn cmp_typed<T: Element>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: CmpOp) -> Vec<bool> {
     match op {
         CmpOp::Eq => zip_map(a, la, b, lb, |x, y| x == y),

@@ -119,6 +119,54 @@ fn binary_vectorized(
     Some(out)
 }
 
+/// ReLU's backward in one kernel: `g` where `x > threshold`, else 0 (the layouts broadcast to
+/// one shape; the result is contiguous).
+pub(super) fn threshold_backward(
+    g: &CudaStorage,
+    lg: &Layout,
+    x: &CudaStorage,
+    lx: &Layout,
+    threshold: f64,
+) -> CudaStorage {
+    grad_pair("threshold_backward", (g, lg), (x, lx), threshold)
+}
+
+/// GELU's backward in one kernel: `g * gelu'(x)` (`tanh`: the tanh approximation's).
+pub(super) fn gelu_backward(g: &CudaStorage, lg: &Layout, x: &CudaStorage, lx: &Layout, tanh: bool) -> CudaStorage {
+    grad_pair(if tanh { "gelu_tanh_backward" } else { "gelu_backward" }, (g, lg), (x, lx), 0.0)
+}
+
+/// An output gradient combined with the op's input elementwise by kernel `op` (its strided
+/// and `_vec` forms), with one scalar parameter; the result is contiguous.
+fn grad_pair(op: &str, (g, lg): (&CudaStorage, &Layout), (x, lx): (&CudaStorage, &Layout), param: f64) -> CudaStorage {
+    let (dtype, n, dev) = (g.dtype(), lg.elem_count(), g.device());
+    let out = expect_launch(CudaStorage::alloc(dev, dtype, n), op);
+    if n == 0 {
+        return out;
+    }
+    let size = dtype.size_in_bytes() as u64;
+    let (pg, px) = (g.ptr() + lg.offset() as u64 * size, x.ptr() + lx.offset() as u64 * size);
+    let (po, n64) = (out.ptr(), n as i64);
+    let stream = out.stream();
+    let suffix = cuda::suffix(dtype);
+    if lg.is_contiguous() && lx.is_contiguous() && pg.is_multiple_of(16) && px.is_multiple_of(16) {
+        let f = expect_launch(dev.function(&SOURCE, &format!("{op}_vec_{suffix}")), op);
+        let mut b = stream.launch_builder(&f);
+        b.arg(&pg).arg(&px).arg(&po).arg(&n64).arg(&param);
+        // SAFETY: both inputs hold n contiguous elements from 16-byte-aligned addresses; `out`
+        // is a fresh block of n elements.
+        expect_launch(unsafe { b.launch(launch_cfg(n.div_ceil(16 / size as usize))) }, op);
+        return out;
+    }
+    let f = expect_launch(dev.function(&SOURCE, &format!("{op}_{suffix}")), op);
+    let (sg, sx, bg, bx) = (StridedArg::new(lg), StridedArg::new(lx), g.ptr(), x.ptr());
+    let mut b = stream.launch_builder(&f);
+    b.arg(&sg).arg(&sx).arg(&bg).arg(&bx).arg(&po).arg(&n64).arg(&param);
+    // SAFETY: types match the kernel; the layouts lie inside their buffers; `out` holds n.
+    expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+    out
+}
+
 pub(super) fn compare(a: &CudaStorage, la: &Layout, b: &CudaStorage, lb: &Layout, op: CmpOp) -> CudaStorage {
     let kernel = format!("cmp_{}", cuda::suffix(a.dtype()));
     launch_pair(&kernel, cmp_code(op), (a, la), (b, lb), DType::Bool, op.name())

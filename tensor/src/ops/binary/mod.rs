@@ -6,6 +6,7 @@ pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
+use crate::memory_order::MemoryOrder;
 use crate::shape::broadcast_shapes;
 use crate::storage::Storage;
 use crate::{DType, Layout, Tensor};
@@ -72,6 +73,9 @@ impl Tensor {
     pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Tensor {
         self.same_dtype(rhs, op.name());
         let (shape, la, lb) = self.broadcast_pair(rhs, op.name());
+        if let Some(m) = MemoryOrder::of(&shape, &[self, rhs]) {
+            return m.leave(m.enter(self).binary(&m.enter(rhs), op));
+        }
         let storage = match (&*self.storage(), &*rhs.storage()) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::binary(a, &la, b, &lb, op)),
             (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(cuda::binary(a, &la, b, &lb, op)),
@@ -84,6 +88,9 @@ impl Tensor {
     pub fn cmp(&self, rhs: &Tensor, op: CmpOp) -> Tensor {
         self.same_dtype(rhs, op.name());
         let (shape, la, lb) = self.broadcast_pair(rhs, op.name());
+        if let Some(m) = MemoryOrder::of(&shape, &[self, rhs]) {
+            return m.leave(m.enter(self).cmp(&m.enter(rhs), op));
+        }
         let storage = match (&*self.storage(), &*rhs.storage()) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::compare(a, &la, b, &lb, op)),
             (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(cuda::compare(a, &la, b, &lb, op)),
@@ -151,14 +158,36 @@ impl Tensor {
         self.same_dtype(input, op);
         assert!(self.dtype().is_float(), "{op}: expected a floating-point gradient, got {}", self.dtype());
         let (shape, lg, lx) = self.broadcast_pair(input, op);
+        if let Some(m) = MemoryOrder::of(&shape, &[self, input]) {
+            return m.leave(m.enter(self).threshold_backward(&m.enter(input), threshold));
+        }
         let storage = match (&*self.storage(), &*input.storage()) {
             (Storage::Cpu(g), Storage::Cpu(x)) => {
                 Storage::Cpu(cpu::threshold_backward(g, &lg, x, &lx, threshold))
             }
-            // The GPU keeps the composed form: a compare, a cast and a multiply.
-            (Storage::Cuda(_), Storage::Cuda(_)) => {
-                return self.mul(&input.cmp_scalar(threshold, CmpOp::Gt).to_dtype(self.dtype()));
+            (Storage::Cuda(g), Storage::Cuda(x)) => {
+                Storage::Cuda(cuda::threshold_backward(g, &lg, x, &lx, threshold))
             }
+            _ => unreachable!("devices checked equal"),
+        };
+        Tensor::from_storage(storage, shape)
+    }
+
+    /// GELU's backward in one pass (`torch.ops.aten.gelu_backward`): `self`, the output
+    /// gradient, times the derivative of GELU at `input`: `Phi(x) + x phi(x)` for the exact
+    /// (erf) form, or the derivative of `0.5 x (1 + tanh(c (x + 0.044715 x^3)))` with `tanh`
+    /// (`approximate="tanh"`). f16 and bf16 compute in f32.
+    pub fn gelu_backward(&self, input: &Tensor, tanh: bool) -> Tensor {
+        let op = "gelu_backward";
+        self.same_dtype(input, op);
+        assert!(self.dtype().is_float(), "{op}: expected a floating-point gradient, got {}", self.dtype());
+        let (shape, lg, lx) = self.broadcast_pair(input, op);
+        if let Some(m) = MemoryOrder::of(&shape, &[self, input]) {
+            return m.leave(m.enter(self).gelu_backward(&m.enter(input), tanh));
+        }
+        let storage = match (&*self.storage(), &*input.storage()) {
+            (Storage::Cpu(g), Storage::Cpu(x)) => Storage::Cpu(cpu::gelu_backward(g, &lg, x, &lx, tanh)),
+            (Storage::Cuda(g), Storage::Cuda(x)) => Storage::Cuda(cuda::gelu_backward(g, &lg, x, &lx, tanh)),
             _ => unreachable!("devices checked equal"),
         };
         Tensor::from_storage(storage, shape)

@@ -264,3 +264,60 @@ proptest! {
         prop_assert_eq!(y.to_vec::<f64>(), expected);
     }
 }
+
+crate::device_test! {
+    fn gelu_backward_matches_the_derivative_in_f64(dev: Device) {
+        // Central differences of GELU in f64 (both forms), then the f32 and bf16 kernels.
+        let xs: Vec<f64> = (0..97).map(|i| -6.0 + 0.125 * i as f64).collect();
+        let gs: Vec<f64> = (0..97).map(|i| 0.5 + 0.01 * i as f64).collect();
+        let x = Tensor::from_vec(xs.clone(), [97], dev).unwrap();
+        let g = Tensor::from_vec(gs.clone(), [97], dev).unwrap();
+        for tanh in [false, true] {
+            let f = |t: &Tensor| if tanh { t.gelu_tanh() } else { t.gelu() };
+            let h = 1e-6;
+            let (up, down) = (f(&x.add_scalar(h)).to_f64_vec(), f(&x.add_scalar(-h)).to_f64_vec());
+            let want: Vec<f64> = (0..97).map(|i| gs[i] * (up[i] - down[i]) / (2.0 * h)).collect();
+            let want = Tensor::from_vec(want, [97], dev).unwrap();
+            assert_close(&g.gelu_backward(&x, tanh), &want, 1e-7, 1e-8, &format!("gelu_backward tanh={tanh} f64"));
+            for dtype in [DType::F32, DType::BF16] {
+                let got = g.to_dtype(dtype).gelu_backward(&x.to_dtype(dtype), tanh);
+                let (rtol, atol) = tolerance(dtype);
+                // The reference at the rounded inputs.
+                let xq = x.to_dtype(dtype).to_dtype(DType::F64);
+                let gq = g.to_dtype(dtype).to_dtype(DType::F64);
+                let want = gq.gelu_backward(&xq, tanh).to_dtype(dtype);
+                assert_close(&got, &want, rtol, atol, &format!("gelu_backward tanh={tanh} {dtype}"));
+            }
+        }
+    }
+}
+
+crate::device_test! {
+    fn elementwise_ops_keep_a_channels_last_layout_on_the_gpu(dev: Device) {
+        let cl = |t: &Tensor| t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2]);
+        let vals: Vec<f64> = (0..2 * 8 * 3 * 5).map(|i| ((i * 37 % 23) as f64 - 11.0) * 0.25).collect();
+        let x = Tensor::from_vec(vals, [2, 8, 3, 5], dev).unwrap().to_dtype(DType::BF16);
+        let (xc, yc) = (cl(&x), cl(&x.mul_scalar(0.5)));
+        let bias = Tensor::from_vec((0..8).map(|c| c as f64).collect::<Vec<_>>(), [1, 8, 1, 1], dev).unwrap().to_dtype(DType::BF16);
+        let results = [
+            ("relu", xc.relu(), x.relu()),
+            ("add", xc.add(&yc), x.add(&x.mul_scalar(0.5))),
+            ("add with a broadcast operand", xc.add(&bias), x.add(&bias)),
+            ("gt", xc.gt(&yc).to_dtype(DType::BF16), x.gt(&x.mul_scalar(0.5)).to_dtype(DType::BF16)),
+            ("threshold_backward", yc.threshold_backward(&xc, 0.0), x.mul_scalar(0.5).threshold_backward(&x, 0.0)),
+            ("gelu_backward", yc.gelu_backward(&xc, true), x.mul_scalar(0.5).gelu_backward(&x, true)),
+            ("to_dtype", xc.to_dtype(DType::F32).to_dtype(DType::BF16), x.clone()),
+        ];
+        for (what, got, want) in results {
+            let (rtol, atol) = tolerance(DType::BF16);
+            assert_close(&got.to_dtype(DType::F64), &want.to_dtype(DType::F64), rtol, atol, &format!("{what}: values"));
+            if dev.is_cuda() {
+                assert_eq!(got.layout().strides(), xc.layout().strides(), "{what}: channels-last in, channels-last out");
+            } else {
+                assert!(got.is_contiguous(), "{what}: the CPU returns row-major results");
+            }
+        }
+        // A row-major first operand leads: the result is row-major.
+        assert!(x.add(&xc).is_contiguous());
+    }
+}

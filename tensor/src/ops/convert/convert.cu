@@ -52,3 +52,30 @@ COPY(8, u8)
 COPY(16, unsigned short)
 COPY(32, u32)
 COPY(64, unsigned long long)
+
+// Float-to-float conversions of contiguous data, four elements a thread (16-byte loads from
+// f32, 8-byte ones from the half types): the casts of autocast, which move the most bytes.
+template <typename T> struct alignas(4 * sizeof(T)) Pack4 { T v[4]; };
+#define CONVERT_VEC(SN, ST, SL, DN, DT, DS)                                                      \
+    extern "C" __global__ void convert_vec_##SN##_##DN(const ST* in, DT* out, i64 n) {           \
+        const i64 nv = n / 4;                                                                    \
+        FOR_EACH(i, nv) {                                                                        \
+            const Pack4<ST> a = ((const Pack4<ST>*)in)[i];                                       \
+            Pack4<DT> r;                                                                         \
+            _Pragma("unroll") for (int j = 0; j < 4; ++j) r.v[j] = DS(SL(a.v[j]));               \
+            ((Pack4<DT>*)out)[i] = r;                                                            \
+        }                                                                                        \
+        FOR_EACH(k, n - nv * 4) {                                                                \
+            const i64 i = nv * 4 + k;                                                            \
+            out[i] = DS(SL(in[i]));                                                              \
+        }                                                                                        \
+    }
+#define CONVERT_VEC_FROM(SN, ST, SL)                                                             \
+    CONVERT_VEC(SN, ST, SL, f32, float, STORE_F32)                                               \
+    CONVERT_VEC(SN, ST, SL, f64, double, STORE_F64)                                              \
+    CONVERT_VEC(SN, ST, SL, bf16, bf16_t, STORE_BF16)                                            \
+    CONVERT_VEC(SN, ST, SL, f16, f16_t, STORE_F16)
+CONVERT_VEC_FROM(f32, float, LOAD_F32)
+CONVERT_VEC_FROM(f64, double, LOAD_F64)
+CONVERT_VEC_FROM(bf16, bf16_t, LOAD_BF16)
+CONVERT_VEC_FROM(f16, f16_t, LOAD_F16)

@@ -31,6 +31,25 @@ fn launch_unary_kernel(
 
 /// The view's elements as `dtype`, contiguous.
 pub(crate) fn convert(s: &CudaStorage, layout: &Layout, dtype: DType) -> CudaStorage {
+    let size = s.dtype().size_in_bytes() as u64;
+    let first = s.ptr() + layout.offset() as u64 * size;
+    if s.dtype().is_float() && dtype.is_float() && layout.is_contiguous() && first.is_multiple_of(4 * size) {
+        let n = layout.elem_count();
+        let out = expect_launch(CudaStorage::alloc(s.device(), dtype, n), "to_dtype");
+        if n == 0 {
+            return out;
+        }
+        let kernel = format!("convert_vec_{}_{}", cuda::suffix(s.dtype()), cuda::suffix(dtype));
+        let f = expect_launch(s.device().function(&SOURCE, &kernel), "to_dtype");
+        let (dst, n64) = (out.ptr(), n as i64);
+        let stream = out.stream();
+        let mut b = stream.launch_builder(&f);
+        b.arg(&first).arg(&dst).arg(&n64);
+        // SAFETY: n contiguous elements from `first`, aligned to four of them; `out` (a fresh
+        // 512-byte-aligned block) holds n.
+        expect_launch(unsafe { b.launch(launch_cfg(n.div_ceil(4))) }, "to_dtype");
+        return out;
+    }
     let kernel = format!("convert_{}_{}", cuda::suffix(s.dtype()), cuda::suffix(dtype));
     launch_unary_kernel(&kernel, s, layout, dtype, "to_dtype")
 }

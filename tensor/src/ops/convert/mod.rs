@@ -3,6 +3,7 @@
 //! wraps, to bool is `x != 0` (NaN is true).
 
 use crate::dtype::{DType, Element};
+use crate::memory_order::MemoryOrder;
 use crate::storage::{CpuStorage, Storage};
 use crate::strided::map;
 use crate::{Layout, Tensor};
@@ -17,6 +18,9 @@ impl Tensor {
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         if dtype == self.dtype() {
             return self.clone();
+        }
+        if let Some(m) = MemoryOrder::of(self.dims(), &[self]) {
+            return m.leave(m.enter(self).to_dtype(dtype));
         }
         let storage = match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(convert(s, self.layout(), dtype)),

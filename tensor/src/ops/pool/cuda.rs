@@ -89,10 +89,12 @@ fn planes(layout: &Layout) -> usize {
     layout.dims()[0] * layout.dims()[1]
 }
 
+/// Max pooling; with `nhwc` both results are written channels-last (the caller's layout).
 pub(super) fn max_pool(
     s: &CudaStorage,
     layout: &Layout,
     win: &Windows,
+    nhwc: bool,
     op: &str,
 ) -> (CudaStorage, CudaStorage) {
     let kernel = float_kernel(op, "max_pool", s.dtype());
@@ -109,7 +111,8 @@ pub(super) fn max_pool(
     let (x, pv, pi, n64) = (s.ptr(), values.ptr(), indices.ptr(), n as i64);
     let stream = values.stream();
     let mut b = stream.launch_builder(&f);
-    b.arg(&rows).arg(&cols).arg(&lx).arg(&x).arg(&pv).arg(&pi).arg(&n64);
+    let nhwc = nhwc as i32;
+    b.arg(&rows).arg(&cols).arg(&lx).arg(&x).arg(&pv).arg(&pi).arg(&n64).arg(&nhwc);
     // SAFETY: types match the kernel; every window lies inside the input plane, which the
     // layout places inside `s`; `values` and `indices` hold n elements.
     expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);

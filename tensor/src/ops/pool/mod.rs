@@ -238,6 +238,18 @@ fn nchw(layout: &Layout) -> Layout {
     }
 }
 
+/// Whether a CUDA pooling op takes `t` as channels-last (4-D, the channel innermost) and so
+/// writes its results channels-last too.
+fn nhwc_on_cuda(t: &Tensor) -> bool {
+    t.device().is_cuda() && t.rank() == 4 && t.layout().strides()[1] == 1 && t.dims()[1] > 1
+}
+
+/// A row-major NCHW result whose storage a kernel filled in NHWC order, seen as NCHW.
+fn channels_last_view(t: &Tensor) -> Tensor {
+    let [_, c, h, w] = [t.dims()[0], t.dims()[1], t.dims()[2], t.dims()[3]];
+    t.with_layout(Layout::new(t.dims(), vec![h * w * c, 1, w * c, c], 0))
+}
+
 /// `dims` with the last two replaced by `hw`.
 fn with_spatial(dims: &[usize], hw: [usize; 2]) -> Vec<usize> {
     let mut out = dims.to_vec();
@@ -281,12 +293,18 @@ impl Tensor {
                 (Storage::Cpu(v), Storage::Cpu(i))
             }
             Storage::Cuda(s) => {
-                let (v, i) = cuda::max_pool(s, &nchw(self.layout()), windows, op);
+                let (v, i) = cuda::max_pool(s, &nchw(self.layout()), windows, nhwc_on_cuda(self), op);
                 (Storage::Cuda(v), Storage::Cuda(i))
             }
         };
         let dims = with_spatial(self.dims(), windows.output());
-        (Tensor::from_storage(values, dims.clone()), Tensor::from_storage(indices, dims))
+        let (values, indices) = (Tensor::from_storage(values, dims.clone()), Tensor::from_storage(indices, dims));
+        if nhwc_on_cuda(self) {
+            // Channels-last in, channels-last out, so the next convolution runs in NHWC.
+            (channels_last_view(&values), channels_last_view(&indices))
+        } else {
+            (values, indices)
+        }
     }
 
     /// The gradient of [`Tensor::max_pool2d`] (and of [`Tensor::adaptive_max_pool2d`]) with
@@ -372,12 +390,11 @@ impl Tensor {
             (Storage::Cuda(g), Storage::Cuda(i), Some(w)) => {
                 // Channels-last in, channels-last out, so the convolution before the pooling
                 // gets its gradient in the order it computes in.
-                let nhwc = self.rank() == 4 && self.layout().strides()[1] == 1 && self.dims()[1] > 1;
+                let nhwc = nhwc_on_cuda(self);
                 let out = cuda::max_pool_backward_gather(g, &g_layout, i, &i_layout, w, nhwc, op);
                 let t = Tensor::from_storage(Storage::Cuda(out), input_shape.clone());
                 if nhwc {
-                    let [_, c, h, w] = [input_shape[0], input_shape[1], input_shape[2], input_shape[3]];
-                    t.with_layout(Layout::new(input_shape, vec![h * w * c, 1, w * c, c], 0))
+                    channels_last_view(&t)
                 } else {
                     t
                 }

@@ -74,11 +74,23 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
 #define ID(x) (x)
 #define POOL(SUFFIX, T, C, LOAD, STORE)                                                          \
     /* Max and its flat index into the H*W plane; NaN wins, a later NaN over an earlier one. */  \
+    /* nhwc: thread i is output element (n, r, c, channel) of a channels-last result.          */ \
     extern "C" __global__ void max_pool_##SUFFIX(PoolAxis rows, PoolAxis cols, PlaneLayout lx,   \
-                                                 const T* x, T* out, i64* idx, i64 n) {          \
+                                                 const T* x, T* out, i64* idx, i64 n, int nhwc) { \
         const i64 oh = rows.output, ow = cols.output, width = cols.input;                        \
         FOR_EACH(i, n) {                                                                         \
-            const i64 p = i / (oh * ow), rc = i - p * (oh * ow), r = rc / ow, c = rc - r * ow;   \
+            i64 p, r, c;                                                                         \
+            if (nhwc) {                                                                          \
+                const i64 ch = lx.channels, t = i / ch;                                          \
+                c = t % ow;                                                                      \
+                r = (t / ow) % oh;                                                               \
+                p = (t / (ow * oh)) * ch + (i - t * ch);                                         \
+            } else {                                                                             \
+                p = i / (oh * ow);                                                               \
+                const i64 rc = i - p * (oh * ow);                                                \
+                r = rc / ow;                                                                     \
+                c = rc - r * ow;                                                                 \
+            }                                                                                    \
             const Win rw = pool_window(rows, r), cw = pool_window(cols, c);                      \
             const i64 base = plane_base(lx, p);                                                  \
             C best = (C)__longlong_as_double(0xfff0000000000000ull); /* -inf */             \

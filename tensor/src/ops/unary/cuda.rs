@@ -46,8 +46,20 @@ pub(super) fn unary(s: &CudaStorage, layout: &Layout, op: UnaryOp) -> CudaStorag
     if n == 0 {
         return out;
     }
-    let f = expect_launch(dev.function(&SOURCE, &format!("unary_{}", cuda::suffix(dtype))), op.name());
     let (c, p0, p1) = code(op);
+    let size = dtype.size_in_bytes() as u64;
+    let first = s.ptr() + layout.offset() as u64 * size;
+    if dtype.is_float() && layout.is_contiguous() && first.is_multiple_of(16) {
+        let f = expect_launch(dev.function(&SOURCE, &format!("unary_vec_{}", cuda::suffix(dtype))), op.name());
+        let (dst, n64) = (out.ptr(), n as i64);
+        let stream = out.stream();
+        let mut b = stream.launch_builder(&f);
+        b.arg(&c).arg(&p0).arg(&p1).arg(&first).arg(&dst).arg(&n64);
+        // SAFETY: n contiguous elements from the 16-byte-aligned `first`; `out` holds n.
+        expect_launch(unsafe { b.launch(launch_cfg(n.div_ceil(16 / size as usize))) }, op.name());
+        return out;
+    }
+    let f = expect_launch(dev.function(&SOURCE, &format!("unary_{}", cuda::suffix(dtype))), op.name());
     let (arg, src, dst, n64) = (StridedArg::new(layout), s.ptr(), out.ptr(), n as i64);
     let stream = out.stream();
     let mut b = stream.launch_builder(&f);

@@ -6,6 +6,7 @@ pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
+use crate::memory_order::MemoryOrder;
 use crate::storage::Storage;
 use crate::Tensor;
 
@@ -104,6 +105,9 @@ impl Tensor {
             "{}: not defined for integer tensors (dtype {dtype}); convert with .to_dtype(DType::F32)",
             op.name()
         );
+        if let Some(m) = MemoryOrder::of(self.dims(), &[self]) {
+            return m.leave(m.enter(self).unary(op));
+        }
         let storage = match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(cpu::unary(s, self.layout(), op)),
             Storage::Cuda(s) => Storage::Cuda(cuda::unary(s, self.layout(), op)),

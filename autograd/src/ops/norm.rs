@@ -1,26 +1,9 @@
 //! Gradients of `layer_norm` and `batch_norm` (kernels in the tensor crate's `ops/norm`).
-//! Batch norm's training backward is the tensor crate's fused `batch_norm_backward` on either
-//! device; layer norm's gradients are composed from tensor ops.
+//! Both training backwards are the tensor crate's fused kernels (`layer_norm_backward`,
+//! `batch_norm_backward`) on either device; batch norm in eval mode composes tensor ops.
 
 use crate::Var;
 use oxtrain_tensor::{Shape, Tensor};
-
-/// The normalisation's input gradient: `rstd * (gy - mean(gy) - xhat * mean(gy * xhat))` over
-/// `dims`, where `gy` is the gradient of the normalised value `xhat`.
-fn normalized_grad(gy: &Tensor, xhat: &Tensor, rstd: &Tensor, dims: &[usize]) -> Tensor {
-    let mean_gy = gy.mean(dims, true);
-    let mean_gy_xhat = gy.mul(xhat).mean(dims, true);
-    rstd.mul(&gy.sub(&mean_gy).sub(&xhat.mul(&mean_gy_xhat)))
-}
-
-/// Sums `t` over `dims`; an empty list sums nothing (unlike `Tensor::sum`).
-fn sum_over(t: &Tensor, dims: &[usize]) -> Tensor {
-    if dims.is_empty() {
-        t.clone()
-    } else {
-        t.sum(dims, false)
-    }
-}
 
 impl Var {
     /// Layer norm over the trailing dims `normalized_shape`, as `F.layer_norm`.
@@ -39,27 +22,21 @@ impl Var {
         let x = self.tensor().clone();
         let (out, mean, rstd) =
             x.layer_norm(&normalized, weight.map(Var::tensor), bias.map(Var::tensor), eps);
-        let axis = x.rank() - normalized.rank();
-        let (mean, rstd) = (mean.to_dtype(x.dtype()), rstd.to_dtype(x.dtype()));
         let w = weight.map(|w| w.tensor().clone());
         let has_weight = weight.is_some();
         let mut inputs = vec![self];
         inputs.extend(weight);
         inputs.extend(bias);
+        // The fused backward (one kernel for dx, one for the parameters' column sums) from the
+        // statistics forward saved.
         Var::from_op("layer_norm", out, &inputs, move |g, needs| {
-            let xhat = x.sub(&mean).mul(&rstd);
-            let gy = match &w {
-                Some(w) => g.mul(&w.to_dtype(g.dtype())),
-                None => g.clone(),
-            };
-            let norm_dims: Vec<usize> = (axis..x.rank()).collect();
-            let lead: Vec<usize> = (0..axis).collect();
-            let mut grads = vec![needs[0].then(|| normalized_grad(&gy, &xhat, &rstd, &norm_dims))];
+            let (dx, dw, db) = g.layer_norm_backward(&x, (&mean, &rstd), w.as_ref(), normalized.clone());
+            let mut grads = vec![needs[0].then_some(dx)];
             if has_weight {
-                grads.push(needs[1].then(|| sum_over(&g.mul(&xhat), &lead)));
+                grads.push(needs[1].then_some(dw));
             }
             if needs.len() > grads.len() {
-                grads.push(needs[grads.len()].then(|| sum_over(g, &lead)));
+                grads.push(needs[grads.len()].then_some(db));
             }
             grads
         })
@@ -74,8 +51,35 @@ impl Var {
         bias: Option<&Var>,
         eps: f64,
     ) -> (Var, Tensor, Tensor) {
+        self.batch_norm_training_then(weight, bias, eps, false)
+    }
+
+    /// `relu(batch_norm_training(x))` as one op: the ReLU is fused into batch norm's output
+    /// pass on CUDA, and the backward masks the gradient with the output before batch norm's
+    /// fused backward. Same values as the two ops.
+    pub fn batch_norm_relu_training(
+        &self,
+        weight: Option<&Var>,
+        bias: Option<&Var>,
+        eps: f64,
+    ) -> (Var, Tensor, Tensor) {
+        self.batch_norm_training_then(weight, bias, eps, true)
+    }
+
+    fn batch_norm_training_then(
+        &self,
+        weight: Option<&Var>,
+        bias: Option<&Var>,
+        eps: f64,
+        relu: bool,
+    ) -> (Var, Tensor, Tensor) {
         let x = self.tensor().clone();
-        let (out, mean, var) = x.batch_norm_training(weight.map(Var::tensor), bias.map(Var::tensor), eps);
+        let (w_t, b_t) = (weight.map(Var::tensor), bias.map(Var::tensor));
+        let (out, mean, var) = if relu {
+            x.batch_norm_relu_training(w_t, b_t, eps)
+        } else {
+            x.batch_norm_training(w_t, b_t, eps)
+        };
         let has_weight = weight.is_some();
         let mut inputs = vec![self];
         inputs.extend(weight);
@@ -84,7 +88,11 @@ impl Var {
         // it reads the statistics forward computed, not a recomputed x_hat.
         let (saved_mean, saved_var) = (mean.clone(), var.clone());
         let w = weight.map(|w| w.tensor().clone());
-        let var_out = Var::from_op("batch_norm", out, &inputs, move |g, needs| {
+        let y = relu.then(|| out.clone());
+        let name = if relu { "batch_norm_relu" } else { "batch_norm" };
+        let var_out = Var::from_op(name, out, &inputs, move |g, needs| {
+            let masked = y.as_ref().map(|y| g.threshold_backward(y, 0.0));
+            let g = masked.as_ref().unwrap_or(g);
             let (dx, dw, db) =
                 g.batch_norm_backward(&x, (&saved_mean, &saved_var), w.as_ref(), eps, needs[0]);
             let mut grads = vec![dx];

@@ -1,7 +1,7 @@
 //! Gradients of `softmax` and `log_softmax` along one dim, from their saved outputs.
 
 use crate::Var;
-use oxtrain_tensor::Dim;
+use oxtrain_tensor::{Dim, SoftmaxOp};
 
 impl Var {
     /// `exp(x) / sum(exp(x))` along `dim`; the gradient is `y * (g - sum(g * y))`.
@@ -14,10 +14,7 @@ impl Var {
             if self.rank() == 0 { dim.to_index(1, "softmax") } else { dim.to_index(self.rank(), "softmax") };
         let out = self.tensor().softmax(d);
         let y = out.clone();
-        Var::from_op("softmax", out, &[self], move |g, _| {
-            let dot = g.mul(&y).sum(d, true);
-            vec![Some(y.mul(&g.sub(&dot)))]
-        })
+        Var::from_op("softmax", out, &[self], move |g, _| vec![Some(g.softmax_backward(&y, SoftmaxOp::Softmax, d))])
     }
 
     /// `log(softmax(x))` along `dim`; the gradient is `g - exp(y) * sum(g)`.
@@ -34,7 +31,7 @@ impl Var {
         let out = self.tensor().log_softmax(d);
         let y = out.clone();
         Var::from_op("log_softmax", out, &[self], move |g, _| {
-            vec![Some(g.sub(&y.exp().mul(&g.sum(d, true))))]
+            vec![Some(g.softmax_backward(&y, SoftmaxOp::LogSoftmax, d))]
         })
     }
 }

@@ -109,7 +109,7 @@ impl Module for BasicBlock {
 
 impl Forward for BasicBlock {
     fn forward(&self, x: &Var) -> Var {
-        let out = self.bn1.forward(&self.conv1.forward(x)).relu();
+        let out = self.bn1.forward_relu(&self.conv1.forward(x));
         let out = self.bn2.forward(&self.conv2.forward(&out));
         let identity = match &self.downsample {
             Some(d) => d.forward(x),
@@ -165,8 +165,8 @@ impl Module for Bottleneck {
 
 impl Forward for Bottleneck {
     fn forward(&self, x: &Var) -> Var {
-        let out = self.bn1.forward(&self.conv1.forward(x)).relu();
-        let out = self.bn2.forward(&self.conv2.forward(&out)).relu();
+        let out = self.bn1.forward_relu(&self.conv1.forward(x));
+        let out = self.bn2.forward_relu(&self.conv2.forward(&out));
         let out = self.bn3.forward(&self.conv3.forward(&out));
         let identity = match &self.downsample {
             Some(d) => d.forward(x),

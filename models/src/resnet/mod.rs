@@ -279,7 +279,7 @@ impl ResNet {
             x.dims()
         );
         let x = if self.config.channels_last { to_channels_last(x) } else { x.clone() };
-        let x = self.maxpool.forward(&self.bn1.forward(&self.conv1.forward(&x)).relu());
+        let x = self.maxpool.forward(&self.bn1.forward_relu(&self.conv1.forward(&x)));
         let x = self.layer4.forward(&self.layer3.forward(&self.layer2.forward(&self.layer1.forward(&x))));
         self.avgpool.forward(&x).flatten(1, 3)
     }

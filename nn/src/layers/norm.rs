@@ -170,27 +170,41 @@ impl Module for BatchNorm2d {
     }
 }
 
-impl Forward for BatchNorm2d {
-    fn forward(&self, x: &Var) -> Var {
+impl BatchNorm2d {
+    /// `relu(self.forward(x))`, the pattern of every ResNet block: in training with local
+    /// statistics one fused op (`Var::batch_norm_relu_training`), otherwise the two ops.
+    pub fn forward_relu(&self, x: &Var) -> Var {
+        self.forward_then(x, true)
+    }
+
+    fn forward_then(&self, x: &Var, relu: bool) -> Var {
         assert_eq!(x.rank(), 4, "BatchNorm2d: expected a 4-D input [N, C, H, W], got shape {:?}", x.dims());
         let (weight, bias) =
             (self.weight.as_ref().map(Parameter::var), self.bias.as_ref().map(Parameter::var));
         let eps = self.config.eps;
+        let then_relu = |y: Var| if relu { y.relu() } else { y };
         match (&self.running, self.training.get()) {
-            (Some(stats), false) => x.batch_norm_eval(
+            (Some(stats), false) => then_relu(x.batch_norm_eval(
                 &stats.mean.tensor(),
                 &stats.var.tensor(),
                 weight.as_ref(),
                 bias.as_ref(),
                 eps,
-            ),
+            )),
             (running, training) => {
                 let sync = self.statistics.0.read().unwrap_or_else(PoisonError::into_inner).clone();
                 let (out, mean, var, per_channel) = match &sync {
-                    Some(sync) => sync.batch_norm_training(x, weight.as_ref(), bias.as_ref(), eps),
+                    Some(sync) => {
+                        let (out, mean, var, n) = sync.batch_norm_training(x, weight.as_ref(), bias.as_ref(), eps);
+                        (then_relu(out), mean, var, n)
+                    }
                     None => {
                         let per_channel = x.elem_count() / x.dims()[1];
-                        let (out, mean, var) = x.batch_norm_training(weight.as_ref(), bias.as_ref(), eps);
+                        let (out, mean, var) = if relu {
+                            x.batch_norm_relu_training(weight.as_ref(), bias.as_ref(), eps)
+                        } else {
+                            x.batch_norm_training(weight.as_ref(), bias.as_ref(), eps)
+                        };
                         (out, mean, var, per_channel)
                     }
                 };
@@ -205,6 +219,12 @@ impl Forward for BatchNorm2d {
                 out
             }
         }
+    }
+}
+
+impl Forward for BatchNorm2d {
+    fn forward(&self, x: &Var) -> Var {
+        self.forward_then(x, false)
     }
 }
 

@@ -36,6 +36,40 @@ fn f64_tensor(s: CudaStorage, shape: &[usize]) -> Tensor {
     Tensor::from_storage(Storage::Cuda(s), shape)
 }
 
+/// Whether batch norm's input lies packed as rows of `channels` with the channel innermost
+/// (channels-last NHWC, or a contiguous `[N, C]`): the kernels then read it as flat memory,
+/// coalesced along the channels, and write their results in the same layout.
+pub(crate) fn channels_last(layout: &Layout, channels: usize) -> bool {
+    channels > 1 && layout.strides()[1] == 1 && layout.dense_order().is_some()
+}
+
+/// Blocks a channels-last reduction aims for: several per SM of an H200 (132 SMs).
+const CL_TARGET_BLOCKS: usize = 1024;
+/// Fewest rows one block of a channels-last reduction takes.
+const CL_MIN_ROWS: usize = 64;
+
+/// Grid and rows per split of a channels-last reduction over `rows` x `channels`.
+fn cl_grid(channels: usize, rows: usize) -> (LaunchConfig, usize, usize) {
+    let xblocks = channels.div_ceil(32);
+    let want = CL_TARGET_BLOCKS.div_ceil(xblocks).min(rows.div_ceil(CL_MIN_ROWS)).clamp(1, MAX_SPLITS);
+    let chunk = rows.div_ceil(want).max(1);
+    let splits = rows.div_ceil(chunk).max(1);
+    let cfg = LaunchConfig { grid_dim: (xblocks as u32, splits as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+    (cfg, splits, chunk)
+}
+
+/// The address of a layout's first element.
+fn first_element(s: &CudaStorage, layout: &Layout) -> u64 {
+    s.ptr() + (layout.offset() * s.dtype().size_in_bytes()) as u64
+}
+
+/// Elements per 16-byte vector of the channels-last elementwise kernels, when both buffers
+/// allow them (C a multiple of the width, 16-byte aligned); else None.
+fn cl_vector(dtype: DType, channels: usize, ptrs: &[u64]) -> Option<usize> {
+    let v = 16 / dtype.size_in_bytes();
+    (channels.is_multiple_of(v) && ptrs.iter().all(|p| p.is_multiple_of(16))).then_some(v)
+}
+
 /// Per-channel mean and biased variance as f64 tensors of shape `[C]`.
 pub(super) fn channel_moments(s: &CudaStorage, layout: &Layout, ch: Channels, op: &str) -> (Tensor, Tensor) {
     let dev = s.device();
@@ -43,7 +77,28 @@ pub(super) fn channel_moments(s: &CudaStorage, layout: &Layout, ch: Channels, op
     let count = layout.elem_count().checked_div(channels).unwrap_or(0);
     let mean = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
     let var = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
-    if channels > 0 {
+    if channels > 0 && count > 0 && channels_last(layout, channels) {
+        // One pass of shifted sums (see moments_shifted_partial_cl), then mean and var.
+        let (cfg, splits, chunk) = cl_grid(channels, count);
+        let alloc = |n: usize| expect_launch(CudaStorage::alloc(dev, DType::F64, n), op);
+        let (p1, p2) = (alloc(channels * splits), alloc(channels * splits));
+        let suffix = cuda::suffix(s.dtype());
+        let part = expect_launch(dev.function(&SOURCE, &format!("moments_shifted_partial_cl_{suffix}")), op);
+        let finish = expect_launch(dev.function(&SOURCE, &format!("moments_shifted_finish_{suffix}")), op);
+        let (x, pp1, pp2, pm, pv) = (first_element(s, layout), p1.ptr(), p2.ptr(), mean.ptr(), var.ptr());
+        let (c64, rows64, chunk64, splits64, countf) =
+            (channels as i64, count as i64, chunk as i64, splits as i64, count as f64);
+        let stream = mean.stream();
+        let mut b = stream.launch_builder(&part);
+        b.arg(&x).arg(&pp1).arg(&pp2).arg(&c64).arg(&rows64).arg(&chunk64);
+        // SAFETY: the layout is packed, so count * channels elements follow `x` inside `s`;
+        // the partial buffers hold channels * splits values.
+        expect_launch(unsafe { b.launch(cfg) }, op);
+        let mut b = stream.launch_builder(&finish);
+        b.arg(&x).arg(&pp1).arg(&pp2).arg(&splits64).arg(&countf).arg(&pm).arg(&pv);
+        // SAFETY: as above; `mean` and `var` hold `channels` values.
+        expect_launch(unsafe { b.launch(blocks(channels, 1)) }, op);
+    } else if channels > 0 {
         let splits = count.div_ceil(MOMENT_CHUNK).clamp(1, MAX_SPLITS);
         let chunk = count.div_ceil(splits).max(1);
         let partial = expect_launch(CudaStorage::alloc(dev, DType::F64, channels * splits), op);
@@ -71,16 +126,19 @@ pub(super) fn channel_moments(s: &CudaStorage, layout: &Layout, ch: Channels, op
     (f64_tensor(mean, &[channels]), f64_tensor(var, &[channels]))
 }
 
-/// `(x - mean[c]) * weight[c] / sqrt(var[c] + eps) + bias[c]`, contiguous, in the input's dtype.
+/// `(x - mean[c]) * weight[c] / sqrt(var[c] + eps) + bias[c]` in the input's dtype (then ReLU
+/// with `relu`): packed like
+/// the input when that is channels-last (see [`channels_last`]), else contiguous.
 /// `stats` are (mean, var, weight, bias) as contiguous f64 tensors on the input's device.
 pub(super) fn channel_affine(
     s: &CudaStorage,
     layout: &Layout,
     ch: Channels,
     (mean, var, weight, bias): (&Tensor, &Tensor, Option<&Tensor>, Option<&Tensor>),
-    eps: f64,
+    (eps, relu): (f64, bool),
     op: &str,
 ) -> CudaStorage {
+    let relu = relu as i32;
     let dev = s.device();
     let n = layout.elem_count();
     let out = expect_launch(CudaStorage::alloc(dev, s.dtype(), n), op);
@@ -99,10 +157,29 @@ pub(super) fn channel_affine(
     b.arg(&c64).arg(&pv).arg(&pw).arg(&pb).arg(&eps).arg(&ps).arg(&pz);
     // SAFETY: types match; every per-channel buffer holds `channels` f64 values (checked shapes).
     expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
+    let cl = channels_last(layout, channels);
+    if cl {
+        if let Some(v) = cl_vector(s.dtype(), channels, &[first_element(s, layout)]) {
+            let f = expect_launch(
+                dev.function(&SOURCE, &format!("bn_affine_cl_vec_{}", cuda::suffix(s.dtype()))),
+                op,
+            );
+            let (x, po, nv) = (first_element(s, layout), out.ptr(), (n / v) as i64);
+            let mut b = stream.launch_builder(&f);
+            b.arg(&x).arg(&po).arg(&nv).arg(&c64).arg(&pm).arg(&ps).arg(&pz).arg(&relu);
+            // SAFETY: the layout is packed (n elements from `x`, 16-byte aligned, checked);
+            // `out` holds n; the per-channel buffers `channels`.
+            expect_launch(unsafe { b.launch(launch_cfg(n / v)) }, op);
+            return out;
+        }
+    }
+    // Channels-last input that the vector kernel cannot take: the same kernel over the flat
+    // memory, one element per channel step.
+    let (flat, sp64) = if cl { (Layout::new([n], vec![1], layout.offset()), 1i64) } else { (layout.clone(), sp64) };
     let affine = expect_launch(dev.function(&SOURCE, &format!("bn_affine_{}", cuda::suffix(s.dtype()))), op);
-    let (sx, x, po) = (StridedArg::new(layout), s.ptr(), out.ptr());
+    let (sx, x, po) = (StridedArg::new(&flat), s.ptr(), out.ptr());
     let mut b = stream.launch_builder(&affine);
-    b.arg(&sx).arg(&x).arg(&po).arg(&n64).arg(&c64).arg(&sp64).arg(&pm).arg(&ps).arg(&pz);
+    b.arg(&sx).arg(&x).arg(&po).arg(&n64).arg(&c64).arg(&sp64).arg(&pm).arg(&ps).arg(&pz).arg(&relu);
     // SAFETY: as above; `out` holds n elements and the layout lies inside `s`.
     expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
     out
@@ -138,8 +215,8 @@ pub(super) fn layer_norm(
     (out, f64_tensor(mean, stats_shape), f64_tensor(rstd, stats_shape))
 }
 
-/// Batch norm's training-mode gradients on the device: `(dx, dweight, dbias)`, dx contiguous
-/// in the input's dtype (None unless `input_grad`), dweight and dbias `[C]` f64 tensors. `mean`,
+/// Batch norm's training-mode gradients on the device: `(dx, dweight, dbias)`, dx in the
+/// input's dtype, packed like the input when that is channels-last, else contiguous (None unless `input_grad`), dweight and dbias `[C]` f64 tensors. `mean`,
 /// `var` and `weight` are contiguous f64 tensors. Two passes over dy and x, as on the CPU.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn batch_norm_backward(
@@ -167,30 +244,48 @@ pub(super) fn batch_norm_backward(
     }
     let suffix = cuda::suffix(s.dtype());
     let stream = sum_dy.stream();
-    let splits = count.div_ceil(MOMENT_CHUNK).clamp(1, MAX_SPLITS);
-    let chunk = count.div_ceil(splits).max(1);
-    let (part_dy, part_dyx) = (alloc(channels * splits), alloc(channels * splits));
+    // Both packed alike as channels-last rows (the caller copies dy into x's order).
+    let cl = channels_last(layout, channels) && g_layout.dense_order() == layout.dense_order();
     let (sdy, sx) = (StridedArg::new(g_layout), StridedArg::new(layout));
     let (pg, px, pm) = (g.ptr(), s.ptr(), f64_ptr(Some(mean)));
-    let (c64, sp64, cnt64, chunk64, splits64) =
-        (channels as i64, ch.spatial as i64, count as i64, chunk as i64, splits as i64);
-    let partial = expect_launch(dev.function(&SOURCE, &format!("bn_grad_partial_{suffix}")), op);
-    let (ppd, ppx) = (part_dy.ptr(), part_dyx.ptr());
-    let mut b = stream.launch_builder(&partial);
-    b.arg(&sdy)
-        .arg(&pg)
-        .arg(&sx)
-        .arg(&px)
-        .arg(&pm)
-        .arg(&ppd)
-        .arg(&ppx)
-        .arg(&c64)
-        .arg(&sp64)
-        .arg(&cnt64)
-        .arg(&chunk64);
-    // SAFETY: types match the kernel; both layouts lie inside their storages and have the same
-    // dims; the partial buffers hold channels * splits values, `mean` `channels`.
-    expect_launch(unsafe { b.launch(blocks(channels, splits)) }, op);
+    let c64 = channels as i64;
+    let (part_dy, part_dyx, splits) = if cl {
+        let (cfg, splits, chunk) = cl_grid(channels, count);
+        let (part_dy, part_dyx) = (alloc(channels * splits), alloc(channels * splits));
+        let partial = expect_launch(dev.function(&SOURCE, &format!("bn_grad_partial_cl_{suffix}")), op);
+        let (fg, fx, ppd, ppx) = (first_element(g, g_layout), first_element(s, layout), part_dy.ptr(), part_dyx.ptr());
+        let (rows64, chunk64) = (count as i64, chunk as i64);
+        let mut b = stream.launch_builder(&partial);
+        b.arg(&fg).arg(&fx).arg(&pm).arg(&ppd).arg(&ppx).arg(&c64).arg(&rows64).arg(&chunk64);
+        // SAFETY: both layouts are packed alike: count * channels elements follow `fg` and
+        // `fx`; the partial buffers hold channels * splits values, `mean` `channels`.
+        expect_launch(unsafe { b.launch(cfg) }, op);
+        (part_dy, part_dyx, splits)
+    } else {
+        let splits = count.div_ceil(MOMENT_CHUNK).clamp(1, MAX_SPLITS);
+        let chunk = count.div_ceil(splits).max(1);
+        let (part_dy, part_dyx) = (alloc(channels * splits), alloc(channels * splits));
+        let (sp64, cnt64, chunk64) = (ch.spatial as i64, count as i64, chunk as i64);
+        let partial = expect_launch(dev.function(&SOURCE, &format!("bn_grad_partial_{suffix}")), op);
+        let (ppd, ppx) = (part_dy.ptr(), part_dyx.ptr());
+        let mut b = stream.launch_builder(&partial);
+        b.arg(&sdy)
+            .arg(&pg)
+            .arg(&sx)
+            .arg(&px)
+            .arg(&pm)
+            .arg(&ppd)
+            .arg(&ppx)
+            .arg(&c64)
+            .arg(&sp64)
+            .arg(&cnt64)
+            .arg(&chunk64);
+        // SAFETY: types match the kernel; both layouts lie inside their storages and have the
+        // same dims; the partial buffers hold channels * splits values, `mean` `channels`.
+        expect_launch(unsafe { b.launch(blocks(channels, splits)) }, op);
+        (part_dy, part_dyx, splits)
+    };
+    let (ppd, ppx, splits64) = (part_dy.ptr(), part_dyx.ptr(), splits as i64);
     let finish = expect_launch(dev.function(&SOURCE, "moments_finish"), op);
     let one = 1.0f64;
     for (src, dst) in [(ppd, sum_dy.ptr()), (ppx, sum_dyx.ptr())] {
@@ -218,23 +313,93 @@ pub(super) fn batch_norm_backward(
     // SAFETY: every per-channel buffer holds `channels` f64 values (checked shapes).
     expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
     if let Some(out) = &dx {
-        let f = expect_launch(dev.function(&SOURCE, &format!("bn_input_grad_{suffix}")), op);
         let (po, n64) = (out.ptr(), n as i64);
-        let mut b = stream.launch_builder(&f);
-        b.arg(&sdy)
-            .arg(&pg)
-            .arg(&sx)
-            .arg(&px)
-            .arg(&po)
-            .arg(&n64)
-            .arg(&c64)
-            .arg(&sp64)
-            .arg(&pm)
-            .arg(&ps)
-            .arg(&pz)
-            .arg(&pk);
-        // SAFETY: as above; `out` holds n elements.
-        expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+        let (fg, fx) = (first_element(g, g_layout), first_element(s, layout));
+        match cl.then(|| cl_vector(s.dtype(), channels, &[fg, fx])).flatten() {
+            Some(v) => {
+                let f = expect_launch(dev.function(&SOURCE, &format!("bn_input_grad_cl_vec_{suffix}")), op);
+                let nv = (n / v) as i64;
+                let mut b = stream.launch_builder(&f);
+                b.arg(&fg).arg(&fx).arg(&po).arg(&nv).arg(&c64).arg(&pm).arg(&ps).arg(&pz).arg(&pk);
+                // SAFETY: packed alike, n elements from 16-byte-aligned `fg` and `fx`
+                // (checked); `out` holds n, the per-channel buffers `channels`.
+                expect_launch(unsafe { b.launch(launch_cfg(n / v)) }, op);
+            }
+            None => {
+                // Channels-last without vectors: the strided kernel over the flat memory.
+                let (sdy, sx, sp64) = if cl {
+                    let flat = |l: &Layout| StridedArg::new(&Layout::new([n], vec![1], l.offset()));
+                    (flat(g_layout), flat(layout), 1i64)
+                } else {
+                    (sdy, sx, ch.spatial as i64)
+                };
+                let f = expect_launch(dev.function(&SOURCE, &format!("bn_input_grad_{suffix}")), op);
+                let mut b = stream.launch_builder(&f);
+                b.arg(&sdy)
+                    .arg(&pg)
+                    .arg(&sx)
+                    .arg(&px)
+                    .arg(&po)
+                    .arg(&n64)
+                    .arg(&c64)
+                    .arg(&sp64)
+                    .arg(&pm)
+                    .arg(&ps)
+                    .arg(&pz)
+                    .arg(&pk);
+                // SAFETY: as above; `out` holds n elements.
+                expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
+            }
+        }
     }
     (dx, f64_tensor(dweight, &[channels]), f64_tensor(sum_dy, &[channels]))
+}
+
+/// Layer norm's gradients on the device for contiguous `dy` and `x` of `rows` x `len`:
+/// `(dx, dweight, dbias)`, dx in their dtype, dweight and dbias `[len]` f64 tensors. `mean`
+/// and `rstd` (per row) and `weight` are contiguous f64 tensors.
+pub(super) fn layer_norm_backward(
+    dy: &CudaStorage,
+    x: &CudaStorage,
+    (rows, len): (usize, usize),
+    (mean, rstd, weight): (&Tensor, &Tensor, Option<&Tensor>),
+) -> (CudaStorage, Tensor, Tensor) {
+    let op = "layer_norm_backward";
+    let dev = x.device();
+    let suffix = cuda::suffix(x.dtype());
+    let dx = expect_launch(CudaStorage::alloc(dev, x.dtype(), rows * len), op);
+    let alloc = |n: usize| expect_launch(CudaStorage::alloc(dev, DType::F64, n), op);
+    let (dw, db) = (alloc(len), alloc(len));
+    if rows == 0 || len == 0 {
+        let zeros = || f64_tensor(expect_launch(CudaStorage::zeros(dev, DType::F64, len), op), &[len]);
+        return (dx, zeros(), zeros());
+    }
+    let stream = dx.stream();
+    let (pg, px, pm, pr, pw, po) = (dy.ptr(), x.ptr(), f64_ptr(Some(mean)), f64_ptr(Some(rstd)), f64_ptr(weight), dx.ptr());
+    let (rows64, len64) = (rows as i64, len as i64);
+    let f = expect_launch(dev.function(&SOURCE, &format!("layer_norm_input_grad_{suffix}")), op);
+    let mut b = stream.launch_builder(&f);
+    b.arg(&pg).arg(&px).arg(&pm).arg(&pr).arg(&pw).arg(&po).arg(&rows64).arg(&len64);
+    let warps_per_block = THREADS as usize / 32;
+    // SAFETY: types match; dy, x and dx hold rows * len elements, mean and rstd `rows`, the
+    // weight (when given) `len`.
+    expect_launch(unsafe { b.launch(blocks(rows.div_ceil(warps_per_block).min(MAX_ROW_BLOCKS), 1)) }, op);
+
+    let (cfg, splits, chunk) = cl_grid(len, rows);
+    let (part_w, part_b) = (alloc(len * splits), alloc(len * splits));
+    let f = expect_launch(dev.function(&SOURCE, &format!("layer_norm_param_partial_{suffix}")), op);
+    let (ppw, ppb, chunk64, splits64) = (part_w.ptr(), part_b.ptr(), chunk as i64, splits as i64);
+    let mut b = stream.launch_builder(&f);
+    b.arg(&pg).arg(&px).arg(&pm).arg(&pr).arg(&ppw).arg(&ppb).arg(&len64).arg(&rows64).arg(&chunk64);
+    // SAFETY: as above; the partial buffers hold len * splits values.
+    expect_launch(unsafe { b.launch(cfg) }, op);
+    let finish = expect_launch(dev.function(&SOURCE, "moments_finish"), op);
+    let one = 1.0f64;
+    for (src, dst) in [(ppw, dw.ptr()), (ppb, db.ptr())] {
+        let mut b = stream.launch_builder(&finish);
+        b.arg(&src).arg(&splits64).arg(&one).arg(&dst);
+        // SAFETY: `src` holds len * splits values, `dst` `len`.
+        expect_launch(unsafe { b.launch(blocks(len, 1)) }, op);
+    }
+    (dx, f64_tensor(dw, &[len]), f64_tensor(db, &[len]))
 }

@@ -9,13 +9,15 @@
 
 mod backward;
 mod cpu;
+mod layer_backward;
 pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
 use crate::shape::Shape;
+use crate::memory_order::MemoryOrder;
 use crate::storage::Storage;
-use crate::{DType, Element, Tensor};
+use crate::{DType, Element, Layout, Tensor};
 use cpu::Channels;
 
 /// The dtype statistics of an input of `dtype` are returned in.
@@ -77,6 +79,27 @@ impl Moments {
                 (mean.to_dtype(stats_dtype(dtype)), var.to_dtype(stats_dtype(dtype)))
             }
         }
+    }
+}
+
+/// A CUDA kernel's packed result `t` seen in the layout of its channels-last input `like` (the
+/// kernels write such results in the input's memory order); any other result is row-major.
+fn in_layout_of(t: Tensor, like: &Tensor, ch: Channels) -> Tensor {
+    if cuda::channels_last(like.layout(), ch.channels) && !like.is_contiguous() {
+        t.with_layout(Layout::new(like.dims(), like.layout().strides().to_vec(), 0))
+    } else {
+        t
+    }
+}
+
+/// `t` (same dims as the packed `like`) in `like`'s memory order, copied only when it is not.
+fn packed_like(t: &Tensor, like: &Tensor) -> Tensor {
+    if t.layout().dense_order().is_some() && t.layout().dense_order() == like.layout().dense_order() {
+        return t.clone();
+    }
+    match MemoryOrder::of(like.dims(), &[like]) {
+        Some(m) => m.leave(m.enter(t).contiguous()),
+        None => t.contiguous(),
     }
 }
 
@@ -143,16 +166,18 @@ impl Tensor {
             let mean = param(mean, &[ch.channels], "mean", op, self);
             Moments::Host(mean, param(var, &[ch.channels], "var", op, self))
         };
-        self.normalize_channels(ch, &moments, weight, bias, eps)
+        self.normalize_channels(ch, &moments, weight, bias, (eps, false))
     }
 
+    /// The normalisation with given moments, then ReLU when `relu` (fused into the kernel on
+    /// CUDA, a second pass on the CPU).
     fn normalize_channels(
         &self,
         ch: Channels,
         moments: &Moments,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
-        eps: f64,
+        (eps, relu): (f64, bool),
     ) -> Tensor {
         let (op, shape) = ("batch_norm", [ch.channels]);
         let (mean, var) = match moments {
@@ -166,12 +191,12 @@ impl Tensor {
                         self.layout(),
                         ch,
                         (mean, var, weight.as_ref(), bias.as_ref()),
-                        eps,
+                        (eps, relu),
                         op,
                     )),
                     Storage::Cpu(_) => unreachable!("device moments of a CPU tensor"),
                 };
-                return Tensor::from_storage(storage, self.dims());
+                return in_layout_of(Tensor::from_storage(storage, self.dims()), self, ch);
             }
         };
         let weight = weight.map(|w| param(w, &shape, "weight", op, self));
@@ -184,7 +209,12 @@ impl Tensor {
             )),
             Storage::Cuda(_) => unreachable!("host moments of a CUDA tensor"),
         };
-        Tensor::from_cpu(storage, self.dims())
+        let out = Tensor::from_cpu(storage, self.dims());
+        if relu {
+            out.relu()
+        } else {
+            out
+        }
     }
 
     /// Batch norm in training mode: the batch's statistics, then `batch_norm_normalize` with
@@ -196,8 +226,29 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f64,
     ) -> (Tensor, Tensor, Tensor) {
+        self.batch_norm_training_then(weight, bias, eps, false)
+    }
+
+    /// [`Tensor::batch_norm_training`] followed by ReLU, as one pass over the output on CUDA
+    /// (the pattern of every ResNet block): returns `(relu(output), mean, var)`.
+    pub fn batch_norm_relu_training(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> (Tensor, Tensor, Tensor) {
+        self.batch_norm_training_then(weight, bias, eps, true)
+    }
+
+    fn batch_norm_training_then(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+        relu: bool,
+    ) -> (Tensor, Tensor, Tensor) {
         let (ch, moments) = self.channel_moments("batch_norm");
-        let out = self.normalize_channels(ch, &moments, weight, bias, eps);
+        let out = self.normalize_channels(ch, &moments, weight, bias, (eps, relu));
         let (mean, var) = moments.tensors(ch.channels, self.dtype());
         (out, mean, var)
     }
@@ -232,12 +283,18 @@ impl Tensor {
         );
         self.same_device(x, op);
         let shape = [ch.channels];
-        if let (Storage::Cuda(g), Storage::Cuda(s)) = (&*self.storage(), &*x.storage()) {
+        if x.device().is_cuda() {
+            // A channels-last x wants dy packed the same way (one flat pass over both).
+            let dy = if cuda::channels_last(x.layout(), ch.channels) { packed_like(self, x) } else { self.clone() };
+            let (dy_storage, x_storage) = (dy.storage(), x.storage());
+            let (Storage::Cuda(g), Storage::Cuda(s)) = (&*dy_storage, &*x_storage) else {
+                unreachable!("{op}: checked to be on one device")
+            };
             let mean = device_param(mean, &shape, "mean", op, x);
             let var = device_param(var, &shape, "var", op, x);
             let weight = weight.map(|w| device_param(w, &shape, "weight", op, x));
             let (dx, dweight, dbias) = cuda::batch_norm_backward(
-                (g, self.layout()),
+                (g, dy.layout()),
                 (s, x.layout()),
                 ch,
                 (&mean, &var, weight.as_ref()),
@@ -245,11 +302,8 @@ impl Tensor {
                 input_grad,
                 op,
             );
-            let dx = dx.map(|d| Tensor::from_storage(Storage::Cuda(d), x.dims()));
+            let dx = dx.map(|d| in_layout_of(Tensor::from_storage(Storage::Cuda(d), x.dims()), x, ch));
             return (dx, dweight.to_dtype(x.dtype()), dbias.to_dtype(x.dtype()));
-        }
-        if x.device().is_cuda() {
-            unreachable!("{op}: checked to be on one device");
         }
         let mean = param(mean, &shape, "mean", op, x);
         let var = param(var, &shape, "var", op, x);
@@ -338,5 +392,75 @@ impl Tensor {
             stats_tensor(mean, &stats_shape, self.dtype()),
             stats_tensor(rstd, stats_shape, self.dtype()),
         )
+    }
+
+    /// Layer norm's gradients, `self` being the output gradient: `(dx, dweight, dbias)` for an
+    /// input `x` normalised over its trailing dims `normalized_shape` with the `mean` and `rstd`
+    /// that [`Tensor::layer_norm`] returned, and `weight` (1 when `None`). With
+    /// `x_hat = (x - mean) * rstd` and `gy = dy * weight`, `dx = rstd * (gy - mean(gy) - x_hat *
+    /// mean(gy * x_hat))`, each mean over a row; `dweight = sum(dy * x_hat)` and `dbias =
+    /// sum(dy)` over the rows, of shape `normalized_shape`. All in `x`'s dtype, accumulated in
+    /// f64: one kernel for dx, one for the column sums (`torch.native_layer_norm_backward`).
+    pub fn layer_norm_backward(
+        &self,
+        x: &Tensor,
+        (mean, rstd): (&Tensor, &Tensor),
+        weight: Option<&Tensor>,
+        normalized_shape: impl Into<Shape>,
+    ) -> (Tensor, Tensor, Tensor) {
+        let op = "layer_norm_backward";
+        float_input(x, op);
+        self.same_dtype(x, op);
+        self.same_device(x, op);
+        let normalized = normalized_shape.into();
+        assert!(
+            self.dims() == x.dims()
+                && normalized.rank() > 0
+                && x.rank() >= normalized.rank()
+                && x.dims()[x.rank() - normalized.rank()..] == *normalized.dims(),
+            "{op}: the output gradient {:?} and input {:?} must have one shape ending in normalized_shape {:?}",
+            self.dims(),
+            x.dims(),
+            normalized.dims()
+        );
+        let len = normalized.elem_count();
+        let rows = x.elem_count().checked_div(len).unwrap_or(0);
+        let per_row = |t: &Tensor, what: &str| {
+            assert!(t.elem_count() == rows, "{op}: {what} must have one value per row ({rows}), got shape {:?}", t.dims());
+        };
+        per_row(mean, "mean");
+        per_row(rstd, "rstd");
+        let (dy, xc) = (self.contiguous(), x.contiguous());
+        let (dx, dw, db) = if x.device().is_cuda() {
+            let stats = |t: &Tensor| {
+                x.same_device(t, op);
+                t.to_dtype(DType::F64).contiguous()
+            };
+            let (mean, rstd) = (stats(mean), stats(rstd));
+            let weight = weight.map(|w| device_param(w, &normalized, "weight", op, x));
+            let (dx, dw, db) = match (&*dy.storage(), &*xc.storage()) {
+                (Storage::Cuda(g), Storage::Cuda(v)) => {
+                    cuda::layer_norm_backward(g, v, (rows, len), (&mean, &rstd, weight.as_ref()))
+                }
+                _ => unreachable!("{op}: checked to be on one device"),
+            };
+            (Tensor::from_storage(Storage::Cuda(dx), x.dims()), dw, db)
+        } else {
+            let (mean, rstd) = (mean.to_f64_vec(), rstd.to_f64_vec());
+            let weight = weight.map(|w| param(w, &normalized, "weight", op, x));
+            let st = layer_backward::RowStats { mean: &mean, rstd: &rstd, weight: weight.as_deref() };
+            let (dx, (dw, db)) = match (&*dy.storage(), &*xc.storage()) {
+                (Storage::Cpu(g), Storage::Cpu(v)) => with_float_storage!(g, op, gv, T => {
+                    let xv = v.as_slice::<T>();
+                    (T::into_storage(layer_backward::input_grad(gv, xv, len, &st)),
+                        layer_backward::param_grads(gv, xv, len, &st))
+                }),
+                _ => unreachable!("{op}: checked to be on one device"),
+            };
+            let f64s = |v: Vec<f64>| Tensor::from_cpu(f64::into_storage(v), [len]);
+            (Tensor::from_cpu(dx, x.dims()), f64s(dw), f64s(db))
+        };
+        let param = |t: Tensor| t.to_dtype(x.dtype()).reshape(normalized.dims());
+        (dx, param(dw), param(db))
     }
 }

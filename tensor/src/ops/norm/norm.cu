@@ -74,15 +74,18 @@ extern "C" __global__ void bn_prepare(i64 channels, const double* var, const dou
 }
 
 // out[i] = (x - mean[c]) * scale[c] + shift[c], the difference taken in f64 before rounding to
-// the compute type (as the CPU does), c = (i / spatial) % channels.
+// the compute type (as the CPU does), c = (i / spatial) % channels. relu != 0 applies ReLU
+// too (batch norm followed by ReLU in one pass; NaN passes, as in relu).
+template <typename C> __device__ __forceinline__ C bn_relu(C y, int relu) { return relu && y < (C)0 ? (C)0 : y; }
 #define BN_AFFINE(SUFFIX, T, C, LOAD, STORE)                                                     \
     extern "C" __global__ void bn_affine_##SUFFIX(Strided sx, const T* x, T* out, i64 n,          \
                                                   i64 channels, i64 spatial, const double* mean, \
-                                                  const double* scale, const double* shift) {    \
+                                                  const double* scale, const double* shift,      \
+                                                  int relu) {                                    \
         FOR_EACH(i, n) {                                                                         \
             const i64 c = (i / spatial) % channels;                                              \
             const C centered = (C)((double)LOAD(x[strided_offset(sx, i)]) - mean[c]);            \
-            out[i] = STORE(add_rn(mul_rn(centered, (C)scale[c]), (C)shift[c]));                 \
+            out[i] = STORE(bn_relu<C>(add_rn(mul_rn(centered, (C)scale[c]), (C)shift[c]), relu)); \
         }                                                                                        \
     }
 BN_AFFINE(f32, float, float, ID, ID)
@@ -196,3 +199,210 @@ LAYER_NORM(f32, float, float, ID, ID)
 LAYER_NORM(f64, double, double, ID, ID)
 LAYER_NORM(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
 LAYER_NORM(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
+// Channels-last batch norm: the input lies packed as [rows, C] with the channel innermost (an
+// NHWC activation, or a contiguous [N, C]). Reductions run in blocks of (32, CL_ROWS) threads:
+// threadIdx.x picks channel blockIdx.x * 32 + threadIdx.x, so a warp reads 32 neighbouring
+// channels of one row (coalesced), and threadIdx.y walks the rows of split blockIdx.y. Each
+// block writes one partial per channel, at partial[c * gridDim.y + blockIdx.y], which a
+// finishing kernel sums in a fixed order.
+#define CL_ROWS 8
+__device__ __forceinline__ double cl_block_rows_sum(double v, double (*sh)[32]) {
+    sh[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    double t = 0.0;
+    if (threadIdx.y == 0)
+        for (int k = 0; k < CL_ROWS; ++k) t += sh[k][threadIdx.x];
+    __syncthreads();
+    return t;
+}
+
+// Backward pass 1, channels-last: partial sums of dy and dy * (x - mean[c]) (dy and x packed
+// alike), blocks as described above.
+#define BN_GRAD_SUMS_CL(SUFFIX, T, LOAD)                                                         \
+    extern "C" __global__ void bn_grad_partial_cl_##SUFFIX(                                      \
+        const T* dy, const T* x, const double* mean, double* partial_dy, double* partial_dyx,    \
+        i64 channels, i64 rows, i64 chunk) {                                                     \
+        __shared__ double sh[CL_ROWS][32];                                                       \
+        const i64 c = (i64)blockIdx.x * 32 + threadIdx.x;                                        \
+        const i64 begin = (i64)blockIdx.y * chunk;                                               \
+        const i64 end = begin + chunk < rows ? begin + chunk : rows;                             \
+        double acc = 0.0, acc_x = 0.0;                                                           \
+        if (c < channels) {                                                                      \
+            const double m = mean[c];                                                            \
+            _Pragma("unroll 4") for (i64 r = begin + threadIdx.y; r < end; r += CL_ROWS) {       \
+                const i64 at = r * channels + c;                                                 \
+                const double g = (double)LOAD(dy[at]);                                           \
+                acc += g;                                                                        \
+                acc_x += g * ((double)LOAD(x[at]) - m);                                          \
+            }                                                                                    \
+        }                                                                                        \
+        const double total = cl_block_rows_sum(acc, sh);                                         \
+        const double total_x = cl_block_rows_sum(acc_x, sh);                                     \
+        if (threadIdx.y == 0 && c < channels) {                                                  \
+            partial_dy[c * gridDim.y + blockIdx.y] = total;                                      \
+            partial_dyx[c * gridDim.y + blockIdx.y] = total_x;                                   \
+        }                                                                                        \
+    }
+BN_GRAD_SUMS_CL(f32, float, ID)
+BN_GRAD_SUMS_CL(f64, double, ID)
+BN_GRAD_SUMS_CL(bf16, bf16_t, bf16_to_f32)
+BN_GRAD_SUMS_CL(f16, f16_t, f16_to_f32)
+
+// The elementwise passes, channels-last, 16 bytes a thread: the caller checks that C is a
+// multiple of the vector width and both buffers are 16-byte aligned, so a vector never
+// crosses a row. The arithmetic is bn_affine's and bn_input_grad's, element for element.
+#define BN_CL_VEC(SUFFIX, T, C, LOAD, STORE)                                                     \
+    extern "C" __global__ void bn_affine_cl_vec_##SUFFIX(const T* x, T* out, i64 nv,             \
+                                                         i64 channels, const double* mean,       \
+                                                         const double* scale,                    \
+                                                         const double* shift, int relu) {        \
+        const int V = 16 / sizeof(T);                                                            \
+        FOR_EACH(i, nv) {                                                                        \
+            uint4 xv = ((const uint4*)x)[i], r;                                                  \
+            const T* xs = (const T*)&xv;                                                         \
+            T* rs = (T*)&r;                                                                      \
+            const i64 c0 = (i * V) % channels;                                                   \
+            _Pragma("unroll") for (int j = 0; j < V; ++j) {                                      \
+                const i64 c = c0 + j;                                                            \
+                const C centered = (C)((double)LOAD(xs[j]) - mean[c]);                           \
+                rs[j] = STORE(bn_relu<C>(add_rn(mul_rn(centered, (C)scale[c]), (C)shift[c]), relu)); \
+            }                                                                                    \
+            ((uint4*)out)[i] = r;                                                                \
+        }                                                                                        \
+    }                                                                                            \
+    extern "C" __global__ void bn_input_grad_cl_vec_##SUFFIX(                                    \
+        const T* dy, const T* x, T* out, i64 nv, i64 channels, const double* mean,               \
+        const double* scale, const double* shift, const double* k) {                             \
+        const int V = 16 / sizeof(T);                                                            \
+        FOR_EACH(i, nv) {                                                                        \
+            uint4 gv = ((const uint4*)dy)[i], xv = ((const uint4*)x)[i], r;                      \
+            const T* gs = (const T*)&gv;                                                         \
+            const T* xs = (const T*)&xv;                                                         \
+            T* rs = (T*)&r;                                                                      \
+            const i64 c0 = (i * V) % channels;                                                   \
+            _Pragma("unroll") for (int j = 0; j < V; ++j) {                                      \
+                const i64 c = c0 + j;                                                            \
+                const C g = LOAD(gs[j]), v = LOAD(xs[j]);                                        \
+                const C centered = add_rn(v, -(C)mean[c]);                                       \
+                const C inner = add_rn(add_rn(g, -(C)shift[c]), -mul_rn(centered, (C)k[c]));     \
+                rs[j] = STORE(mul_rn((C)scale[c], inner));                                       \
+            }                                                                                    \
+            ((uint4*)out)[i] = r;                                                                \
+        }                                                                                        \
+    }
+BN_CL_VEC(f32, float, float, ID, ID)
+BN_CL_VEC(f64, double, double, ID, ID)
+BN_CL_VEC(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
+BN_CL_VEC(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
+// Layer norm's backward over contiguous rows of `len`, one warp per row (grid-stride over
+// rows): the sums of gy = dy * weight and of gy * x_hat in f64, then
+// dx = rstd * (gy - mean(gy) - x_hat * mean(gy * x_hat)) in f64, rounded once (as the CPU's
+// layer_backward.rs). mean, rstd are per row, weight (may be null) per column, all f64.
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+#define LAYER_NORM_BACKWARD(SUFFIX, T, LOAD, STORE)                                              \
+    extern "C" __global__ void layer_norm_input_grad_##SUFFIX(                                   \
+        const T* dy, const T* x, const double* mean, const double* rstd, const double* weight,   \
+        T* dx, i64 rows, i64 len) {                                                              \
+        const int lane = threadIdx.x & 31;                                                       \
+        const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);                                    \
+        for (i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) { \
+            const T* g = dy + r * len;                                                           \
+            const T* v = x + r * len;                                                            \
+            const double m = mean[r], rs = rstd[r];                                              \
+            double s = 0.0, sx = 0.0;                                                            \
+            for (i64 j = lane; j < len; j += 32) {                                               \
+                const double gy = (double)LOAD(g[j]) * (weight ? weight[j] : 1.0);               \
+                s += gy;                                                                         \
+                sx += gy * ((double)LOAD(v[j]) - m) * rs;                                        \
+            }                                                                                    \
+            const double mean_gy = warp_sum(s) / (double)len, mean_gyx = warp_sum(sx) / (double)len; \
+            for (i64 j = lane; j < len; j += 32) {                                               \
+                const double xhat = ((double)LOAD(v[j]) - m) * rs;                               \
+                const double gy = (double)LOAD(g[j]) * (weight ? weight[j] : 1.0);               \
+                dx[r * len + j] = STORE(rs * (gy - mean_gy - xhat * mean_gyx));                  \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    /* Column sums of dy * x_hat and dy over the rows of split blockIdx.y, blocks as in     */   \
+    /* the channels-last reductions (a warp reads 32 neighbouring columns of one row).      */   \
+    extern "C" __global__ void layer_norm_param_partial_##SUFFIX(                                \
+        const T* dy, const T* x, const double* mean, const double* rstd, double* partial_w,      \
+        double* partial_b, i64 len, i64 rows, i64 chunk) {                                       \
+        __shared__ double sh[CL_ROWS][32];                                                       \
+        const i64 c = (i64)blockIdx.x * 32 + threadIdx.x;                                        \
+        const i64 begin = (i64)blockIdx.y * chunk;                                               \
+        const i64 end = begin + chunk < rows ? begin + chunk : rows;                             \
+        double acc_w = 0.0, acc_b = 0.0;                                                         \
+        if (c < len) {                                                                           \
+            for (i64 r = begin + threadIdx.y; r < end; r += CL_ROWS) {                           \
+                const double g = (double)LOAD(dy[r * len + c]);                                  \
+                acc_w += g * ((double)LOAD(x[r * len + c]) - mean[r]) * rstd[r];                 \
+                acc_b += g;                                                                      \
+            }                                                                                    \
+        }                                                                                        \
+        const double tw = cl_block_rows_sum(acc_w, sh);                                          \
+        const double tb = cl_block_rows_sum(acc_b, sh);                                          \
+        if (threadIdx.y == 0 && c < len) {                                                       \
+            partial_w[c * gridDim.y + blockIdx.y] = tw;                                          \
+            partial_b[c * gridDim.y + blockIdx.y] = tb;                                          \
+        }                                                                                        \
+    }
+LAYER_NORM_BACKWARD(f32, float, ID, (float))
+LAYER_NORM_BACKWARD(f64, double, ID, ID)
+LAYER_NORM_BACKWARD(bf16, bf16_t, bf16_to_f32, f32_to_bf16)
+LAYER_NORM_BACKWARD(f16, f16_t, f16_to_f32, f32_to_f16)
+
+// Channels-last statistics in one pass: the sums of d = x - K and d^2 per channel, K being
+// the channel's value in row 0 (shifted data: K lies within a few deviations of the mean, so
+// var = E[d^2] - E[d]^2 in f64 loses nothing that f32 results could show), blocks as above.
+// The two-pass form (moments_partial) reads the input twice.
+#define MOMENTS_SHIFTED_CL(SUFFIX, T, LOAD)                                                      \
+    extern "C" __global__ void moments_shifted_partial_cl_##SUFFIX(                              \
+        const T* x, double* partial_1, double* partial_2, i64 channels, i64 rows, i64 chunk) {   \
+        __shared__ double sh[CL_ROWS][32];                                                       \
+        const i64 c = (i64)blockIdx.x * 32 + threadIdx.x;                                        \
+        const i64 begin = (i64)blockIdx.y * chunk;                                               \
+        const i64 end = begin + chunk < rows ? begin + chunk : rows;                             \
+        double a1 = 0.0, a2 = 0.0;                                                               \
+        if (c < channels) {                                                                      \
+            const double k = (double)LOAD(x[c]);                                                 \
+            _Pragma("unroll 4") for (i64 r = begin + threadIdx.y; r < end; r += CL_ROWS) {       \
+                const double d = (double)LOAD(x[r * channels + c]) - k;                          \
+                a1 += d;                                                                         \
+                a2 += d * d;                                                                     \
+            }                                                                                    \
+        }                                                                                        \
+        const double t1 = cl_block_rows_sum(a1, sh);                                             \
+        const double t2 = cl_block_rows_sum(a2, sh);                                             \
+        if (threadIdx.y == 0 && c < channels) {                                                  \
+            partial_1[c * gridDim.y + blockIdx.y] = t1;                                          \
+            partial_2[c * gridDim.y + blockIdx.y] = t2;                                          \
+        }                                                                                        \
+    }                                                                                            \
+    /* One block per channel: the partials summed in a fixed order, then mean and var. */        \
+    extern "C" __global__ void moments_shifted_finish_##SUFFIX(                                  \
+        const T* x, const double* partial_1, const double* partial_2, i64 splits, double count, \
+        double* mean, double* var) {                                                             \
+        __shared__ double sh[33];                                                                \
+        const i64 c = blockIdx.x;                                                                \
+        double a1 = 0.0, a2 = 0.0;                                                               \
+        for (i64 b = threadIdx.x; b < splits; b += blockDim.x) {                                 \
+            a1 += partial_1[c * splits + b];                                                     \
+            a2 += partial_2[c * splits + b];                                                     \
+        }                                                                                        \
+        const double s1 = norm_block_sum(a1, sh), s2 = norm_block_sum(a2, sh);                   \
+        if (threadIdx.x == 0) {                                                                  \
+            const double m1 = s1 / count, v = s2 / count - m1 * m1;                              \
+            mean[c] = (double)LOAD(x[c]) + m1;                                                   \
+            var[c] = v > 0.0 ? v : 0.0;                                                          \
+        }                                                                                        \
+    }
+MOMENTS_SHIFTED_CL(f32, float, ID)
+MOMENTS_SHIFTED_CL(f64, double, ID)
+MOMENTS_SHIFTED_CL(bf16, bf16_t, bf16_to_f32)
+MOMENTS_SHIFTED_CL(f16, f16_t, f16_to_f32)

@@ -243,3 +243,87 @@ device_test! {
         }
     }
 }
+
+device_test! {
+    fn batch_norm_channels_last_keeps_its_layout(dev: Device) {
+        // 16 channels: the 16-byte vector kernels take f32, bf16 and f64 alike on CUDA.
+        let eps = 1e-5;
+        let cl = |t: &Tensor| t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2]);
+        let (x, dy) = (random(&[3, 16, 5, 7], 7, -0.3, 1.5, dev), random(&[3, 16, 5, 7], 8, 0.0, 1.0, dev));
+        let w: Vec<f64> = (0..16).map(|c| 0.75 + 0.05 * c as f64).collect();
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            let (xc, dyc) = (cl(&x.to_dtype(dtype)), cl(&dy.to_dtype(dtype)));
+            let weight = Tensor::from_vec(w.clone(), [16], dev).unwrap().to_dtype(dtype);
+            let (out, mean, var) = xc.batch_norm_training(Some(&weight), None, eps);
+            let (want_out, _, _) = xc.contiguous().batch_norm_training(Some(&weight), None, eps);
+            let what = format!("channels-last batch norm {dtype}");
+            check(&out, &want_out, dtype, &format!("{what} out"));
+            let (fused, _, _) = xc.batch_norm_relu_training(Some(&weight), None, eps);
+            assert_eq!(fused.to_f64_vec(), out.relu().to_f64_vec(), "{what}: fused ReLU");
+            // dy packed like x, and dy row-major (copied into x's order first).
+            for dy in [dyc.clone(), dyc.contiguous()] {
+                let (dx, dw, db) = dy.batch_norm_backward(&xc, (&mean, &var), Some(&weight), eps, true);
+                let (want_dx, want_dw, want_db) = batch_norm_backward_loop(&dy, &xc, &w, eps);
+                let as_t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, dev).unwrap().to_dtype(dtype);
+                let dx = dx.expect("input gradient asked for");
+                check(&dx, &as_t(want_dx, x.dims()), dtype, &format!("{what} dx"));
+                check(&dw, &as_t(want_dw, &[16]), dtype, &format!("{what} dweight"));
+                check(&db, &as_t(want_db, &[16]), dtype, &format!("{what} dbias"));
+                if dev.is_cuda() {
+                    assert_eq!(dx.layout().strides(), xc.layout().strides(), "{what}: dx stays channels-last");
+                }
+            }
+            if dev.is_cuda() {
+                assert_eq!(out.layout().strides(), xc.layout().strides(), "{what}: the output stays channels-last");
+            }
+        }
+    }
+}
+
+/// Layer norm's gradients from their definition in f64, over rows of `len`.
+fn layer_norm_backward_loop(dy: &[f64], x: &[f64], len: usize, w: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; len], vec![0.0; len]);
+    for r in 0..x.len() / len {
+        let (xs, gs) = (&x[r * len..(r + 1) * len], &dy[r * len..(r + 1) * len]);
+        let mean = xs.iter().sum::<f64>() / len as f64;
+        let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / len as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        let xhat: Vec<f64> = xs.iter().map(|v| (v - mean) * rstd).collect();
+        let gy: Vec<f64> = gs.iter().zip(w).map(|(g, w)| g * w).collect();
+        let mean_gy = gy.iter().sum::<f64>() / len as f64;
+        let mean_gyx = gy.iter().zip(&xhat).map(|(g, h)| g * h).sum::<f64>() / len as f64;
+        for j in 0..len {
+            dx[r * len + j] = rstd * (gy[j] - mean_gy - xhat[j] * mean_gyx);
+            dw[j] += gs[j] * xhat[j];
+            db[j] += gs[j];
+        }
+    }
+    (dx, dw, db)
+}
+
+device_test! {
+    fn layer_norm_backward_matches_loop(dev: Device) {
+        let eps = 1e-5;
+        // 300 rows of 70: several row blocks on the CPU, several splits on CUDA; a large mean.
+        let (x, dy) = (random(&[4, 75, 70], 11, 3.0, 2.0, dev), random(&[4, 75, 70], 12, 0.0, 1.0, dev));
+        let w: Vec<f64> = (0..70).map(|j| 0.5 + 0.01 * j as f64).collect();
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            let (x, dy) = (x.to_dtype(dtype), dy.to_dtype(dtype));
+            let weight = Tensor::from_vec(w.clone(), [70], dev).unwrap().to_dtype(dtype);
+            let (_, mean, rstd) = x.layer_norm([70], Some(&weight), None, eps);
+            let (dx, dw, db) = dy.layer_norm_backward(&x, (&mean, &rstd), Some(&weight), [70]);
+            let wq = weight.to_f64_vec();
+            let (want_dx, want_dw, want_db) = layer_norm_backward_loop(&dy.to_f64_vec(), &x.to_f64_vec(), 70, &wq, eps);
+            let as_t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, dev).unwrap().to_dtype(dtype);
+            let what = format!("layer_norm_backward {dtype}");
+            check(&dx, &as_t(want_dx, x.dims()), dtype, &format!("{what} dx"));
+            check(&dw, &as_t(want_dw, &[70]), dtype, &format!("{what} dweight"));
+            check(&db, &as_t(want_db, &[70]), dtype, &format!("{what} dbias"));
+        }
+        // No weight: gy is dy.
+        let (_, mean, rstd) = x.layer_norm([70], None, None, eps);
+        let (dx, _, _) = dy.layer_norm_backward(&x, (&mean, &rstd), None, [70]);
+        let (want_dx, _, _) = layer_norm_backward_loop(&dy.to_f64_vec(), &x.to_f64_vec(), 70, &[1.0; 70], eps);
+        check(&dx, &Tensor::from_vec(want_dx, x.dims(), dev).unwrap(), DType::F64, "layer_norm_backward without weight");
+    }
+}

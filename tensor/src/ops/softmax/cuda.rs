@@ -104,3 +104,34 @@ fn grid(blocks: usize, op: &str) -> u32 {
         .filter(|&b| b < i32::MAX as u32)
         .unwrap_or_else(|| panic!("{op}: too many rows for one launch ({blocks} blocks)"))
 }
+
+/// The gradient of softmax or log_softmax over contiguous rows of `n` (`g` and `y` from the
+/// given element offsets), one warp per row: a new contiguous storage.
+pub(super) fn softmax_backward(
+    (g, offset_g): (&CudaStorage, usize),
+    (y, offset_y): (&CudaStorage, usize),
+    rows: usize,
+    n: usize,
+    op: SoftmaxOp,
+) -> CudaStorage {
+    let name = "softmax_backward";
+    let dtype = y.dtype();
+    let dev = y.device();
+    let out = expect_launch(CudaStorage::alloc(dev, dtype, rows * n), name);
+    if rows * n == 0 {
+        return out;
+    }
+    let size = dtype.size_in_bytes() as u64;
+    let (pg, py, po) = (g.ptr() + offset_g as u64 * size, y.ptr() + offset_y as u64 * size, out.ptr());
+    let (rows64, n64, log) = (rows as i64, n as i64, (op == SoftmaxOp::LogSoftmax) as i32);
+    let f = expect_launch(dev.function(&SOURCE, &format!("softmax_backward_{}", cuda::suffix(dtype))), name);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&pg).arg(&py).arg(&po).arg(&rows64).arg(&n64).arg(&log);
+    // Eight rows (warps) a block; a grid-stride loop past 65535 blocks.
+    let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8).min(65535) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: types match the kernel; g and y hold rows * n elements from their offsets, `out`
+    // rows * n.
+    expect_launch(unsafe { b.launch(cfg) }, name);
+    out
+}

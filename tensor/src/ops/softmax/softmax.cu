@@ -201,3 +201,28 @@ SOFTMAX_KERNELS(SF32, f32, 4)
 SOFTMAX_KERNELS(SF64, f64, 2)
 SOFTMAX_KERNELS(SBF16, bf16, 4)
 SOFTMAX_KERNELS(SF16, f16, 4)
+
+// The gradients of softmax and log_softmax over contiguous rows of n, one warp per row
+// (grid-stride over rows): log == 0: dx = y * (g - sum(g * y)); else dx = g - exp(y) * sum(g).
+// The sum is in the compute type, as PyTorch's kernels take it.
+#define SOFTMAX_BACKWARD(SUFFIX, T, C, LOAD, STORE)                                              \
+    extern "C" __global__ void softmax_backward_##SUFFIX(const T* g, const T* y, T* dx,          \
+                                                         long long rows, long long n, int log) { \
+        const int lane = threadIdx.x & 31;                                                       \
+        const long long warps = (long long)gridDim.x * (blockDim.x >> 5);                        \
+        for (long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) { \
+            const T* gr = g + r * n;                                                             \
+            const T* yr = y + r * n;                                                             \
+            C acc = 0;                                                                           \
+            for (long long j = lane; j < n; j += 32) acc += log ? LOAD(gr[j]) : LOAD(gr[j]) * LOAD(yr[j]); \
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);       \
+            for (long long j = lane; j < n; j += 32) {                                           \
+                const C gv = LOAD(gr[j]), yv = LOAD(yr[j]);                                      \
+                dx[r * n + j] = STORE(log ? gv - m_exp(yv) * acc : yv * (gv - acc));             \
+            }                                                                                    \
+        }                                                                                        \
+    }
+SOFTMAX_BACKWARD(f32, float, float, (float), (float))
+SOFTMAX_BACKWARD(f64, double, double, (double), (double))
+SOFTMAX_BACKWARD(bf16, unsigned short, float, bf16_to_f32, f32_to_bf16)
+SOFTMAX_BACKWARD(f16, unsigned short, float, f16_to_f32, f32_to_f16)

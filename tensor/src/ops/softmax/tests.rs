@@ -222,3 +222,40 @@ fn cuda_softmax_row_bandwidth() {
         assert_close(&got, &want, 1e-5, 1e-6, &format!("[{rows}, {cols}]"));
     }
 }
+
+device_test! {
+    fn softmax_backward_matches_a_loop(dev: Device) {
+        // Rows of 37 (a tail in every warp pass) and of 1000; another dim takes the composed form.
+        for (shape, dim) in [(vec![5, 3, 37], 2usize), (vec![4, 1000], 1), (vec![6, 7, 5], 1)] {
+            let n: usize = shape.iter().product();
+            let x: Vec<f64> = (0..n).map(|i| ((i * 7919 % 101) as f64 - 50.0) * 0.05).collect();
+            let gv: Vec<f64> = (0..n).map(|i| ((i * 104729 % 97) as f64 - 48.0) * 0.02).collect();
+            let x = Tensor::from_vec(x, shape.as_slice(), dev).unwrap();
+            let g = Tensor::from_vec(gv.clone(), shape.as_slice(), dev).unwrap();
+            for op in [SoftmaxOp::Softmax, SoftmaxOp::LogSoftmax] {
+                let y = x.softmax_op(op, dim);
+                // dx_i = y_i (g_i - sum_j g_j y_j), or g_i - exp(y_i) sum_j g_j, per slice.
+                let (ys, inner, len) = (y.to_f64_vec(), shape[dim + 1..].iter().product::<usize>(), shape[dim]);
+                let mut want = vec![0.0; n];
+                for o in 0..n / (len * inner) {
+                    for k in 0..inner {
+                        let at = |j: usize| (o * len + j) * inner + k;
+                        let s: f64 = (0..len)
+                            .map(|j| if op == SoftmaxOp::Softmax { gv[at(j)] * ys[at(j)] } else { gv[at(j)] })
+                            .sum();
+                        for j in 0..len {
+                            let i = at(j);
+                            want[i] = if op == SoftmaxOp::Softmax { ys[i] * (gv[i] - s) } else { gv[i] - ys[i].exp() * s };
+                        }
+                    }
+                }
+                let want = Tensor::from_vec(want, shape.as_slice(), dev).unwrap();
+                let what = format!("{} backward {shape:?} dim {dim}", op.name());
+                assert_close(&g.softmax_backward(&y, op, dim), &want, 1e-12, 1e-12, &format!("{what} f64"));
+                let (rtol, atol) = tolerance(DType::F32);
+                let got = g.to_dtype(DType::F32).softmax_backward(&y.to_dtype(DType::F32), op, dim);
+                assert_close(&got, &want.to_dtype(DType::F32), rtol, atol, &format!("{what} f32"));
+            }
+        }
+    }
+}

@@ -30,6 +30,9 @@ pub enum BenchModel {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum BenchPrecision {
     F32,
+    /// f32 with TF32 tensor cores allowed for convolutions and products on CUDA (what
+    /// PyTorch does for cuDNN convolutions by default); the same as f32 on the CPU.
+    Tf32,
     Bf16,
 }
 
@@ -61,7 +64,8 @@ pub struct BenchArgs {
     /// CPU threads (the rayon pool); default: every core.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Parameters and activations in f32, or the forward pass under bf16 autocast.
+    /// Parameters and activations in f32 (`tf32`: with TF32 tensor cores on CUDA), or the
+    /// forward pass under bf16 autocast.
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: BenchPrecision,
     /// ResNets only: activations in NHWC order (`memory_format=torch.channels_last`).
@@ -248,6 +252,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         if !cuda::is_available(n) {
             return Err(BenchError(format!("no CUDA device {n} here; use --device cpu")));
         }
+        cuda::set_allow_tf32(matches!(args.precision, BenchPrecision::Tf32));
     }
     if args.batch == 0 || args.steps == 0 {
         return Err(BenchError("--batch and --steps must be at least 1".into()));

@@ -42,15 +42,22 @@ impl CudaLib {
     }
 }
 
-/// The folders searched, in order: `OXTRAIN_CUDA_LIB_DIRS` (colon-separated), `CUDA_HOME` /
-/// `CUDA_PATH`, `/usr/local/cuda`, the driver's usual folders, and the `nvidia` package of every
-/// Python site-packages folder we can find (virtualenv, conda, user and system installs).
+/// The folders searched, in order: `OXTRAIN_CUDA_LIB_DIRS` (colon-separated), then
+/// `LD_LIBRARY_PATH` (as the system loader would), `CUDA_HOME` / `CUDA_PATH`, `/usr/local/cuda`,
+/// the driver's usual folders, and the `nvidia` package of every Python site-packages folder we
+/// can find (virtualenv, conda, user and system installs). `LD_LIBRARY_PATH` comes early because
+/// cuDNN opens its sub-libraries (`libcudnn_ops`, `libcudnn_engines_*`) by name through the system
+/// loader: a `libcudnn` loaded from elsewhere than where those resolve fails with
+/// `CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH` when two cuDNN installs differ.
 pub fn search_dirs() -> &'static [PathBuf] {
     static DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
     DIRS.get_or_init(|| {
         let mut dirs: Vec<PathBuf> = Vec::new();
         if let Ok(extra) = std::env::var("OXTRAIN_CUDA_LIB_DIRS") {
             dirs.extend(std::env::split_paths(&extra));
+        }
+        if let Ok(paths) = std::env::var("LD_LIBRARY_PATH") {
+            dirs.extend(std::env::split_paths(&paths).filter(|p| !p.as_os_str().is_empty()));
         }
         for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
             if let Ok(home) = std::env::var(var) {

@@ -100,7 +100,11 @@ impl Layout {
             expected *= dims[d];
         }
         let mut sorted = big.into_iter();
-        Some((0..dims.len()).map(|d| if dims[d] == 1 { d } else { sorted.next().expect("one per dim") }).collect())
+        Some(
+            (0..dims.len())
+                .map(|d| if dims[d] == 1 { d } else { sorted.next().expect("one per dim") })
+                .collect(),
+        )
     }
 
     /// When contiguous, the range of storage the elements occupy.

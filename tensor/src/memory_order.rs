@@ -38,7 +38,8 @@ impl MemoryOrder {
     /// An operand broadcast to the output's shape and seen in the memory order (the leading
     /// operand becomes contiguous).
     pub(crate) fn enter(&self, t: &Tensor) -> Tensor {
-        let full = if t.dims() == self.shape.as_slice() { t.clone() } else { t.broadcast_as(self.shape.as_slice()) };
+        let full =
+            if t.dims() == self.shape.as_slice() { t.clone() } else { t.broadcast_as(self.shape.as_slice()) };
         full.permute(&self.order)
     }
 

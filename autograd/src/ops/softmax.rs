@@ -14,7 +14,9 @@ impl Var {
             if self.rank() == 0 { dim.to_index(1, "softmax") } else { dim.to_index(self.rank(), "softmax") };
         let out = self.tensor().softmax(d);
         let y = out.clone();
-        Var::from_op("softmax", out, &[self], move |g, _| vec![Some(g.softmax_backward(&y, SoftmaxOp::Softmax, d))])
+        Var::from_op("softmax", out, &[self], move |g, _| {
+            vec![Some(g.softmax_backward(&y, SoftmaxOp::Softmax, d))]
+        })
     }
 
     /// `log(softmax(x))` along `dim`; the gradient is `g - exp(y) * sum(g)`.

@@ -34,14 +34,22 @@ fn time_gpu(iters: usize, f: &mut dyn FnMut()) -> f64 {
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn main() {
     assert!(cuda::is_available(0), "step_kernels needs a CUDA GPU");
     let (n, c, hw) = (arg("--batch", 256), arg("--channels", 256), arg("--hw", 56));
     let nhwc = |t: Tensor| t.reshape([n, hw, hw, c]).permute([0, 3, 1, 2]);
-    let rand = || nhwc(Tensor::rand([n * hw * hw * c], DType::F32, GPU).unwrap().affine(2.0, -1.0).to_dtype(DType::BF16));
+    let rand = || {
+        nhwc(
+            Tensor::rand([n * hw * hw * c], DType::F32, GPU).unwrap().affine(2.0, -1.0).to_dtype(DType::BF16),
+        )
+    };
     let (x, y, g) = (rand(), rand(), rand());
     let elems = (n * c * hw * hw) as f64;
     let gb = |passes: f64, s: f64| passes * elems * 2.0 / s / 1e9;
@@ -56,9 +64,21 @@ fn main() {
         ("to_dtype bf16->f32", 3.0, time_gpu(20, &mut || drop(x.to_dtype(DType::F32)))),
         ("threshold_backward", 3.0, time_gpu(20, &mut || drop(g.threshold_backward(&y, 0.0)))),
         ("batch_norm_stats", 1.0, time_gpu(20, &mut || drop(x.batch_norm_stats()))),
-        ("batch_norm_training", 3.0, time_gpu(20, &mut || drop(x.batch_norm_training(Some(&w), Some(&b), 1e-5)))),
-        ("batch_norm_relu_training", 3.0, time_gpu(20, &mut || drop(x.batch_norm_relu_training(Some(&w), Some(&b), 1e-5)))),
-        ("batch_norm_backward", 5.0, time_gpu(20, &mut || drop(g.batch_norm_backward(&x, (&mean, &var), Some(&w), 1e-5, true)))),
+        (
+            "batch_norm_training",
+            3.0,
+            time_gpu(20, &mut || drop(x.batch_norm_training(Some(&w), Some(&b), 1e-5))),
+        ),
+        (
+            "batch_norm_relu_training",
+            3.0,
+            time_gpu(20, &mut || drop(x.batch_norm_relu_training(Some(&w), Some(&b), 1e-5))),
+        ),
+        (
+            "batch_norm_backward",
+            5.0,
+            time_gpu(20, &mut || drop(g.batch_norm_backward(&x, (&mean, &var), Some(&w), 1e-5, true))),
+        ),
         ("batch_norm_backward (NCHW dy)", 5.0, {
             let gc = g.contiguous();
             time_gpu(20, &mut || drop(gc.batch_norm_backward(&x, (&mean, &var), Some(&w), 1e-5, true)))

@@ -195,7 +195,8 @@ impl BatchNorm2d {
                 let sync = self.statistics.0.read().unwrap_or_else(PoisonError::into_inner).clone();
                 let (out, mean, var, per_channel) = match &sync {
                     Some(sync) => {
-                        let (out, mean, var, n) = sync.batch_norm_training(x, weight.as_ref(), bias.as_ref(), eps);
+                        let (out, mean, var, n) =
+                            sync.batch_norm_training(x, weight.as_ref(), bias.as_ref(), eps);
                         (then_relu(out), mean, var, n)
                     }
                     None => {

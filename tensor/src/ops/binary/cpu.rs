@@ -114,7 +114,13 @@ fn gelu_backward_typed<T: ComputeAs>(g: &[T], lg: &Layout, x: &[T], lx: &Layout,
 }
 
 /// `g * gelu'(x)`, exact (erf) or the tanh approximation, in one pass.
-pub(super) fn gelu_backward(g: &CpuStorage, lg: &Layout, x: &CpuStorage, lx: &Layout, tanh: bool) -> CpuStorage {
+pub(super) fn gelu_backward(
+    g: &CpuStorage,
+    lg: &Layout,
+    x: &CpuStorage,
+    lx: &Layout,
+    tanh: bool,
+) -> CpuStorage {
     with_float_storage!(g, "gelu_backward", gv, T => T::into_storage(
         gelu_backward_typed::<T>(gv, lg, x.as_slice::<T>(), lx, tanh)
     ))

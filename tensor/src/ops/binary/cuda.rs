@@ -132,13 +132,24 @@ pub(super) fn threshold_backward(
 }
 
 /// GELU's backward in one kernel: `g * gelu'(x)` (`tanh`: the tanh approximation's).
-pub(super) fn gelu_backward(g: &CudaStorage, lg: &Layout, x: &CudaStorage, lx: &Layout, tanh: bool) -> CudaStorage {
+pub(super) fn gelu_backward(
+    g: &CudaStorage,
+    lg: &Layout,
+    x: &CudaStorage,
+    lx: &Layout,
+    tanh: bool,
+) -> CudaStorage {
     grad_pair(if tanh { "gelu_tanh_backward" } else { "gelu_backward" }, (g, lg), (x, lx), 0.0)
 }
 
 /// An output gradient combined with the op's input elementwise by kernel `op` (its strided
 /// and `_vec` forms), with one scalar parameter; the result is contiguous.
-fn grad_pair(op: &str, (g, lg): (&CudaStorage, &Layout), (x, lx): (&CudaStorage, &Layout), param: f64) -> CudaStorage {
+fn grad_pair(
+    op: &str,
+    (g, lg): (&CudaStorage, &Layout),
+    (x, lx): (&CudaStorage, &Layout),
+    param: f64,
+) -> CudaStorage {
     let (dtype, n, dev) = (g.dtype(), lg.elem_count(), g.device());
     let out = expect_launch(CudaStorage::alloc(dev, dtype, n), op);
     if n == 0 {

@@ -54,7 +54,11 @@ fn cl_grid(channels: usize, rows: usize) -> (LaunchConfig, usize, usize) {
     let want = CL_TARGET_BLOCKS.div_ceil(xblocks).min(rows.div_ceil(CL_MIN_ROWS)).clamp(1, MAX_SPLITS);
     let chunk = rows.div_ceil(want).max(1);
     let splits = rows.div_ceil(chunk).max(1);
-    let cfg = LaunchConfig { grid_dim: (xblocks as u32, splits as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (xblocks as u32, splits as u32, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    };
     (cfg, splits, chunk)
 }
 
@@ -175,7 +179,8 @@ pub(super) fn channel_affine(
     }
     // Channels-last input that the vector kernel cannot take: the same kernel over the flat
     // memory, one element per channel step.
-    let (flat, sp64) = if cl { (Layout::new([n], vec![1], layout.offset()), 1i64) } else { (layout.clone(), sp64) };
+    let (flat, sp64) =
+        if cl { (Layout::new([n], vec![1], layout.offset()), 1i64) } else { (layout.clone(), sp64) };
     let affine = expect_launch(dev.function(&SOURCE, &format!("bn_affine_{}", cuda::suffix(s.dtype()))), op);
     let (sx, x, po) = (StridedArg::new(&flat), s.ptr(), out.ptr());
     let mut b = stream.launch_builder(&affine);
@@ -253,7 +258,8 @@ pub(super) fn batch_norm_backward(
         let (cfg, splits, chunk) = cl_grid(channels, count);
         let (part_dy, part_dyx) = (alloc(channels * splits), alloc(channels * splits));
         let partial = expect_launch(dev.function(&SOURCE, &format!("bn_grad_partial_cl_{suffix}")), op);
-        let (fg, fx, ppd, ppx) = (first_element(g, g_layout), first_element(s, layout), part_dy.ptr(), part_dyx.ptr());
+        let (fg, fx, ppd, ppx) =
+            (first_element(g, g_layout), first_element(s, layout), part_dy.ptr(), part_dyx.ptr());
         let (rows64, chunk64) = (count as i64, chunk as i64);
         let mut b = stream.launch_builder(&partial);
         b.arg(&fg).arg(&fx).arg(&pm).arg(&ppd).arg(&ppx).arg(&c64).arg(&rows64).arg(&chunk64);
@@ -375,7 +381,8 @@ pub(super) fn layer_norm_backward(
         return (dx, zeros(), zeros());
     }
     let stream = dx.stream();
-    let (pg, px, pm, pr, pw, po) = (dy.ptr(), x.ptr(), f64_ptr(Some(mean)), f64_ptr(Some(rstd)), f64_ptr(weight), dx.ptr());
+    let (pg, px, pm, pr, pw, po) =
+        (dy.ptr(), x.ptr(), f64_ptr(Some(mean)), f64_ptr(Some(rstd)), f64_ptr(weight), dx.ptr());
     let (rows64, len64) = (rows as i64, len as i64);
     let f = expect_launch(dev.function(&SOURCE, &format!("layer_norm_input_grad_{suffix}")), op);
     let mut b = stream.launch_builder(&f);

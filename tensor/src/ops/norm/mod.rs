@@ -9,13 +9,13 @@
 
 mod backward;
 mod cpu;
-mod layer_backward;
 pub(crate) mod cuda;
+mod layer_backward;
 #[cfg(test)]
 mod tests;
 
-use crate::shape::Shape;
 use crate::memory_order::MemoryOrder;
+use crate::shape::Shape;
 use crate::storage::Storage;
 use crate::{DType, Element, Layout, Tensor};
 use cpu::Channels;
@@ -285,7 +285,11 @@ impl Tensor {
         let shape = [ch.channels];
         if x.device().is_cuda() {
             // A channels-last x wants dy packed the same way (one flat pass over both).
-            let dy = if cuda::channels_last(x.layout(), ch.channels) { packed_like(self, x) } else { self.clone() };
+            let dy = if cuda::channels_last(x.layout(), ch.channels) {
+                packed_like(self, x)
+            } else {
+                self.clone()
+            };
             let (dy_storage, x_storage) = (dy.storage(), x.storage());
             let (Storage::Cuda(g), Storage::Cuda(s)) = (&*dy_storage, &*x_storage) else {
                 unreachable!("{op}: checked to be on one device")
@@ -426,7 +430,11 @@ impl Tensor {
         let len = normalized.elem_count();
         let rows = x.elem_count().checked_div(len).unwrap_or(0);
         let per_row = |t: &Tensor, what: &str| {
-            assert!(t.elem_count() == rows, "{op}: {what} must have one value per row ({rows}), got shape {:?}", t.dims());
+            assert!(
+                t.elem_count() == rows,
+                "{op}: {what} must have one value per row ({rows}), got shape {:?}",
+                t.dims()
+            );
         };
         per_row(mean, "mean");
         per_row(rstd, "rstd");

@@ -281,7 +281,13 @@ device_test! {
 }
 
 /// Layer norm's gradients from their definition in f64, over rows of `len`.
-fn layer_norm_backward_loop(dy: &[f64], x: &[f64], len: usize, w: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn layer_norm_backward_loop(
+    dy: &[f64],
+    x: &[f64],
+    len: usize,
+    w: &[f64],
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; len], vec![0.0; len]);
     for r in 0..x.len() / len {
         let (xs, gs) = (&x[r * len..(r + 1) * len], &dy[r * len..(r + 1) * len]);

@@ -298,7 +298,8 @@ impl Tensor {
             }
         };
         let dims = with_spatial(self.dims(), windows.output());
-        let (values, indices) = (Tensor::from_storage(values, dims.clone()), Tensor::from_storage(indices, dims));
+        let (values, indices) =
+            (Tensor::from_storage(values, dims.clone()), Tensor::from_storage(indices, dims));
         if nhwc_on_cuda(self) {
             // Channels-last in, channels-last out, so the next convolution runs in NHWC.
             (channels_last_view(&values), channels_last_view(&indices))

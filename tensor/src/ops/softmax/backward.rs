@@ -13,7 +13,14 @@ use crate::strided::PAR_THRESHOLD;
 use rayon::prelude::*;
 
 /// Contiguous rows of `n` of `g` and `y` (same dtype): the input gradient, contiguous.
-pub(super) fn softmax_backward(g: &CpuStorage, y: &CpuStorage, (offset_g, offset_y): (usize, usize), rows: usize, n: usize, op: SoftmaxOp) -> CpuStorage {
+pub(super) fn softmax_backward(
+    g: &CpuStorage,
+    y: &CpuStorage,
+    (offset_g, offset_y): (usize, usize),
+    rows: usize,
+    n: usize,
+    op: SoftmaxOp,
+) -> CpuStorage {
     with_float_storage!(g, "softmax_backward", gv, T => {
         let yv = y.as_slice::<T>();
         T::into_storage(rows_backward(&gv[offset_g..offset_g + rows * n], &yv[offset_y..offset_y + rows * n], n, op))

@@ -129,7 +129,11 @@ pub(super) fn softmax_backward(
     let mut b = stream.launch_builder(&f);
     b.arg(&pg).arg(&py).arg(&po).arg(&rows64).arg(&n64).arg(&log);
     // Eight rows (warps) a block; a grid-stride loop past 65535 blocks.
-    let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8).min(65535) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(8).min(65535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: types match the kernel; g and y hold rows * n elements from their offsets, `out`
     // rows * n.
     expect_launch(unsafe { b.launch(cfg) }, name);

@@ -94,7 +94,9 @@ impl Tensor {
         let (g, y_c) = (self.contiguous(), y.contiguous());
         let (og, oy) = (g.layout().offset(), y_c.layout().offset());
         let storage = match (&*g.storage(), &*y_c.storage()) {
-            (Storage::Cpu(gs), Storage::Cpu(ys)) => Storage::Cpu(backward::softmax_backward(gs, ys, (og, oy), rows, n, op)),
+            (Storage::Cpu(gs), Storage::Cpu(ys)) => {
+                Storage::Cpu(backward::softmax_backward(gs, ys, (og, oy), rows, n, op))
+            }
             (Storage::Cuda(gs), Storage::Cuda(ys)) => {
                 Storage::Cuda(cuda::softmax_backward((gs, og), (ys, oy), rows, n, op))
             }

@@ -3,7 +3,9 @@
 # same step in PyTorch (bench/peers/train.py), eager and under torch.compile, interleaved
 # (ours, then theirs, case by case), then a second round while time allows. Writes every raw
 # JSON line and the assembled bench/results-format file to $OUT/train-h200.json. Run from the
-# repository root with oxtrain in .gpu/bin/ (BIN overrides).
+# repository root with oxtrain in .gpu/bin/ (BIN overrides). BASE_BIN, when set, is an earlier
+# oxtrain run beside ours in every round (rows in <tag>.base.jsonl), to measure a change.
+# PyTorch's f32 case keeps its defaults: TF32 in cuDNN convolutions, as ours with tf32.
 set -uo pipefail
 bin="${BIN:-$(pwd)/.gpu/bin/oxtrain}"
 OUT="${OUT:-./gpu-out}"; mkdir -p "$OUT"
@@ -17,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 cases=(
   "resnet50_bf16_b256|resnet50 --batch 256 --image 224 --precision bf16 --channels-last|resnet50 --batch 256 --image 224 --precision bf16 --channels-last"
   "gpt2_124m_bf16_b16_t1024|gpt2-124m --batch 16 --seq 1024 --precision bf16|gpt2-124m --batch 16 --seq 1024 --precision bf16"
-  "resnet50_tf32_b256|resnet50 --batch 256 --image 224 --precision f32 --channels-last|resnet50 --batch 256 --image 224 --precision f32 --channels-last"
+  "resnet50_tf32_b256|resnet50 --batch 256 --image 224 --precision tf32 --channels-last|resnet50 --batch 256 --image 224 --precision f32 --channels-last"
 )
 run() { # <file> <timeout> <cmd...>
   local f=$1 t=$2; shift 2
@@ -30,6 +32,7 @@ round() { # ours then eager torch, case by case
   for c in "${cases[@]}"; do
     IFS='|' read -r tag ours peer <<< "$c"
     run "$OUT/$tag.oxtrain" 150 "$bin" bench $ours --device cuda --steps 10 --warmup 3
+    [ -n "${BASE_BIN:-}" ] && run "$OUT/$tag.base" 150 "$BASE_BIN" bench $ours --device cuda --steps 10 --warmup 3
     run "$OUT/$tag.eager" 120 python3 bench/peers/train.py $peer --device cuda --steps 10 --warmup 3
   done
 }

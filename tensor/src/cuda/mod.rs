@@ -38,6 +38,7 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         crate::ops::inplace::cuda::SOURCE,
         crate::ops::join::cuda::SOURCE,
         crate::ops::norm::cuda::SOURCE,
+        crate::ops::norm::channels_last::SOURCE,
         crate::ops::optim::cuda::SOURCE,
         crate::ops::pool::cuda::SOURCE,
         crate::ops::random::cuda::SOURCE,

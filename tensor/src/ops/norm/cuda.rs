@@ -1,6 +1,7 @@
 //! CUDA dispatch for normalisation (kernels in `norm.cu`). Statistics stay on the device as
 //! f64 buffers; weights, biases and given statistics arrive as contiguous f64 tensors.
 
+use super::channels_last::Tiles;
 use super::cpu::Channels;
 use crate::cuda::{self, expect_launch, launch_cfg, CudaStorage, KernelSource, StridedArg};
 use crate::storage::Storage;
@@ -67,13 +68,6 @@ fn first_element(s: &CudaStorage, layout: &Layout) -> u64 {
     s.ptr() + (layout.offset() * s.dtype().size_in_bytes()) as u64
 }
 
-/// Elements per 16-byte vector of the channels-last elementwise kernels, when both buffers
-/// allow them (C a multiple of the width, 16-byte aligned); else None.
-fn cl_vector(dtype: DType, channels: usize, ptrs: &[u64]) -> Option<usize> {
-    let v = 16 / dtype.size_in_bytes();
-    (channels.is_multiple_of(v) && ptrs.iter().all(|p| p.is_multiple_of(16))).then_some(v)
-}
-
 /// Per-channel mean and biased variance as f64 tensors of shape `[C]`.
 pub(super) fn channel_moments(s: &CudaStorage, layout: &Layout, ch: Channels, op: &str) -> (Tensor, Tensor) {
     let dev = s.device();
@@ -82,25 +76,22 @@ pub(super) fn channel_moments(s: &CudaStorage, layout: &Layout, ch: Channels, op
     let mean = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
     let var = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
     if channels > 0 && count > 0 && channels_last(layout, channels) {
-        // One pass of shifted sums (see moments_shifted_partial_cl), then mean and var.
-        let (cfg, splits, chunk) = cl_grid(channels, count);
+        // One pass of shifted sums (see channels_last.cu), then mean and var.
+        let x = first_element(s, layout);
+        let tiles = Tiles::new(s.dtype(), channels, count, &[x]);
+        let splits = tiles.splits();
         let alloc = |n: usize| expect_launch(CudaStorage::alloc(dev, DType::F64, n), op);
         let (p1, p2) = (alloc(channels * splits), alloc(channels * splits));
-        let suffix = cuda::suffix(s.dtype());
-        let part = expect_launch(dev.function(&SOURCE, &format!("moments_shifted_partial_cl_{suffix}")), op);
-        let finish = expect_launch(dev.function(&SOURCE, &format!("moments_shifted_finish_{suffix}")), op);
-        let (x, pp1, pp2, pm, pv) = (first_element(s, layout), p1.ptr(), p2.ptr(), mean.ptr(), var.ptr());
-        let (c64, rows64, chunk64, splits64, countf) =
-            (channels as i64, count as i64, chunk as i64, splits as i64, count as f64);
+        tiles.stats(s, x, (p1.ptr(), p2.ptr()), op);
+        let finish =
+            expect_launch(dev.function(&SOURCE, &format!("moments_shifted_finish_{}", cuda::suffix(s.dtype()))), op);
+        let (pp1, pp2, pm, pv) = (p1.ptr(), p2.ptr(), mean.ptr(), var.ptr());
+        let (splits64, countf) = (splits as i64, count as f64);
         let stream = mean.stream();
-        let mut b = stream.launch_builder(&part);
-        b.arg(&x).arg(&pp1).arg(&pp2).arg(&c64).arg(&rows64).arg(&chunk64);
-        // SAFETY: the layout is packed, so count * channels elements follow `x` inside `s`;
-        // the partial buffers hold channels * splits values.
-        expect_launch(unsafe { b.launch(cfg) }, op);
         let mut b = stream.launch_builder(&finish);
         b.arg(&x).arg(&pp1).arg(&pp2).arg(&splits64).arg(&countf).arg(&pm).arg(&pv);
-        // SAFETY: as above; `mean` and `var` hold `channels` values.
+        // SAFETY: `x` is the packed input's first element; the partials hold channels * splits
+        // values, `mean` and `var` `channels`.
         expect_launch(unsafe { b.launch(blocks(channels, 1)) }, op);
     } else if channels > 0 {
         let splits = count.div_ceil(MOMENT_CHUNK).clamp(1, MAX_SPLITS);
@@ -161,28 +152,14 @@ pub(super) fn channel_affine(
     b.arg(&c64).arg(&pv).arg(&pw).arg(&pb).arg(&eps).arg(&ps).arg(&pz);
     // SAFETY: types match; every per-channel buffer holds `channels` f64 values (checked shapes).
     expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
-    let cl = channels_last(layout, channels);
-    if cl {
-        if let Some(v) = cl_vector(s.dtype(), channels, &[first_element(s, layout)]) {
-            let f = expect_launch(
-                dev.function(&SOURCE, &format!("bn_affine_cl_vec_{}", cuda::suffix(s.dtype()))),
-                op,
-            );
-            let (x, po, nv) = (first_element(s, layout), out.ptr(), (n / v) as i64);
-            let mut b = stream.launch_builder(&f);
-            b.arg(&x).arg(&po).arg(&nv).arg(&c64).arg(&pm).arg(&ps).arg(&pz).arg(&relu);
-            // SAFETY: the layout is packed (n elements from `x`, 16-byte aligned, checked);
-            // `out` holds n; the per-channel buffers `channels`.
-            expect_launch(unsafe { b.launch(launch_cfg(n / v)) }, op);
-            return out;
-        }
+    if channels_last(layout, channels) {
+        let x = first_element(s, layout);
+        let tiles = Tiles::new(s.dtype(), channels, n / channels, &[x, out.ptr()]);
+        tiles.affine(s, (x, out.ptr()), (pm, ps, pz), relu != 0, op);
+        return out;
     }
-    // Channels-last input that the vector kernel cannot take: the same kernel over the flat
-    // memory, one element per channel step.
-    let (flat, sp64) =
-        if cl { (Layout::new([n], vec![1], layout.offset()), 1i64) } else { (layout.clone(), sp64) };
     let affine = expect_launch(dev.function(&SOURCE, &format!("bn_affine_{}", cuda::suffix(s.dtype()))), op);
-    let (sx, x, po) = (StridedArg::new(&flat), s.ptr(), out.ptr());
+    let (sx, x, po) = (StridedArg::new(layout), s.ptr(), out.ptr());
     let mut b = stream.launch_builder(&affine);
     b.arg(&sx).arg(&x).arg(&po).arg(&n64).arg(&c64).arg(&sp64).arg(&pm).arg(&ps).arg(&pz).arg(&relu);
     // SAFETY: as above; `out` holds n elements and the layout lies inside `s`.
@@ -254,18 +231,16 @@ pub(super) fn batch_norm_backward(
     let (sdy, sx) = (StridedArg::new(g_layout), StridedArg::new(layout));
     let (pg, px, pm) = (g.ptr(), s.ptr(), f64_ptr(Some(mean)));
     let c64 = channels as i64;
-    let (part_dy, part_dyx, splits) = if cl {
-        let (cfg, splits, chunk) = cl_grid(channels, count);
+    let (fg, fx) = (first_element(g, g_layout), first_element(s, layout));
+    let tiles = cl.then(|| {
+        let mut ptrs = vec![fg, fx];
+        ptrs.extend(dx.as_ref().map(CudaStorage::ptr));
+        Tiles::new(s.dtype(), channels, count, &ptrs)
+    });
+    let (part_dy, part_dyx, splits) = if let Some(tiles) = &tiles {
+        let splits = tiles.splits();
         let (part_dy, part_dyx) = (alloc(channels * splits), alloc(channels * splits));
-        let partial = expect_launch(dev.function(&SOURCE, &format!("bn_grad_partial_cl_{suffix}")), op);
-        let (fg, fx, ppd, ppx) =
-            (first_element(g, g_layout), first_element(s, layout), part_dy.ptr(), part_dyx.ptr());
-        let (rows64, chunk64) = (count as i64, chunk as i64);
-        let mut b = stream.launch_builder(&partial);
-        b.arg(&fg).arg(&fx).arg(&pm).arg(&ppd).arg(&ppx).arg(&c64).arg(&rows64).arg(&chunk64);
-        // SAFETY: both layouts are packed alike: count * channels elements follow `fg` and
-        // `fx`; the partial buffers hold channels * splits values, `mean` `channels`.
-        expect_launch(unsafe { b.launch(cfg) }, op);
+        tiles.grad_sums(s, (fg, fx, pm), (part_dy.ptr(), part_dyx.ptr()), op);
         (part_dy, part_dyx, splits)
     } else {
         let splits = count.div_ceil(MOMENT_CHUNK).clamp(1, MAX_SPLITS);
@@ -318,45 +293,29 @@ pub(super) fn batch_norm_backward(
         .arg(&pdw);
     // SAFETY: every per-channel buffer holds `channels` f64 values (checked shapes).
     expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
-    if let Some(out) = &dx {
-        let (po, n64) = (out.ptr(), n as i64);
-        let (fg, fx) = (first_element(g, g_layout), first_element(s, layout));
-        match cl.then(|| cl_vector(s.dtype(), channels, &[fg, fx])).flatten() {
-            Some(v) => {
-                let f = expect_launch(dev.function(&SOURCE, &format!("bn_input_grad_cl_vec_{suffix}")), op);
-                let nv = (n / v) as i64;
-                let mut b = stream.launch_builder(&f);
-                b.arg(&fg).arg(&fx).arg(&po).arg(&nv).arg(&c64).arg(&pm).arg(&ps).arg(&pz).arg(&pk);
-                // SAFETY: packed alike, n elements from 16-byte-aligned `fg` and `fx`
-                // (checked); `out` holds n, the per-channel buffers `channels`.
-                expect_launch(unsafe { b.launch(launch_cfg(n / v)) }, op);
-            }
-            None => {
-                // Channels-last without vectors: the strided kernel over the flat memory.
-                let (sdy, sx, sp64) = if cl {
-                    let flat = |l: &Layout| StridedArg::new(&Layout::new([n], vec![1], l.offset()));
-                    (flat(g_layout), flat(layout), 1i64)
-                } else {
-                    (sdy, sx, ch.spatial as i64)
-                };
-                let f = expect_launch(dev.function(&SOURCE, &format!("bn_input_grad_{suffix}")), op);
-                let mut b = stream.launch_builder(&f);
-                b.arg(&sdy)
-                    .arg(&pg)
-                    .arg(&sx)
-                    .arg(&px)
-                    .arg(&po)
-                    .arg(&n64)
-                    .arg(&c64)
-                    .arg(&sp64)
-                    .arg(&pm)
-                    .arg(&ps)
-                    .arg(&pz)
-                    .arg(&pk);
-                // SAFETY: as above; `out` holds n elements.
-                expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
-            }
+    match (&dx, &tiles) {
+        (Some(out), Some(tiles)) => tiles.input_grad(s, (fg, fx, out.ptr()), (pm, ps, pz, pk), op),
+        (Some(out), None) => {
+            let (po, n64, sp64) = (out.ptr(), n as i64, ch.spatial as i64);
+            let f = expect_launch(dev.function(&SOURCE, &format!("bn_input_grad_{suffix}")), op);
+            let mut b = stream.launch_builder(&f);
+            b.arg(&sdy)
+                .arg(&pg)
+                .arg(&sx)
+                .arg(&px)
+                .arg(&po)
+                .arg(&n64)
+                .arg(&c64)
+                .arg(&sp64)
+                .arg(&pm)
+                .arg(&ps)
+                .arg(&pz)
+                .arg(&pk);
+            // SAFETY: types match the kernel; both layouts lie inside their storages and have
+            // the same dims; `out` holds n elements, the per-channel buffers `channels`.
+            expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
         }
+        (None, _) => {}
     }
     (dx, f64_tensor(dweight, &[channels]), f64_tensor(sum_dy, &[channels]))
 }

@@ -8,6 +8,7 @@
 //! of any float dtype (bf16 activations with f32 parameters under autocast).
 
 mod backward;
+pub(crate) mod channels_last;
 mod cpu;
 pub(crate) mod cuda;
 mod layer_backward;

@@ -1,5 +1,6 @@
 // Normalisation kernels. Statistics are two-pass (mean, then mean of squared deviations) and
 // accumulate in f64 like the CPU backend, so a large mean does not swamp a small variance.
+// (Channels-last batch norm, the fast path of convolution networks, is in channels_last.cu.)
 // Outputs compute in the dtype's compute type (f32 for f16/bf16) and round once; products and
 // sums go through the _rn intrinsics so no FMA contraction changes the CPU's rounding.
 
@@ -200,12 +201,12 @@ LAYER_NORM(f64, double, double, ID, ID)
 LAYER_NORM(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
 LAYER_NORM(f16, f16_t, float, f16_to_f32, f32_to_f16)
 
-// Channels-last batch norm: the input lies packed as [rows, C] with the channel innermost (an
-// NHWC activation, or a contiguous [N, C]). Reductions run in blocks of (32, CL_ROWS) threads:
-// threadIdx.x picks channel blockIdx.x * 32 + threadIdx.x, so a warp reads 32 neighbouring
-// channels of one row (coalesced), and threadIdx.y walks the rows of split blockIdx.y. Each
-// block writes one partial per channel, at partial[c * gridDim.y + blockIdx.y], which a
-// finishing kernel sums in a fixed order.
+// Column sums over packed [rows, C] (layer norm's parameter gradients) run in blocks of
+// (32, CL_ROWS) threads: threadIdx.x picks column blockIdx.x * 32 + threadIdx.x, so a warp
+// reads 32 neighbouring columns of one row (coalesced), and threadIdx.y walks the rows of
+// split blockIdx.y. Each block writes one partial per column, at
+// partial[c * gridDim.y + blockIdx.y], which a finishing kernel sums in a fixed order.
+// (Channels-last batch norm has its own kernels, in channels_last.cu.)
 #define CL_ROWS 8
 __device__ __forceinline__ double cl_block_rows_sum(double v, double (*sh)[32]) {
     sh[threadIdx.y][threadIdx.x] = v;
@@ -216,85 +217,6 @@ __device__ __forceinline__ double cl_block_rows_sum(double v, double (*sh)[32]) 
     __syncthreads();
     return t;
 }
-
-// Backward pass 1, channels-last: partial sums of dy and dy * (x - mean[c]) (dy and x packed
-// alike), blocks as described above.
-#define BN_GRAD_SUMS_CL(SUFFIX, T, LOAD)                                                         \
-    extern "C" __global__ void bn_grad_partial_cl_##SUFFIX(                                      \
-        const T* dy, const T* x, const double* mean, double* partial_dy, double* partial_dyx,    \
-        i64 channels, i64 rows, i64 chunk) {                                                     \
-        __shared__ double sh[CL_ROWS][32];                                                       \
-        const i64 c = (i64)blockIdx.x * 32 + threadIdx.x;                                        \
-        const i64 begin = (i64)blockIdx.y * chunk;                                               \
-        const i64 end = begin + chunk < rows ? begin + chunk : rows;                             \
-        double acc = 0.0, acc_x = 0.0;                                                           \
-        if (c < channels) {                                                                      \
-            const double m = mean[c];                                                            \
-            _Pragma("unroll 4") for (i64 r = begin + threadIdx.y; r < end; r += CL_ROWS) {       \
-                const i64 at = r * channels + c;                                                 \
-                const double g = (double)LOAD(dy[at]);                                           \
-                acc += g;                                                                        \
-                acc_x += g * ((double)LOAD(x[at]) - m);                                          \
-            }                                                                                    \
-        }                                                                                        \
-        const double total = cl_block_rows_sum(acc, sh);                                         \
-        const double total_x = cl_block_rows_sum(acc_x, sh);                                     \
-        if (threadIdx.y == 0 && c < channels) {                                                  \
-            partial_dy[c * gridDim.y + blockIdx.y] = total;                                      \
-            partial_dyx[c * gridDim.y + blockIdx.y] = total_x;                                   \
-        }                                                                                        \
-    }
-BN_GRAD_SUMS_CL(f32, float, ID)
-BN_GRAD_SUMS_CL(f64, double, ID)
-BN_GRAD_SUMS_CL(bf16, bf16_t, bf16_to_f32)
-BN_GRAD_SUMS_CL(f16, f16_t, f16_to_f32)
-
-// The elementwise passes, channels-last, 16 bytes a thread: the caller checks that C is a
-// multiple of the vector width and both buffers are 16-byte aligned, so a vector never
-// crosses a row. The arithmetic is bn_affine's and bn_input_grad's, element for element.
-#define BN_CL_VEC(SUFFIX, T, C, LOAD, STORE)                                                     \
-    extern "C" __global__ void bn_affine_cl_vec_##SUFFIX(const T* x, T* out, i64 nv,             \
-                                                         i64 channels, const double* mean,       \
-                                                         const double* scale,                    \
-                                                         const double* shift, int relu) {        \
-        const int V = 16 / sizeof(T);                                                            \
-        FOR_EACH(i, nv) {                                                                        \
-            uint4 xv = ((const uint4*)x)[i], r;                                                  \
-            const T* xs = (const T*)&xv;                                                         \
-            T* rs = (T*)&r;                                                                      \
-            const i64 c0 = (i * V) % channels;                                                   \
-            _Pragma("unroll") for (int j = 0; j < V; ++j) {                                      \
-                const i64 c = c0 + j;                                                            \
-                const C centered = (C)((double)LOAD(xs[j]) - mean[c]);                           \
-                rs[j] = STORE(bn_relu<C>(add_rn(mul_rn(centered, (C)scale[c]), (C)shift[c]), relu)); \
-            }                                                                                    \
-            ((uint4*)out)[i] = r;                                                                \
-        }                                                                                        \
-    }                                                                                            \
-    extern "C" __global__ void bn_input_grad_cl_vec_##SUFFIX(                                    \
-        const T* dy, const T* x, T* out, i64 nv, i64 channels, const double* mean,               \
-        const double* scale, const double* shift, const double* k) {                             \
-        const int V = 16 / sizeof(T);                                                            \
-        FOR_EACH(i, nv) {                                                                        \
-            uint4 gv = ((const uint4*)dy)[i], xv = ((const uint4*)x)[i], r;                      \
-            const T* gs = (const T*)&gv;                                                         \
-            const T* xs = (const T*)&xv;                                                         \
-            T* rs = (T*)&r;                                                                      \
-            const i64 c0 = (i * V) % channels;                                                   \
-            _Pragma("unroll") for (int j = 0; j < V; ++j) {                                      \
-                const i64 c = c0 + j;                                                            \
-                const C g = LOAD(gs[j]), v = LOAD(xs[j]);                                        \
-                const C centered = add_rn(v, -(C)mean[c]);                                       \
-                const C inner = add_rn(add_rn(g, -(C)shift[c]), -mul_rn(centered, (C)k[c]));     \
-                rs[j] = STORE(mul_rn((C)scale[c], inner));                                       \
-            }                                                                                    \
-            ((uint4*)out)[i] = r;                                                                \
-        }                                                                                        \
-    }
-BN_CL_VEC(f32, float, float, ID, ID)
-BN_CL_VEC(f64, double, double, ID, ID)
-BN_CL_VEC(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
-BN_CL_VEC(f16, f16_t, float, f16_to_f32, f32_to_f16)
 
 // Layer norm's backward over contiguous rows of `len`, one warp per row (grid-stride over
 // rows): the sums of gy = dy * weight and of gy * x_hat in f64, then
@@ -357,34 +279,10 @@ LAYER_NORM_BACKWARD(f64, double, ID, ID)
 LAYER_NORM_BACKWARD(bf16, bf16_t, bf16_to_f32, f32_to_bf16)
 LAYER_NORM_BACKWARD(f16, f16_t, f16_to_f32, f32_to_f16)
 
-// Channels-last statistics in one pass: the sums of d = x - K and d^2 per channel, K being
-// the channel's value in row 0 (shifted data: K lies within a few deviations of the mean, so
-// var = E[d^2] - E[d]^2 in f64 loses nothing that f32 results could show), blocks as above.
-// The two-pass form (moments_partial) reads the input twice.
-#define MOMENTS_SHIFTED_CL(SUFFIX, T, LOAD)                                                      \
-    extern "C" __global__ void moments_shifted_partial_cl_##SUFFIX(                              \
-        const T* x, double* partial_1, double* partial_2, i64 channels, i64 rows, i64 chunk) {   \
-        __shared__ double sh[CL_ROWS][32];                                                       \
-        const i64 c = (i64)blockIdx.x * 32 + threadIdx.x;                                        \
-        const i64 begin = (i64)blockIdx.y * chunk;                                               \
-        const i64 end = begin + chunk < rows ? begin + chunk : rows;                             \
-        double a1 = 0.0, a2 = 0.0;                                                               \
-        if (c < channels) {                                                                      \
-            const double k = (double)LOAD(x[c]);                                                 \
-            _Pragma("unroll 4") for (i64 r = begin + threadIdx.y; r < end; r += CL_ROWS) {       \
-                const double d = (double)LOAD(x[r * channels + c]) - k;                          \
-                a1 += d;                                                                         \
-                a2 += d * d;                                                                     \
-            }                                                                                    \
-        }                                                                                        \
-        const double t1 = cl_block_rows_sum(a1, sh);                                             \
-        const double t2 = cl_block_rows_sum(a2, sh);                                             \
-        if (threadIdx.y == 0 && c < channels) {                                                  \
-            partial_1[c * gridDim.y + blockIdx.y] = t1;                                          \
-            partial_2[c * gridDim.y + blockIdx.y] = t2;                                          \
-        }                                                                                        \
-    }                                                                                            \
-    /* One block per channel: the partials summed in a fixed order, then mean and var. */        \
+// The statistics of channels_last.cu's bn_stats_cl: the partial sums of d = x - K and d^2
+// per channel (K the channel's value in row 0) summed in a fixed order, one block per channel,
+// then mean = K + E[d] and var = E[d^2] - E[d]^2.
+#define MOMENTS_SHIFTED_FINISH(SUFFIX, T, LOAD)                                                  \
     extern "C" __global__ void moments_shifted_finish_##SUFFIX(                                  \
         const T* x, const double* partial_1, const double* partial_2, i64 splits, double count, \
         double* mean, double* var) {                                                             \
@@ -402,7 +300,7 @@ LAYER_NORM_BACKWARD(f16, f16_t, f16_to_f32, f32_to_f16)
             var[c] = v > 0.0 ? v : 0.0;                                                          \
         }                                                                                        \
     }
-MOMENTS_SHIFTED_CL(f32, float, ID)
-MOMENTS_SHIFTED_CL(f64, double, ID)
-MOMENTS_SHIFTED_CL(bf16, bf16_t, bf16_to_f32)
-MOMENTS_SHIFTED_CL(f16, f16_t, f16_to_f32)
+MOMENTS_SHIFTED_FINISH(f32, float, ID)
+MOMENTS_SHIFTED_FINISH(f64, double, ID)
+MOMENTS_SHIFTED_FINISH(bf16, bf16_t, bf16_to_f32)
+MOMENTS_SHIFTED_FINISH(f16, f16_t, f16_to_f32)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Packs what one GPU sitting runs into .gpu/ (ignored), xz-compressed so that it fits the device
+# tool's 64 MiB: the CUDA test binaries of tensor, autograd and nn, the oxtrain binary and the
+# bench programs. Run here after `cargo build --release`; then on the device:
+#   carry [".gpu"], command "bash bench/scripts/gpu_sitting.sh all 2>&1 | tee $OUT/sitting.log"
+# CRATES overrides the crates whose tests travel; BINS the binaries (names under target/release);
+# BASE_BIN adds an earlier oxtrain binary, run beside this one in the benchmark (A/B).
+set -euo pipefail
+top=$(git rev-parse --show-toplevel); cd "$top"
+target="${CARGO_TARGET_DIR:-$top/target}"
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+rm -rf .gpu; mkdir -p .gpu/tests .gpu/bin
+crates="${CRATES:-oxtrain-tensor oxtrain-autograd oxtrain-nn}"
+args=(); for c in $crates; do args+=(-p "$c"); done
+cargo test --release --no-run --lib --message-format=json "${args[@]}" \
+  | python3 -c 'import sys,json
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except Exception: continue
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m.get("profile",{}).get("test"):
+        print(m["target"]["name"], m["executable"])' \
+  | while read -r name exe; do cp "$exe" ".gpu/tests/$name"; done
+for b in ${BINS:-oxtrain step_kernels cuda_ops}; do cp "$target/release/$b" .gpu/bin/; done
+[ -n "${BASE_BIN:-}" ] && cp "$BASE_BIN" .gpu/bin/oxtrain-base
+strip .gpu/tests/* .gpu/bin/*
+xz -T2 -6 .gpu/tests/* .gpu/bin/*
+git rev-parse --short HEAD > .gpu/commit
+du -sh .gpu | awk '{print "gpu_pack: " $1 " in .gpu/ (64 MiB travel at most)"}'

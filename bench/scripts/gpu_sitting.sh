@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One GPU sitting from what bench/scripts/gpu_pack.sh packed into .gpu/:
+#   bash bench/scripts/gpu_sitting.sh [all|tests|kernels|bench] [TEST FILTER]
+# tests: every CUDA test (--include-ignored) of the packed crates, summarised into
+# $OUT/tests-<crate>.json; kernels: step_kernels; bench: bench/scripts/train_h200.sh (ours and
+# PyTorch's steps, interleaved). Writes few files into $OUT (the device returns 8 at most).
+set -uo pipefail
+mode="${1:-all}"; filter="${2:-}"
+top=$(pwd); OUT="${OUT:-$top/gpu-out}"; mkdir -p "$OUT"
+commit=$(cat .gpu/commit 2>/dev/null || echo unknown)
+python3 - <<'PY'
+import lzma, pathlib
+for p in pathlib.Path(".gpu").rglob("*.xz"):
+    q = p.with_suffix("")
+    q.write_bytes(lzma.decompress(p.read_bytes())); q.chmod(0o755); p.unlink()
+PY
+# pip's cuDNN first: its sub-libraries must come from the same folder as libcudnn.so.9.
+nv=$(python3 -c 'import nvidia; print(nvidia.__path__[0])' 2>/dev/null)
+lp=""; for d in "$nv"/cudnn/lib "$nv"/cu13/lib "$nv"/*/lib /usr/local/cuda/lib64; do
+  [ -d "$d" ] && case ":$lp:" in *":$d:"*) ;; *) lp="$lp:$d";; esac; done
+export LD_LIBRARY_PATH="${lp#:}:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+echo "commit $commit, mode $mode"
+summary=""
+if [[ $mode == all || $mode == tests ]]; then
+  for t in .gpu/tests/*; do
+    name=$(basename "$t"); log="/tmp/tests-$name.log"
+    echo "=== $name"
+    timeout "${TEST_TIMEOUT_S:-150}" "$t" --include-ignored $filter > "$log" 2>&1; rc=$?
+    grep -E '^test .* FAILED|^failures:|panicked' "$log" | head -n 20
+    summary+="$name (rc $rc): $(grep -E '^test result' "$log" | tail -1)"$'\n'
+    cp "$log" /tmp/test-logs/ 2>/dev/null || { mkdir -p /tmp/test-logs; cp "$log" /tmp/test-logs/; }
+    python3 bench/tools/test_summary.py "$log" "$OUT/tests-$name.json" --commit "$commit" \
+      --machine "nvidia-h200 (1x H200)" >/dev/null 2>&1
+  done
+fi
+if [[ $mode == all || $mode == kernels ]]; then
+  echo "=== step_kernels"; timeout 120 .gpu/bin/step_kernels 2>&1 | tee "$OUT/step_kernels.txt"
+fi
+if [[ $mode == all || $mode == bench ]]; then
+  mkdir -p /tmp/bench-out
+  [ -x .gpu/bin/oxtrain-base ] && export BASE_BIN="$top/.gpu/bin/oxtrain-base"
+  OUT=/tmp/bench-out BIN="$top/.gpu/bin/oxtrain" BUDGET_S="${BUDGET_S:-300}" bash bench/scripts/train_h200.sh
+  cp /tmp/bench-out/train-h200.json "$OUT/" 2>/dev/null
+  tar -C /tmp/bench-out -czf "$OUT/bench-raw.tgz" .
+fi
+[ -d /tmp/test-logs ] && tar -C /tmp/test-logs -czf "$OUT/test-logs.tgz" .
+echo "=== summary"; printf '%s' "$summary"

@@ -18,12 +18,20 @@ struct Strided {
     i64 strides[MAX_DIMS];
 };
 
+// a / b and a % b, in 32 bits when both lie in [0, 2^31), as indices and extents nearly always
+// do: a 64-bit division is a long software routine on the GPU, a 32-bit one a few instructions.
+// Exact for every i64 (negative operands take the 64-bit path).
+__device__ __forceinline__ i64 fast_div(i64 a, i64 b) {
+    return ((a | b) >> 31) == 0 ? (i64)((u32)a / (u32)b) : a / b;
+}
+__device__ __forceinline__ i64 fast_mod(i64 a, i64 b) { return a - fast_div(a, b) * b; }
+
 // Storage offset of the i-th element (row-major order) of a strided view.
 __device__ __forceinline__ i64 strided_offset(const Strided& s, i64 i) {
     if (s.contiguous) return s.offset + i;
     i64 off = s.offset;
     for (int d = s.rank - 1; d >= 0; --d) {
-        i64 q = i / s.dims[d];
+        i64 q = fast_div(i, s.dims[d]);
         off += (i - q * s.dims[d]) * s.strides[d];
         i = q;
     }

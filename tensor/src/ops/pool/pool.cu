@@ -23,7 +23,8 @@ __device__ __forceinline__ i64 pmin(i64 a, i64 b) { return a < b ? a : b; }
 __device__ __forceinline__ i64 pmax(i64 a, i64 b) { return a > b ? a : b; }
 
 __device__ __forceinline__ i64 plane_base(const PlaneLayout& l, i64 p) {
-    return l.offset + (p / l.channels) * l.s0 + (p % l.channels) * l.s1;
+    const i64 q = fast_div(p, l.channels);
+    return l.offset + q * l.s0 + (p - q * l.channels) * l.s1;
 }
 
 // The window of output position `o` along axis `a`, exactly as mod.rs builds it.
@@ -32,7 +33,7 @@ __device__ Win pool_window(const PoolAxis& a, i64 o) {
     if (a.kind == 0) {
         const i64 first = o * a.stride - a.padding;
         const i64 end = pmin(first + (a.kernel - 1) * a.dilation + 1, a.input);
-        const i64 skipped = first < 0 ? (-first + a.dilation - 1) / a.dilation : 0;
+        const i64 skipped = first < 0 ? fast_div(-first + a.dilation - 1, a.dilation) : 0;
         w.start = first + skipped * a.dilation;
         w.end = pmax(end, 0);
         w.step = a.dilation;
@@ -46,8 +47,8 @@ __device__ Win pool_window(const PoolAxis& a, i64 o) {
         w.end = pmax(end, start);
         w.step = 1;
     } else {
-        w.start = o * a.input / a.output;
-        w.end = ((o + 1) * a.input + a.output - 1) / a.output;
+        w.start = fast_div(o * a.input, a.output);
+        w.end = fast_div((o + 1) * a.input + a.output - 1, a.output);
         w.step = 1;
         w.count = w.end - w.start;
     }
@@ -58,14 +59,14 @@ __device__ Win pool_window(const PoolAxis& a, i64 o) {
 // caller checks each candidate's window, so a superset is enough).
 __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
     if (a.kind == 2) {
-        *lo = pos * a.output / a.input - 1;
-        *hi = ((pos + 1) * a.output + a.input - 1) / a.input;
+        *lo = fast_div(pos * a.output, a.input) - 1;
+        *hi = fast_div((pos + 1) * a.output + a.input - 1, a.input);
     } else {
         // Window o starts at o * stride - padding and spans `span` positions.
         const i64 span = a.kind == 0 ? (a.kernel - 1) * a.dilation + 1 : a.kernel;
         const i64 from = pos + a.padding - span;
-        *lo = from < 0 ? 0 : from / a.stride;
-        *hi = (pos + a.padding) / a.stride;
+        *lo = from < 0 ? 0 : fast_div(from, a.stride);
+        *hi = fast_div(pos + a.padding, a.stride);
     }
     *lo = pmax(*lo, 0);
     *hi = pmin(*hi, a.output - 1);
@@ -81,19 +82,19 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
         FOR_EACH(i, n) {                                                                         \
             i64 p, r, c;                                                                         \
             if (nhwc) {                                                                          \
-                const i64 ch = lx.channels, t = i / ch;                                          \
-                c = t % ow;                                                                      \
-                r = (t / ow) % oh;                                                               \
-                p = (t / (ow * oh)) * ch + (i - t * ch);                                         \
+                const i64 ch = lx.channels, t = fast_div(i, ch), tr = fast_div(t, ow);           \
+                c = t - tr * ow;                                                                 \
+                r = fast_mod(tr, oh);                                                            \
+                p = fast_div(tr, oh) * ch + (i - t * ch);                                        \
             } else {                                                                             \
-                p = i / (oh * ow);                                                               \
+                p = fast_div(i, oh * ow);                                                        \
                 const i64 rc = i - p * (oh * ow);                                                \
-                r = rc / ow;                                                                     \
+                r = fast_div(rc, ow);                                                            \
                 c = rc - r * ow;                                                                 \
             }                                                                                    \
             const Win rw = pool_window(rows, r), cw = pool_window(cols, c);                      \
             const i64 base = plane_base(lx, p);                                                  \
-            C best = (C)__longlong_as_double(0xfff0000000000000ull); /* -inf */             \
+            C best = (C)__longlong_as_double(0xfff0000000000000ull); /* -inf */                  \
             i64 best_at = rw.start * width + cw.start;                                           \
             for (i64 h = rw.start; h < rw.end; h += rw.step) {                                   \
                 for (i64 w = cw.start; w < cw.end; w += cw.step) {                               \
@@ -113,7 +114,7 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
                                                  PlaneLayout lx, const T* x, T* out, i64 n) {    \
         const i64 oh = rows.output, ow = cols.output;                                            \
         FOR_EACH(i, n) {                                                                         \
-            const i64 p = i / (oh * ow), rc = i - p * (oh * ow), r = rc / ow, c = rc - r * ow;   \
+            const i64 p = fast_div(i, oh * ow), rc = i - p * (oh * ow), r = fast_div(rc, ow), c = rc - r * ow;   \
             const Win rw = pool_window(rows, r), cw = pool_window(cols, c);                      \
             if (rw.start >= rw.end || cw.start >= cw.end) {                                      \
                 out[i] = STORE((C)0);                                                            \
@@ -126,15 +127,15 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
             out[i] = STORE(sum / (C)(divisor ? divisor : rw.count * cw.count));                  \
         }                                                                                        \
     }                                                                                            \
-    /* Gradient of the mean: each input element gathers the shares of the windows covering   */ \
+    /* Gradient of the mean: each input element gathers the shares of the windows covering   */  \
     /* it, in the CPU's (row, column) order, so the result is deterministic.                  */ \
     extern "C" __global__ void avg_pool_backward_##SUFFIX(PoolAxis rows, PoolAxis cols,          \
                                                           i64 divisor, PlaneLayout lg,           \
                                                           const T* g, T* out, i64 n) {           \
         const i64 ih_len = rows.input, iw_len = cols.input;                                      \
         FOR_EACH(i, n) {                                                                         \
-            const i64 p = i / (ih_len * iw_len), hw = i - p * (ih_len * iw_len);                 \
-            const i64 ih = hw / iw_len, iw = hw - ih * iw_len;                                   \
+            const i64 p = fast_div(i, ih_len * iw_len), hw = i - p * (ih_len * iw_len);          \
+            const i64 ih = fast_div(hw, iw_len), iw = hw - ih * iw_len;                          \
             i64 r_lo, r_hi, c_lo, c_hi;                                                          \
             covering_outputs(rows, ih, &r_lo, &r_hi);                                            \
             covering_outputs(cols, iw, &c_lo, &c_hi);                                            \
@@ -153,7 +154,7 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
             out[i] = STORE(acc);                                                                 \
         }                                                                                        \
     }                                                                                            \
-    /* Gradient of the max: one thread per plane adds the plane's output gradients at their  */ \
+    /* Gradient of the max: one thread per plane adds the plane's output gradients at their  */  \
     /* indices in row-major order, as the CPU does: deterministic, no atomics. `acc` is the   */ \
     /* output itself for f32/f64, else an f32 scratch converted at the end. A bad index is    */ \
     /* recorded in err = [flag, index] and skipped; the host panics on it.                    */ \
@@ -178,26 +179,26 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
             if ((void*)a != (void*)(out + p * plane))                                            \
                 for (i64 k = 0; k < plane; ++k) out[p * plane + k] = STORE(a[k]);                \
         }                                                                                        \
-    }                                                                                        \
+    }                                                                                            \
     /* Gradient of the max, one thread per input element: it adds the gradients of the        */ \
     /* covering windows whose index names it, in row-major order as the per-plane kernel       */ \
     /* does, so both give the same bits. nhwc: thread i is element (n, h, w, c) of a           */ \
     /* channels-last result (coalesced for channels-last inputs), else (n, c, h, w).            */ \
-    extern "C" __global__ void max_pool_backward_gather_##SUFFIX(                               \
+    extern "C" __global__ void max_pool_backward_gather_##SUFFIX(                                \
         PoolAxis rows, PoolAxis cols, PlaneLayout lg, PlaneLayout li, const T* g,                \
         const i64* idx, T* out, i64 n, int nhwc) {                                               \
         const i64 ih_len = rows.input, iw_len = cols.input, ch = lg.channels;                    \
         FOR_EACH(i, n) {                                                                         \
             i64 p, ih, iw;                                                                       \
             if (nhwc) {                                                                          \
-                const i64 c = i % ch, t = i / ch;                                                \
-                iw = t % iw_len;                                                                 \
-                ih = (t / iw_len) % ih_len;                                                      \
-                p = (t / (iw_len * ih_len)) * ch + c;                                            \
+                const i64 t = fast_div(i, ch), c = i - t * ch, th = fast_div(t, iw_len);         \
+                iw = t - th * iw_len;                                                            \
+                ih = fast_mod(th, ih_len);                                                       \
+                p = fast_div(th, ih_len) * ch + c;                                               \
             } else {                                                                             \
-                p = i / (ih_len * iw_len);                                                       \
+                p = fast_div(i, ih_len * iw_len);                                                \
                 const i64 hw = i - p * (ih_len * iw_len);                                        \
-                ih = hw / iw_len;                                                                \
+                ih = fast_div(hw, iw_len);                                                       \
                 iw = hw - ih * iw_len;                                                           \
             }                                                                                    \
             const i64 at = ih * iw_len + iw;                                                     \

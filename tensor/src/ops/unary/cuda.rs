@@ -50,8 +50,12 @@ pub(super) fn unary(s: &CudaStorage, layout: &Layout, op: UnaryOp) -> CudaStorag
     let size = dtype.size_in_bytes() as u64;
     let first = s.ptr() + layout.offset() as u64 * size;
     if dtype.is_float() && layout.is_contiguous() && first.is_multiple_of(16) {
-        let f =
-            expect_launch(dev.function(&SOURCE, &format!("unary_vec_{}", cuda::suffix(dtype))), op.name());
+        // The hot ops have kernels of their own (see `unary.cu`).
+        let special = if matches!(c, 11..=14 | 21) { c.to_string() } else { String::new() };
+        let f = expect_launch(
+            dev.function(&SOURCE, &format!("unary_vec{special}_{}", cuda::suffix(dtype))),
+            op.name(),
+        );
         let (dst, n64) = (out.ptr(), n as i64);
         let stream = out.stream();
         let mut b = stream.launch_builder(&f);

@@ -52,24 +52,34 @@ __device__ __forceinline__ C unary_apply(int op, C x, C p0, C p1) {
         FOR_EACH(i, n) { out[i] = STORE(unary_apply<C>(op, LOAD(in[strided_offset(s, i)]), a, b)); } \
     }
 // Contiguous, 16-byte-aligned input: 16-byte loads and stores; the tail element by element.
-#define UNARY_VEC(SUFFIX, T, C, LOAD, STORE)                                                     \
-    extern "C" __global__ void unary_vec_##SUFFIX(int op, double p0, double p1, const T* in,     \
-                                                  T* out, i64 n) {                               \
+// OP >= 0 fixes the op at compile time: the hot ops of training (relu, the GELUs, silu, affine)
+// get kernels of their own (`unary_vec<OP>_<dtype>`), free of the other cases' code and
+// registers, which cost the generic kernel (OP = -1, op read at run time) occupancy.
+#define UNARY_VEC_KERNEL(NAME, OP, T, C, LOAD, STORE)                                            \
+    extern "C" __global__ void NAME(int op, double p0, double p1, const T* in, T* out, i64 n) {  \
         const C a = (C)p0, b = (C)p1;                                                            \
+        const int code = OP < 0 ? op : OP;                                                       \
         const int V = 16 / sizeof(T);                                                            \
         const i64 nv = n / V;                                                                    \
         FOR_EACH(i, nv) {                                                                        \
             uint4 x = ((const uint4*)in)[i], r;                                                  \
             const T* xs = (const T*)&x;                                                          \
             T* rs = (T*)&r;                                                                      \
-            _Pragma("unroll") for (int j = 0; j < V; ++j) rs[j] = STORE(unary_apply<C>(op, LOAD(xs[j]), a, b)); \
+            _Pragma("unroll") for (int j = 0; j < V; ++j) rs[j] = STORE(unary_apply<C>(code, LOAD(xs[j]), a, b)); \
             ((uint4*)out)[i] = r;                                                                \
         }                                                                                        \
         FOR_EACH(k, n - nv * V) {                                                                \
             const i64 i = nv * V + k;                                                            \
-            out[i] = STORE(unary_apply<C>(op, LOAD(in[i]), a, b));                               \
+            out[i] = STORE(unary_apply<C>(code, LOAD(in[i]), a, b));                             \
         }                                                                                        \
     }
+#define UNARY_VEC(SUFFIX, T, C, LOAD, STORE)                                                     \
+    UNARY_VEC_KERNEL(unary_vec_##SUFFIX, -1, T, C, LOAD, STORE)                                  \
+    UNARY_VEC_KERNEL(unary_vec11_##SUFFIX, 11, T, C, LOAD, STORE)                                \
+    UNARY_VEC_KERNEL(unary_vec12_##SUFFIX, 12, T, C, LOAD, STORE)                                \
+    UNARY_VEC_KERNEL(unary_vec13_##SUFFIX, 13, T, C, LOAD, STORE)                                \
+    UNARY_VEC_KERNEL(unary_vec14_##SUFFIX, 14, T, C, LOAD, STORE)                                \
+    UNARY_VEC_KERNEL(unary_vec21_##SUFFIX, 21, T, C, LOAD, STORE)
 #define ID(x) (x)
 UNARY_VEC(f32, float, float, ID, ID)
 UNARY_VEC(f64, double, double, ID, ID)

@@ -66,6 +66,44 @@ impl Var {
         self.batch_norm_training_then(weight, bias, eps, true)
     }
 
+    /// `relu(batch_norm_training(x) + residual)` as one op, the end of a ResNet bottleneck:
+    /// one pass over the output on CUDA for channels-last inputs. The backward masks the
+    /// gradient with the output once; the residual's gradient is that masked gradient.
+    pub fn batch_norm_add_relu_training(
+        &self,
+        weight: Option<&Var>,
+        bias: Option<&Var>,
+        residual: &Var,
+        eps: f64,
+    ) -> (Var, Tensor, Tensor) {
+        let x = self.tensor().clone();
+        let (w_t, b_t) = (weight.map(Var::tensor), bias.map(Var::tensor));
+        let (out, mean, var) = x.batch_norm_add_relu_training(w_t, b_t, residual.tensor(), eps);
+        let has_weight = weight.is_some();
+        let mut inputs = vec![self];
+        inputs.extend(weight);
+        inputs.extend(bias);
+        inputs.push(residual);
+        let (saved_mean, saved_var) = (mean.clone(), var.clone());
+        let w = weight.map(|w| w.tensor().clone());
+        let y = out.clone();
+        let var_out = Var::from_op("batch_norm_add_relu", out, &inputs, move |g, needs| {
+            let masked = g.threshold_backward(&y, 0.0);
+            let (dx, dw, db) =
+                masked.batch_norm_backward(&x, (&saved_mean, &saved_var), w.as_ref(), eps, needs[0]);
+            let mut grads = vec![dx];
+            if has_weight {
+                grads.push(needs[1].then_some(dw));
+            }
+            if needs.len() > grads.len() + 1 {
+                grads.push(needs[grads.len()].then_some(db));
+            }
+            grads.push(needs[grads.len()].then_some(masked));
+            grads
+        });
+        (var_out, mean, var)
+    }
+
     fn batch_norm_training_then(
         &self,
         weight: Option<&Var>,

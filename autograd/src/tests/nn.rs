@@ -58,6 +58,11 @@ device_test! {
             &[randn(&[3, 2, 2, 2], 22, dev), positive(&[2], 23, dev), randn(&[2], 24, dev)],
         );
         check(
+            "batch_norm add relu training (fused)",
+            |v| v[0].batch_norm_add_relu_training(Some(&v[1]), Some(&v[2]), &v[3], 1e-5).0,
+            &[randn(&[3, 2, 2, 2], 25, dev), positive(&[2], 26, dev), randn(&[2], 27, dev), randn(&[3, 2, 2, 2], 28, dev)],
+        );
+        check(
             "batch_norm training [N, C]",
             |v| v[0].batch_norm_training(None, None, 1e-5).0,
             &[randn(&[3, 4], 16, dev).t()],

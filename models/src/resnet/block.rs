@@ -110,12 +110,12 @@ impl Module for BasicBlock {
 impl Forward for BasicBlock {
     fn forward(&self, x: &Var) -> Var {
         let out = self.bn1.forward_relu(&self.conv1.forward(x));
-        let out = self.bn2.forward(&self.conv2.forward(&out));
         let identity = match &self.downsample {
             Some(d) => d.forward(x),
             None => x.clone(),
         };
-        (out + identity).relu()
+        let out = self.conv2.forward(&out);
+        self.bn2.forward_add_relu(&out, &identity)
     }
 }
 
@@ -167,12 +167,12 @@ impl Forward for Bottleneck {
     fn forward(&self, x: &Var) -> Var {
         let out = self.bn1.forward_relu(&self.conv1.forward(x));
         let out = self.bn2.forward_relu(&self.conv2.forward(&out));
-        let out = self.bn3.forward(&self.conv3.forward(&out));
         let identity = match &self.downsample {
             Some(d) => d.forward(x),
             None => x.clone(),
         };
-        (out + identity).relu()
+        let out = self.conv3.forward(&out);
+        self.bn3.forward_add_relu(&out, &identity)
     }
 }
 

@@ -174,15 +174,32 @@ impl BatchNorm2d {
     /// `relu(self.forward(x))`, the pattern of every ResNet block: in training with local
     /// statistics one fused op (`Var::batch_norm_relu_training`), otherwise the two ops.
     pub fn forward_relu(&self, x: &Var) -> Var {
-        self.forward_then(x, true)
+        self.forward_then(x, true, None)
     }
 
-    fn forward_then(&self, x: &Var, relu: bool) -> Var {
+    /// `relu(self.forward(x) + residual)`, the end of a ResNet bottleneck: in training with
+    /// local statistics one fused op (`Var::batch_norm_add_relu_training`), otherwise the
+    /// three ops.
+    pub fn forward_add_relu(&self, x: &Var, residual: &Var) -> Var {
+        self.forward_then(x, true, Some(residual))
+    }
+
+    fn forward_then(&self, x: &Var, relu: bool, residual: Option<&Var>) -> Var {
         assert_eq!(x.rank(), 4, "BatchNorm2d: expected a 4-D input [N, C, H, W], got shape {:?}", x.dims());
         let (weight, bias) =
             (self.weight.as_ref().map(Parameter::var), self.bias.as_ref().map(Parameter::var));
         let eps = self.config.eps;
-        let then_relu = |y: Var| if relu { y.relu() } else { y };
+        let then_relu = |y: Var| {
+            let y = match residual {
+                Some(r) => y.add(r),
+                None => y,
+            };
+            if relu {
+                y.relu()
+            } else {
+                y
+            }
+        };
         match (&self.running, self.training.get()) {
             (Some(stats), false) => then_relu(x.batch_norm_eval(
                 &stats.mean.tensor(),
@@ -201,7 +218,9 @@ impl BatchNorm2d {
                     }
                     None => {
                         let per_channel = x.elem_count() / x.dims()[1];
-                        let (out, mean, var) = if relu {
+                        let (out, mean, var) = if let Some(r) = residual {
+                            x.batch_norm_add_relu_training(weight.as_ref(), bias.as_ref(), r, eps)
+                        } else if relu {
                             x.batch_norm_relu_training(weight.as_ref(), bias.as_ref(), eps)
                         } else {
                             x.batch_norm_training(weight.as_ref(), bias.as_ref(), eps)
@@ -225,7 +244,7 @@ impl BatchNorm2d {
 
 impl Forward for BatchNorm2d {
     fn forward(&self, x: &Var) -> Var {
-        self.forward_then(x, false)
+        self.forward_then(x, false, None)
     }
 }
 

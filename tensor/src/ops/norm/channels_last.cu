@@ -103,10 +103,11 @@ __device__ void stats_tile(const typename D::T* x, double* partial_1, double* pa
     tile_partials<C, V>(a2, sh, partial_2, channels);
 }
 
-// out = (x - mean) * scale + shift per channel, then ReLU when relu != 0 (NaN passes).
+// out = (x - mean) * scale + shift per channel, plus res (packed like x, may be null), then
+// ReLU when relu != 0 (NaN passes).
 template <class D, int V>
-__device__ void affine_tile(const typename D::T* x, typename D::T* out, i64 rows, int nvr, const double* mean,
-                            const double* scale, const double* shift, int relu) {
+__device__ void affine_tile(const typename D::T* x, const typename D::T* res, typename D::T* out, i64 rows,
+                            int nvr, const double* mean, const double* scale, const double* shift, int relu) {
     typedef typename D::C C;
     typedef Pack<typename D::T, V> P;
     const int slot = blockIdx.x * blockDim.x + threadIdx.x;
@@ -122,10 +123,13 @@ __device__ void affine_tile(const typename D::T* x, typename D::T* out, i64 rows
     }
     TILE_LOOP(r, rows) {
         const P p = ((const P*)x)[r * nvr + slot];
+        P add;
+        if (res) add = ((const P*)res)[r * nvr + slot];
         P o;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            const C y = m[j].centered(D::load(p.v[j])) * s[j] + b[j];
+            C y = m[j].centered(D::load(p.v[j])) * s[j] + b[j];
+            if (res) y += D::load(add.v[j]);
             o.v[j] = D::store(relu && y < (C)0 ? (C)0 : y);
         }
         ((P*)out)[r * nvr + slot] = o;
@@ -197,9 +201,9 @@ __device__ void input_grad_tile(const typename D::T* dy, const typename D::T* x,
         stats_tile<D, V>(x, p1, p2, rows, nvr, channels);                                                  \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS) bn_affine_cl_##SUFFIX##_v##V(               \
-        const D::T* x, D::T* out, i64 rows, int nvr, const double* mean, const double* scale,              \
-        const double* shift, int relu) {                                                                   \
-        affine_tile<D, V>(x, out, rows, nvr, mean, scale, shift, relu);                                    \
+        const D::T* x, const D::T* res, D::T* out, i64 rows, int nvr, const double* mean,                  \
+        const double* scale, const double* shift, int relu) {                                              \
+        affine_tile<D, V>(x, res, out, rows, nvr, mean, scale, shift, relu);                               \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS) bn_grad_sums_cl_##SUFFIX##_v##V(            \
         const D::T* dy, const D::T* x, const double* mean, double* pd, double* pdx, i64 rows, int nvr,     \

@@ -30,7 +30,8 @@ impl Tiles {
     /// The tiling of `rows` x `channels` elements of `dtype` at the device addresses `ptrs`.
     pub(super) fn new(dtype: DType, channels: usize, rows: usize, ptrs: &[u64]) -> Tiles {
         let wide = 16 / dtype.size_in_bytes();
-        let v = if channels.is_multiple_of(wide) && ptrs.iter().all(|p| p.is_multiple_of(16)) { wide } else { 1 };
+        let v =
+            if channels.is_multiple_of(wide) && ptrs.iter().all(|p| p.is_multiple_of(16)) { wide } else { 1 };
         let nvr = channels / v;
         // A warp spans whole rows when they are narrow (tx = nvr), 32 slots of one row else.
         let tx = nvr.clamp(1, 32);
@@ -68,11 +69,12 @@ impl Tiles {
         expect_launch(unsafe { b.launch(self.cfg) }, op);
     }
 
-    /// `out = (x - mean) * scale + shift` per channel, then ReLU when `relu`.
+    /// `out = (x - mean) * scale + shift` per channel, plus `res` (packed like x) when it is
+    /// not 0, then ReLU when `relu`.
     pub(super) fn affine(
         &self,
         s: &CudaStorage,
-        (x, out): (u64, u64),
+        (x, res, out): (u64, u64, u64),
         (mean, scale, shift): (u64, u64, u64),
         relu: bool,
         op: &str,
@@ -81,14 +83,20 @@ impl Tiles {
         let (rows, nvr, relu) = (self.rows as i64, self.nvr as i32, relu as i32);
         let stream = s.stream();
         let mut b = stream.launch_builder(&f);
-        b.arg(&x).arg(&out).arg(&rows).arg(&nvr).arg(&mean).arg(&scale).arg(&shift).arg(&relu);
-        // SAFETY: `x` and `out` hold rows * channels packed elements, aligned as checked in
-        // `new`; the factors hold `channels` f64 values each.
+        b.arg(&x).arg(&res).arg(&out).arg(&rows).arg(&nvr).arg(&mean).arg(&scale).arg(&shift).arg(&relu);
+        // SAFETY: `x`, `out` (and `res` when set) hold rows * channels packed elements, aligned
+        // as checked in `new`; the factors hold `channels` f64 values each.
         expect_launch(unsafe { b.launch(self.cfg) }, op);
     }
 
     /// Partial sums of dy and of dy * (x - mean) per channel, into `pd` and `pdx`.
-    pub(super) fn grad_sums(&self, s: &CudaStorage, (dy, x, mean): (u64, u64, u64), (pd, pdx): (u64, u64), op: &str) {
+    pub(super) fn grad_sums(
+        &self,
+        s: &CudaStorage,
+        (dy, x, mean): (u64, u64, u64),
+        (pd, pdx): (u64, u64),
+        op: &str,
+    ) {
         let f = self.function(s, "bn_grad_sums_cl", op);
         let (rows, nvr, c) = (self.rows as i64, self.nvr as i32, self.channels as i32);
         let stream = s.stream();

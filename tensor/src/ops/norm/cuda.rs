@@ -83,8 +83,10 @@ pub(super) fn channel_moments(s: &CudaStorage, layout: &Layout, ch: Channels, op
         let alloc = |n: usize| expect_launch(CudaStorage::alloc(dev, DType::F64, n), op);
         let (p1, p2) = (alloc(channels * splits), alloc(channels * splits));
         tiles.stats(s, x, (p1.ptr(), p2.ptr()), op);
-        let finish =
-            expect_launch(dev.function(&SOURCE, &format!("moments_shifted_finish_{}", cuda::suffix(s.dtype()))), op);
+        let finish = expect_launch(
+            dev.function(&SOURCE, &format!("moments_shifted_finish_{}", cuda::suffix(s.dtype()))),
+            op,
+        );
         let (pp1, pp2, pm, pv) = (p1.ptr(), p2.ptr(), mean.ptr(), var.ptr());
         let (splits64, countf) = (splits as i64, count as f64);
         let stream = mean.stream();
@@ -130,7 +132,7 @@ pub(super) fn channel_affine(
     layout: &Layout,
     ch: Channels,
     (mean, var, weight, bias): (&Tensor, &Tensor, Option<&Tensor>, Option<&Tensor>),
-    (eps, relu): (f64, bool),
+    (eps, relu, residual): (f64, bool, Option<(&CudaStorage, &Layout)>),
     op: &str,
 ) -> CudaStorage {
     let relu = relu as i32;
@@ -152,12 +154,17 @@ pub(super) fn channel_affine(
     b.arg(&c64).arg(&pv).arg(&pw).arg(&pb).arg(&eps).arg(&ps).arg(&pz);
     // SAFETY: types match; every per-channel buffer holds `channels` f64 values (checked shapes).
     expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
+    // A residual comes packed like the input, which is then channels-last (the caller's rule).
+    let res = residual.map(|(r, l)| first_element(r, l));
     if channels_last(layout, channels) {
         let x = first_element(s, layout);
-        let tiles = Tiles::new(s.dtype(), channels, n / channels, &[x, out.ptr()]);
-        tiles.affine(s, (x, out.ptr()), (pm, ps, pz), relu != 0, op);
+        let mut ptrs = vec![x, out.ptr()];
+        ptrs.extend(res);
+        let tiles = Tiles::new(s.dtype(), channels, n / channels, &ptrs);
+        tiles.affine(s, (x, res.unwrap_or(0), out.ptr()), (pm, ps, pz), relu != 0, op);
         return out;
     }
+    assert!(res.is_none(), "{op}: a fused residual needs a channels-last input");
     let affine = expect_launch(dev.function(&SOURCE, &format!("bn_affine_{}", cuda::suffix(s.dtype()))), op);
     let (sx, x, po) = (StridedArg::new(layout), s.ptr(), out.ptr());
     let mut b = stream.launch_builder(&affine);

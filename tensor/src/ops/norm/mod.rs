@@ -180,19 +180,38 @@ impl Tensor {
         bias: Option<&Tensor>,
         (eps, relu): (f64, bool),
     ) -> Tensor {
+        self.normalize_channels_into(ch, moments, weight, bias, (eps, relu), None)
+    }
+
+    /// `normalize_channels` plus `residual` before the ReLU; a residual only for channels-last
+    /// CUDA inputs, packed like `self` (the tile kernel adds it).
+    fn normalize_channels_into(
+        &self,
+        ch: Channels,
+        moments: &Moments,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        (eps, relu): (f64, bool),
+        residual: Option<&Tensor>,
+    ) -> Tensor {
         let (op, shape) = ("batch_norm", [ch.channels]);
         let (mean, var) = match moments {
             Moments::Host(mean, var) => (mean, var),
             Moments::Device(mean, var) => {
                 let weight = weight.map(|w| device_param(w, &shape, "weight", op, self));
                 let bias = bias.map(|b| device_param(b, &shape, "bias", op, self));
+                let res_storage = residual.map(|r| r.storage());
+                let res = match (residual, res_storage.as_deref()) {
+                    (Some(r), Some(Storage::Cuda(rs))) => Some((rs, r.layout())),
+                    _ => None,
+                };
                 let storage = match &*self.storage() {
                     Storage::Cuda(s) => Storage::Cuda(cuda::channel_affine(
                         s,
                         self.layout(),
                         ch,
                         (mean, var, weight.as_ref(), bias.as_ref()),
-                        (eps, relu),
+                        (eps, relu, res),
                         op,
                     )),
                     Storage::Cpu(_) => unreachable!("device moments of a CPU tensor"),
@@ -239,6 +258,37 @@ impl Tensor {
         eps: f64,
     ) -> (Tensor, Tensor, Tensor) {
         self.batch_norm_training_then(weight, bias, eps, true)
+    }
+
+    /// `relu(batch_norm_training(x) + residual)`, the end of a ResNet bottleneck, as one pass
+    /// over the output on CUDA for channels-last inputs (else batch norm, add and ReLU in
+    /// turn): returns `(output, mean, var)`. `residual` has `x`'s shape and dtype.
+    pub fn batch_norm_add_relu_training(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        residual: &Tensor,
+        eps: f64,
+    ) -> (Tensor, Tensor, Tensor) {
+        let op = "batch_norm_add_relu";
+        assert!(
+            residual.dims() == self.dims() && residual.dtype() == self.dtype(),
+            "{op}: the residual is {:?} {}, the input {:?} {}",
+            residual.dims(),
+            residual.dtype(),
+            self.dims(),
+            self.dtype()
+        );
+        self.same_device(residual, op);
+        let (ch, moments) = self.channel_moments("batch_norm");
+        let out = if self.device().is_cuda() && cuda::channels_last(self.layout(), ch.channels) {
+            let residual = packed_like(residual, self);
+            self.normalize_channels_into(ch, &moments, weight, bias, (eps, true), Some(&residual))
+        } else {
+            self.normalize_channels(ch, &moments, weight, bias, (eps, false)).add(residual).relu()
+        };
+        let (mean, var) = moments.tensors(ch.channels, self.dtype());
+        (out, mean, var)
     }
 
     fn batch_norm_training_then(

@@ -41,7 +41,7 @@ __device__ double norm_block_sum(double v, double* sh) {
         const double m = mean ? mean[c] : 0.0;                                                   \
         double acc = 0.0;                                                                        \
         for (i64 j = begin + threadIdx.x; j < end; j += blockDim.x) {                            \
-            const i64 o = j / spatial, s = j - o * spatial;                                      \
+            const i64 o = fast_div(j, spatial), s = j - o * spatial;                                      \
             const double v = (double)LOAD(x[strided_offset(sx, (o * channels + c) * spatial + s)]); \
             acc += mean ? (v - m) * (v - m) : v;                                                 \
         }                                                                                        \
@@ -84,7 +84,7 @@ template <typename C> __device__ __forceinline__ C bn_relu(C y, int relu) { retu
                                                   const double* scale, const double* shift,      \
                                                   int relu) {                                    \
         FOR_EACH(i, n) {                                                                         \
-            const i64 c = (i / spatial) % channels;                                              \
+            const i64 c = fast_mod(fast_div(i, spatial), channels);                                \
             const C centered = (C)((double)LOAD(x[strided_offset(sx, i)]) - mean[c]);            \
             out[i] = STORE(bn_relu<C>(add_rn(mul_rn(centered, (C)scale[c]), (C)shift[c]), relu)); \
         }                                                                                        \
@@ -107,7 +107,7 @@ BN_AFFINE(f16, f16_t, float, f16_to_f32, f32_to_f16)
         const double m = mean[c];                                                                \
         double acc = 0.0, acc_x = 0.0;                                                           \
         for (i64 j = begin + threadIdx.x; j < end; j += blockDim.x) {                            \
-            const i64 o = j / spatial, s = j - o * spatial, at = (o * channels + c) * spatial + s; \
+            const i64 o = fast_div(j, spatial), s = j - o * spatial, at = (o * channels + c) * spatial + s; \
             const double g = (double)LOAD(dy[strided_offset(sdy, at)]);                          \
             acc += g;                                                                            \
             acc_x += g * ((double)LOAD(x[strided_offset(sx, at)]) - m);                          \
@@ -148,7 +148,7 @@ extern "C" __global__ void bn_grad_prepare(i64 channels, const double* var, cons
         i64 spatial, const double* mean, const double* scale, const double* shift,               \
         const double* k) {                                                                       \
         FOR_EACH(i, n) {                                                                         \
-            const i64 c = (i / spatial) % channels;                                              \
+            const i64 c = fast_mod(fast_div(i, spatial), channels);                                \
             const C g = LOAD(dy[strided_offset(sdy, i)]), v = LOAD(x[strided_offset(sx, i)]);    \
             const C centered = add_rn(v, -(C)mean[c]);                                           \
             const C inner = add_rn(add_rn(g, -(C)shift[c]), -mul_rn(centered, (C)k[c]));         \

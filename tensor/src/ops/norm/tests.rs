@@ -260,6 +260,16 @@ device_test! {
             check(&out, &want_out, dtype, &format!("{what} out"));
             let (fused, _, _) = xc.batch_norm_relu_training(Some(&weight), None, eps);
             assert_eq!(fused.to_f64_vec(), out.relu().to_f64_vec(), "{what}: fused ReLU");
+            // The residual packed like x, and row-major (copied into x's order first).
+            let res = cl(&random(&[3, 16, 5, 7], 9, -1.0, 1.0, dev).to_dtype(dtype));
+            for r in [res.clone(), res.contiguous()] {
+                let (fused, mean2, var2) = xc.batch_norm_add_relu_training(Some(&weight), None, &r, eps);
+                check(&fused, &out.add(&r).relu(), dtype, &format!("{what}: fused add and ReLU"));
+                assert_eq!((mean2.to_f64_vec(), var2.to_f64_vec()), (mean.to_f64_vec(), var.to_f64_vec()));
+                if dev.is_cuda() {
+                    assert_eq!(fused.layout().strides(), xc.layout().strides(), "{what}: fused output layout");
+                }
+            }
             // dy packed like x, and dy row-major (copied into x's order first).
             for dy in [dyc.clone(), dyc.contiguous()] {
                 let (dx, dw, db) = dy.batch_norm_backward(&xc, (&mean, &var), Some(&weight), eps, true);

@@ -31,6 +31,7 @@ pub use device::Device;
 pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};
 pub use layout::Layout;
+pub use ops::attention::FlashAttention;
 pub use ops::binary::{BinaryOp, CmpOp};
 pub use ops::optim::{AdamWStep, SgdStep};
 pub use ops::random::{

@@ -1,6 +1,7 @@
 //! The differentiable ops, one file per op family: each file holds the `Var` methods of its
 //! family and their gradients.
 
+mod attention;
 mod conv;
 mod elementwise;
 mod index;

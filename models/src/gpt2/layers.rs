@@ -119,12 +119,18 @@ impl Gpt2Attention {
         let qkv = self.c_attn.forward(x).split(e, 2);
         let heads = |v: &Var| v.reshape([b, t, h, e / h]).transpose(1, 2);
         let (q, k, v) = (heads(&qkv[0]), heads(&qkv[1]), heads(&qkv[2]));
-        let mask = additive_mask(attention_mask, true, [t, t], x.dtype(), "GPT-2")
-            .map(|m| m.to_device(x.device()).expect("the mask on the input's device"));
         let training = self.training.get();
         let p = if training { self.attn_pdrop } else { 0.0 };
         let scale = if self.scale { 1.0 / ((e / h) as f64).sqrt() } else { 1.0 };
-        let y = scaled_dot_product_attention_with(&q, &k, &v, mask.as_ref(), p, false, Some(scale));
+        // Without padding the mask is the causal one, which sdpa applies itself (fused on CUDA,
+        // no [T, T] mask built); with padding, HF's additive mask (the dtype's minimum).
+        let y = if attention_mask.is_none() {
+            scaled_dot_product_attention_with(&q, &k, &v, None, p, true, Some(scale))
+        } else {
+            let mask = additive_mask(attention_mask, true, [t, t], x.dtype(), "GPT-2")
+                .map(|m| m.to_device(x.device()).expect("the mask on the input's device"));
+            scaled_dot_product_attention_with(&q, &k, &v, mask.as_ref(), p, false, Some(scale))
+        };
         let y = self.c_proj.forward(&y.transpose(1, 2).reshape([b, t, e]));
         dropout(&y, self.resid_pdrop, training)
     }

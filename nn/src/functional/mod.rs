@@ -2,7 +2,7 @@
 //! and that model code can call directly.
 
 use oxtrain_autograd::Var;
-use oxtrain_tensor::{CmpOp, DType, Device, Tensor};
+use oxtrain_tensor::{CmpOp, DType, Device, FlashAttention, Tensor};
 
 /// `x W^T + b` over the last dim of `x` (`F.linear`); `weight` is `[out, in]`.
 pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>) -> Var {
@@ -104,6 +104,21 @@ pub fn scaled_dot_product_attention_with(
         "scaled_dot_product_attention: pass either attn_mask or is_causal, not both (merge them into one mask)"
     );
     let (l, s) = (q.dims()[r - 2], k.dims()[r - 2]);
+    // Fused attention where the kernels take it: no [L, S] scores in memory, forward or backward.
+    let dtype = match oxtrain_autograd::autocast_dtype() {
+        Some(low) if q.dtype() == DType::F32 => low,
+        _ => q.dtype(),
+    };
+    let fused = r == 4
+        && attn_mask.is_none()
+        && dropout_p == 0.0
+        && v.dims()[r - 1] == e
+        && q.dtype() == k.dtype()
+        && k.dtype() == v.dtype()
+        && FlashAttention::is_fused(q.device(), dtype, e);
+    if fused {
+        return q.flash_attention(k, v, &FlashAttention { scale, causal: is_causal, key_lengths: None });
+    }
     let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
     let mut scores = q.matmul(&k.transpose(-2, -1)).mul_scalar(scale);
     if is_causal {

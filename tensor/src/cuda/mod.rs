@@ -29,6 +29,7 @@ pub use crate::ops::matmul::cuda::{allow_tf32, set_allow_tf32};
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
 pub fn all_kernel_sources() -> Vec<KernelSource> {
     vec![
+        crate::ops::attention::cuda::SOURCE,
         crate::ops::unary::cuda::SOURCE,
         crate::ops::binary::cuda::SOURCE,
         crate::ops::convert::cuda::SOURCE,

@@ -2,6 +2,7 @@
 //! on [`Tensor`](crate::Tensor)), its CPU kernels and its tests; the CUDA backend adds a kernel
 //! source and a dispatch arm beside them.
 
+pub mod attention;
 pub mod binary;
 pub mod conv;
 pub mod convert;

@@ -21,6 +21,9 @@ cases=(
   "gpt2_124m_bf16_b16_t1024|gpt2-124m --batch 16 --seq 1024 --precision bf16|gpt2-124m --batch 16 --seq 1024 --precision bf16"
   "resnet50_tf32_b256|resnet50 --batch 256 --image 224 --precision tf32 --channels-last|resnet50 --batch 256 --image 224 --precision f32 --channels-last"
 )
+# CASES (a regular expression) keeps only the matching case tags.
+filtered=(); for c in "${cases[@]}"; do [[ ${c%%|*} =~ ${CASES:-.} ]] && filtered+=("$c"); done
+cases=("${filtered[@]}")
 run() { # <file> <timeout> <cmd...>
   local f=$1 t=$2; shift 2
   if (( SECONDS > budget )); then echo "skip (time): $*"; return; fi

@@ -56,7 +56,7 @@ fn main() {
     let w = Tensor::ones([c], DType::F32, GPU).unwrap();
     let b = Tensor::zeros([c], DType::F32, GPU).unwrap();
     let (_, mean, var) = x.batch_norm_training(Some(&w), Some(&b), 1e-5);
-    let copy = time_gpu(20, &mut || drop(x.permute([0, 2, 3, 1]).contiguous()));
+    let copy = time_gpu(20, &mut || drop(x.permute([0, 2, 3, 1]).copy()));
     let rows: Vec<(&str, f64, f64)> = vec![
         ("copy (contiguous)", 2.0, copy),
         ("relu", 2.0, time_gpu(20, &mut || drop(x.relu()))),

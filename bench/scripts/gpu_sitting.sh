@@ -19,6 +19,19 @@ nv=$(python3 -c 'import nvidia; print(nvidia.__path__[0])' 2>/dev/null)
 lp=""; for d in "$nv"/cudnn/lib "$nv"/cu13/lib "$nv"/*/lib /usr/local/cuda/lib64; do
   [ -d "$d" ] && case ":$lp:" in *":$d:"*) ;; *) lp="$lp:$d";; esac; done
 export LD_LIBRARY_PATH="${lp#:}:${LD_LIBRARY_PATH:-}"
+# Which cuDNN arrangement works here: pip's cuDNN on the path, or only the system's. One conv
+# test decides; the rest of the sitting runs with the first that passes.
+if [ -x .gpu/tests/oxtrain_tensor ]; then
+  for variant in with-pip-cudnn without-pip-cudnn; do
+    lp_try="$LD_LIBRARY_PATH"
+    [ $variant = without-pip-cudnn ] && lp_try=$(echo "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v '/cudnn/' | paste -sd:)
+    if LD_LIBRARY_PATH="$lp_try" .gpu/tests/oxtrain_tensor --include-ignored cudnn_accepts_our_descriptors > /tmp/cudnn-$variant.log 2>&1; then
+      echo "cuDNN: $variant passes"; export LD_LIBRARY_PATH="$lp_try"; break
+    else
+      echo "cuDNN: $variant fails: $(grep -m1 -E 'failed|Error' /tmp/cudnn-$variant.log)"
+    fi
+  done
+fi
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 echo "commit $commit, mode $mode"
@@ -41,7 +54,7 @@ fi
 if [[ $mode == all || $mode == bench ]]; then
   mkdir -p /tmp/bench-out
   [ -x .gpu/bin/oxtrain-base ] && export BASE_BIN="$top/.gpu/bin/oxtrain-base"
-  OUT=/tmp/bench-out BIN="$top/.gpu/bin/oxtrain" BUDGET_S="${BUDGET_S:-300}" bash bench/scripts/train_h200.sh
+  COMMIT="$commit" BASE_COMMIT="$(cat .gpu/base-commit 2>/dev/null)" OUT=/tmp/bench-out BIN="$top/.gpu/bin/oxtrain" BUDGET_S="${BUDGET_S:-300}" bash bench/scripts/train_h200.sh
   cp /tmp/bench-out/train-h200.json "$OUT/" 2>/dev/null
   tar -C /tmp/bench-out -czf "$OUT/bench-raw.tgz" .
 fi

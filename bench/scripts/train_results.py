@@ -53,7 +53,13 @@ def main():
                 entry["ratio_vs_eager"] = round(ours["oxtrain"] / eager["peer"], 3)
         if ours and peer:
             entry["ratio"] = round(ours["oxtrain"] / peer["peer"], 3)
-        entry["goal"] = 1.0
+        base, n_base = best(os.path.join(out, f"{tag}.base.jsonl"))
+        if base:
+            # An earlier oxtrain binary run beside this one (BASE_BIN): what the change bought.
+            entry["oxtrain_before"] = round(base["oxtrain"], 1)
+            entry["before_commit"] = os.environ.get("BASE_COMMIT", "")
+        # The goals: 1.05x torch.compile for bf16, 1.0x eager for TF32.
+        entry["goal"] = 1.0 if peer_kind == "eager" else 1.05
         entry["rounds"] = {"oxtrain": n_ours, "peer": n_peer}
         benchmarks.append(entry)
     # The GPU machine gets a copy of the tree whose git history may not be this commit's.

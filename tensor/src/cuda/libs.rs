@@ -147,44 +147,21 @@ fn load_from_dirs(lib: CudaLib) -> LibStatus {
 
 /// cuDNN 9 is a front library (`libcudnn.so.9`) that opens its sub-libraries
 /// (`libcudnn_ops.so.9`, `libcudnn_engines_*.so.9`, ...) by soname, and cudarc opens the front
-/// by the bare name `libcudnn.so` before `libcudnn.so.9`. With two installs (the system's, and
-/// pip's on LD_LIBRARY_PATH, say) the front and its sub-libraries could come from different
-/// versions: `CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH`. So we take the front that the system
-/// loader gives for cudarc's first name when there is one (the copy cudarc will use), else ours
-/// from the search folders, and load the sub-libraries of the front's own folder by full path:
-/// the front's lookups by soname then find them, whatever LD_LIBRARY_PATH says.
+/// by the bare name `libcudnn.so` before `libcudnn.so.9`. Preloading a front from elsewhere
+/// than where that bare name resolves puts two fronts in the process, and the second one's
+/// calls fail with `CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH` (seen on the H200 machine, which
+/// has the system's cuDNN and pip's). So the front is the one the system loader gives for
+/// cudarc's first name when there is one, else ours from the search folders.
 fn load_cudnn() -> LibStatus {
-    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_LAZY, RTLD_NOW};
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     // SAFETY: as in `load_first`: cuDNN's initialisers run, as they would under cudarc.
-    let front = match unsafe { Library::open(Some("libcudnn.so"), RTLD_NOW | RTLD_GLOBAL) } {
+    match unsafe { Library::open(Some("libcudnn.so"), RTLD_NOW | RTLD_GLOBAL) } {
         Ok(l) => {
             std::mem::forget(l);
-            mapped_file("libcudnn.so").map(LibStatus::Loaded)
+            mapped_file("libcudnn.so").map_or(LibStatus::NotFound, LibStatus::Loaded)
         }
-        Err(_) => None,
-    };
-    let status = front.unwrap_or_else(|| load_first(CudaLib::Cudnn));
-    if let Some(dir) = match &status {
-        LibStatus::Loaded(path) => path.parent(),
-        _ => None,
-    } {
-        let mut subs: Vec<PathBuf> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libcudnn_")))
-            .filter(|p| p.to_string_lossy().ends_with(".so.9"))
-            .collect();
-        subs.sort();
-        for sub in subs {
-            // SAFETY: as above. Lazy binding: the engine libraries are large and mostly unused.
-            if let Ok(l) = unsafe { Library::open(Some(&sub), RTLD_LAZY | RTLD_GLOBAL) } {
-                std::mem::forget(l);
-            }
-        }
+        Err(_) => load_first(CudaLib::Cudnn),
     }
-    status
 }
 
 /// The file behind a library this process has mapped whose name starts with `prefix`.

@@ -14,7 +14,7 @@ for p in pathlib.Path(".gpu").rglob("*.xz"):
     q = p.with_suffix("")
     q.write_bytes(lzma.decompress(p.read_bytes())); q.chmod(0o755); p.unlink()
 PY
-# pip's cuDNN first: its sub-libraries must come from the same folder as libcudnn.so.9.
+# pip's CUDA libraries on the path (cuDNN's is dropped again below if it breaks cuDNN).
 nv=$(python3 -c 'import nvidia; print(nvidia.__path__[0])' 2>/dev/null)
 lp=""; for d in "$nv"/cudnn/lib "$nv"/cu13/lib "$nv"/*/lib /usr/local/cuda/lib64; do
   [ -d "$d" ] && case ":$lp:" in *":$d:"*) ;; *) lp="$lp:$d";; esac; done

@@ -116,9 +116,13 @@ impl Gpt2Attention {
     pub fn forward_masked(&self, x: &Var, attention_mask: Option<&Tensor>) -> Var {
         let (b, t, e) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let h = self.n_head;
-        let qkv = self.c_attn.forward(x).split(e, 2);
+        // q, k and v from column slices of c_attn (the same arithmetic as splitting its output):
+        // each comes out contiguous, so the head split is a view, and the backward slices the
+        // small weight rather than scattering three gradients into a [B, T, 3E] buffer.
+        let (w, bias) = (self.c_attn.weight.var(), self.c_attn.bias.var());
+        let proj = |i: usize| x.matmul(&w.narrow(1, i * e, e)).add(&bias.narrow(0, i * e, e));
         let heads = |v: &Var| v.reshape([b, t, h, e / h]).transpose(1, 2);
-        let (q, k, v) = (heads(&qkv[0]), heads(&qkv[1]), heads(&qkv[2]));
+        let (q, k, v) = (heads(&proj(0)), heads(&proj(1)), heads(&proj(2)));
         let training = self.training.get();
         let p = if training { self.attn_pdrop } else { 0.0 };
         let scale = if self.scale { 1.0 / ((e / h) as f64).sqrt() } else { 1.0 };

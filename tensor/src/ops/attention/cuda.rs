@@ -43,11 +43,7 @@ pub(super) fn prepared(t: &Tensor) -> Tensor {
 /// The device address of `t`'s first element and its strides (`t` prepared).
 fn operand(t: &Tensor) -> (u64, Bhtd) {
     let st = t.layout().strides();
-    let ptr = match &*t.storage() {
-        Storage::Cuda(s) => s.ptr() + (t.layout().offset() * t.dtype().size_in_bytes()) as u64,
-        Storage::Cpu(_) => unreachable!("checked to be on one CUDA device"),
-    };
-    (ptr, Bhtd { b: st[0] as i64, h: st[1] as i64, t: st[2] as i64 })
+    (operand_flat(t), Bhtd { b: st[0] as i64, h: st[1] as i64, t: st[2] as i64 })
 }
 
 fn device_of(t: &Tensor) -> (std::sync::Arc<cuda::CudaDevice>, std::sync::Arc<cudarc::driver::CudaStream>) {

@@ -133,6 +133,36 @@ BINARY_VEC(f64, double, double, ID, ID)
 BINARY_VEC(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
 BINARY_VEC(f16, f16_t, float, f16_to_f32, f32_to_f16)
 
+// One contiguous operand and one that repeats a contiguous block of `inner` elements along
+// the leading dims (a bias over rows, a positional table over the batch), both 16-byte
+// aligned with `inner` a whole number of vectors: 16-byte loads of both, where the strided
+// kernel would do a division per dim and a 2-byte access per element. `row_first` says the
+// repeating operand is the left one (the op need not commute).
+#define BINARY_ROWVEC(SUFFIX, T, C, LOAD, STORE)                                                 \
+    extern "C" __global__ void binary_rowvec_##SUFFIX(int op, const T* full, const T* row, T* out, \
+                                                      i64 nv, i64 inner_vecs, int row_first) {   \
+        const int V = 16 / sizeof(T);                                                            \
+        const uint4* fv = (const uint4*)full;                                                    \
+        const uint4* rv = (const uint4*)row;                                                     \
+        uint4* ov = (uint4*)out;                                                                 \
+        FOR_EACH(i, nv) {                                                                        \
+            uint4 x = fv[i], y = rv[fast_mod(i, inner_vecs)], r;                                 \
+            const T* xs = (const T*)&x;                                                          \
+            const T* ys = (const T*)&y;                                                          \
+            T* rs = (T*)&r;                                                                      \
+            if (row_first) {                                                                     \
+                _Pragma("unroll") for (int j = 0; j < V; ++j) rs[j] = STORE(binary_apply<C>(op, LOAD(ys[j]), LOAD(xs[j]))); \
+            } else {                                                                             \
+                _Pragma("unroll") for (int j = 0; j < V; ++j) rs[j] = STORE(binary_apply<C>(op, LOAD(xs[j]), LOAD(ys[j]))); \
+            }                                                                                    \
+            ov[i] = r;                                                                           \
+        }                                                                                        \
+    }
+BINARY_ROWVEC(f32, float, float, ID, ID)
+BINARY_ROWVEC(f64, double, double, ID, ID)
+BINARY_ROWVEC(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
+BINARY_ROWVEC(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
 // Backward ops that combine an output gradient g with the op's input x elementwise, each in a
 // strided form (any layouts) and a vector form (contiguous, 16-byte aligned): NAME(g, x, p) in
 // the compute type, p one scalar parameter.

@@ -81,6 +81,9 @@ pub(super) fn binary(
         if let Some(out) = binary_vectorized(a, la, b, lb, op) {
             return out;
         }
+        if let Some(out) = binary_row_broadcast(a, la, b, lb, op) {
+            return out;
+        }
     }
     let kernel = format!("binary_{}", cuda::suffix(dtype));
     launch_pair(&kernel, binary_code(op), (a, la), (b, lb), dtype, op.name())
@@ -116,6 +119,63 @@ fn binary_vectorized(
     // SAFETY: both inputs hold n contiguous elements from 16-byte-aligned addresses; `out` is
     // a fresh block (512-byte aligned) of n elements.
     expect_launch(unsafe { builder.launch(launch_cfg(vectors)) }, op.name());
+    Some(out)
+}
+
+/// The length of the contiguous block that `l` repeats along its leading dims (strides 0
+/// there, row-major contiguous after), if it repeats one at all: `[N]` broadcast to `[M, N]`
+/// gives N.
+fn repeated_block(l: &Layout) -> Option<usize> {
+    let (dims, strides) = (l.dims(), l.strides());
+    let (mut k, mut inner) = (dims.len(), 1usize);
+    while k > 0 && strides[k - 1] != 0 && (dims[k - 1] == 1 || strides[k - 1] == inner) {
+        inner *= dims[k - 1];
+        k -= 1;
+    }
+    let repeats = dims[..k].iter().zip(&strides[..k]).all(|(&d, &s)| d == 1 || s == 0);
+    (repeats && inner < l.elem_count()).then_some(inner)
+}
+
+/// The 16-byte-vector kernel for a contiguous operand with a broadcast one that repeats a
+/// contiguous block (a bias added over rows), when the block is whole vectors and both are
+/// 16-byte aligned.
+fn binary_row_broadcast(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    op: BinaryOp,
+) -> Option<CudaStorage> {
+    let size = a.dtype().size_in_bytes();
+    let vector = 16 / size;
+    let addr = |s: &CudaStorage, l: &Layout| s.ptr() + (l.offset() * size) as u64;
+    let (full, lf, row, lr, row_first) = if la.is_contiguous() {
+        (a, la, b, lb, 0i32)
+    } else if lb.is_contiguous() {
+        (b, lb, a, la, 1i32)
+    } else {
+        return None;
+    };
+    let inner = repeated_block(lr)?;
+    let (pf, pr) = (addr(full, lf), addr(row, lr));
+    let n = lf.elem_count();
+    if n == 0 || !inner.is_multiple_of(vector) || !pf.is_multiple_of(16) || !pr.is_multiple_of(16) {
+        return None;
+    }
+    let dev = a.device();
+    let out = expect_launch(CudaStorage::alloc(dev, a.dtype(), n), op.name());
+    let f = expect_launch(
+        dev.function(&SOURCE, &format!("binary_rowvec_{}", cuda::suffix(a.dtype()))),
+        op.name(),
+    );
+    let (code, po) = (binary_code(op), out.ptr());
+    let (nv, inner_vecs) = ((n / vector) as i64, (inner / vector) as i64);
+    let stream = out.stream();
+    let mut builder = stream.launch_builder(&f);
+    builder.arg(&code).arg(&pf).arg(&pr).arg(&po).arg(&nv).arg(&inner_vecs).arg(&row_first);
+    // SAFETY: `full` holds n contiguous elements and `row` `inner` of them, both from 16-byte
+    // aligned addresses; n is a multiple of inner, itself of the vector width; `out` is fresh.
+    expect_launch(unsafe { builder.launch(launch_cfg(n / vector)) }, op.name());
     Some(out)
 }
 

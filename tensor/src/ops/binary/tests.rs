@@ -155,6 +155,35 @@ crate::device_test! {
 }
 
 crate::device_test! {
+    fn repeated_block_operands_match_the_naive_loop(dev: Device) {
+        // Blocks that fill whole 16-byte vectors take the row-broadcast kernel on CUDA (a bias
+        // over rows, a table over the batch), on either side of a non-commuting op; 10 does
+        // not and takes the strided one.
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+            for (full_dims, row_dims) in
+                [(vec![37, 64], vec![64]), (vec![3, 5, 48], vec![5, 48]), (vec![6, 10], vec![10])]
+            {
+                let n: usize = full_dims.iter().product();
+                let inner: usize = row_dims.iter().product();
+                let full: Vec<f64> = (0..n).map(|i| ((i * 7) % 23) as f64 - 11.5).collect();
+                let row: Vec<f64> = (0..inner).map(|j| (j % 13) as f64 * 0.5 + 1.0).collect();
+                let a = Tensor::from_vec(full.clone(), full_dims.as_slice(), dev).unwrap().to_dtype(dtype);
+                let b = Tensor::from_vec(row.clone(), row_dims.as_slice(), dev).unwrap().to_dtype(dtype);
+                let left: Vec<f64> = (0..n).map(|i| full[i] - row[i % inner]).collect();
+                let right: Vec<f64> = (0..n).map(|i| row[i % inner] / full[i]).collect();
+                let tol = if dtype.size_in_bytes() == 2 { 1e-2 } else { 1e-6 };
+                for (y, naive, what) in [(a.sub(&b), &left, "full - row"), (b.div(&a), &right, "row / full")] {
+                    let got = y.to_dtype(DType::F64).to_vec::<f64>();
+                    for (i, (g, w)) in got.iter().zip(naive.iter()).enumerate() {
+                        assert!((g - w).abs() <= tol * w.abs().max(1.0), "{dtype} {what} {full_dims:?} at {i}: {g} vs {w}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+crate::device_test! {
     #[should_panic(expected = "add: shapes [2, 3] and [4] cannot be broadcast together")]
     fn shape_mismatch_names_op_and_shapes(dev: Device) {
         let _ = Tensor::zeros([2, 3], DType::F32, dev).unwrap() + Tensor::zeros([4], DType::F32, dev).unwrap();

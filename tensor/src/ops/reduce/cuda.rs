@@ -17,6 +17,8 @@ pub(crate) const SOURCE: KernelSource = cuda::source!("reduce", "src/ops/reduce/
 
 /// `RED_THREADS` in `reduce.cu`.
 const BLOCK: u32 = 256;
+/// `COLS_WARPS * 32` in `reduce.cu`.
+const COLS_THREADS: u32 = 256;
 /// Blocks that keep every SM of a large GPU busy (a few per SM).
 const TARGET_BLOCKS: usize = 132 * 8;
 /// The fewest reduced elements one block of a split reduction folds.
@@ -55,6 +57,9 @@ pub(super) fn reduce(s: &CudaStorage, layout: &Layout, dims: &[usize], op: Reduc
     }
     let n_out: usize = kd.iter().product();
     let n_red: usize = rd.iter().product();
+    if let Some(out) = reduce_columns(s, layout, (&kd, &ks), (&rd, &rs), op) {
+        return out;
+    }
     let outs = StridedArg::new(&Layout::new(kd, ks, layout.offset()));
     let red = StridedArg::new(&Layout::new(rd, rs, 0));
     let dev = s.device();
@@ -111,6 +116,79 @@ pub(super) fn reduce(s: &CudaStorage, layout: &Layout, dims: &[usize], op: Reduc
         expect_launch(unsafe { b.launch(launch_cfg(n_out)) }, name);
     }
     out
+}
+
+/// The single stride of dims that walk memory as one (row-major, each stride the next one's
+/// times its extent), size-1 dims ignored; `Some(0)` for no dims.
+fn single_stride(dims: &[usize], strides: &[usize]) -> Option<usize> {
+    let kept: Vec<(usize, usize)> =
+        dims.iter().zip(strides).filter(|(&d, _)| d != 1).map(|(&d, &s)| (d, s)).collect();
+    let Some(&(_, innermost)) = kept.last() else { return Some(0) };
+    kept.windows(2).all(|w| w[0].1 == w[1].1 * w[1].0).then_some(innermost)
+}
+
+/// Sum and mean over the rows of a `[rows, cols]` view whose columns are contiguous (sum over
+/// dim 0 of `[N, C]`, a bias gradient), by `reduce_*_cols` with coalesced reads; `None` when
+/// the layout is not of that form.
+fn reduce_columns(
+    s: &CudaStorage,
+    layout: &Layout,
+    (kd, ks): (&[usize], &[usize]),
+    (rd, rs): (&[usize], &[usize]),
+    op: ReduceOp,
+) -> Option<CudaStorage> {
+    let family = match op {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Mean => "mean",
+        _ => return None,
+    };
+    let (cols, rows): (usize, usize) = (kd.iter().product(), rd.iter().product());
+    if !s.dtype().is_float() || cols == 0 || rows <= SHORT || single_stride(kd, ks)? != 1 {
+        return None;
+    }
+    let row_stride = single_stride(rd, rs)?;
+    if row_stride < cols {
+        return None;
+    }
+    let name = op.name();
+    let dev = s.device();
+    let out = expect_launch(CudaStorage::alloc(dev, op.out_dtype(s.dtype()), cols), name);
+    let col_blocks = cols.div_ceil(32);
+    let splits = (TARGET_BLOCKS / col_blocks).clamp(1, rows.div_ceil(256)).min(1 << 15);
+    let rows_per_split = rows.div_ceil(splits);
+    let splits = rows.div_ceil(rows_per_split);
+    let workspace = (splits > 1)
+        .then(|| expect_launch(CudaStorage::alloc(dev, DType::U8, cols * splits * STATE_BYTES), name));
+    let partial = workspace.as_ref().map_or(0u64, |w| w.ptr());
+    let sfx = cuda::suffix(s.dtype());
+    let src = s.ptr() + (layout.offset() * s.dtype().size_in_bytes()) as u64;
+    let (dst, stream) = (out.ptr(), out.stream());
+    let (rows64, cols64, stride64, per64) =
+        (rows as i64, cols as i64, row_stride as i64, rows_per_split as i64);
+    let f = expect_launch(dev.function(&SOURCE, &format!("reduce_{family}_cols_{sfx}")), name);
+    let cfg = LaunchConfig {
+        grid_dim: (col_blocks as u32, splits as u32, 1),
+        block_dim: (COLS_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = stream.launch_builder(&f);
+    b.arg(&src).arg(&rows64).arg(&cols64).arg(&stride64).arg(&per64).arg(&partial).arg(&dst);
+    // SAFETY: element (j, c) of the view is at src + j * row_stride + c, inside `s`, for
+    // j < rows and c < cols; the workspace holds cols * splits states; `out` holds cols.
+    expect_launch(unsafe { b.launch(cfg) }, name);
+    if splits > 1 {
+        // The generic merge folds partial[o * splits + sp] for each output o, in split order.
+        let (flag, correction, splits64, empty) = (0i32, 0i64, splits as i64, 0u64);
+        let outs = StridedArg::new(&Layout::new(vec![cols], vec![1], 0));
+        let red = StridedArg::new(&Layout::new(vec![rows], vec![row_stride], 0));
+        let f = expect_launch(dev.function(&SOURCE, &format!("reduce_{family}_merge_{sfx}")), name);
+        let mut b = stream.launch_builder(&f);
+        b.arg(&outs).arg(&red).arg(&empty).arg(&cols64).arg(&rows64).arg(&splits64).arg(&per64);
+        b.arg(&partial).arg(&dst).arg(&flag).arg(&correction);
+        // SAFETY: the merge reads only the workspace the cols kernel filled on this stream.
+        expect_launch(unsafe { b.launch(launch_cfg(cols)) }, name);
+    }
+    Some(out)
 }
 
 /// Lanes longer than this take the host fallback in [`topk`]: the GPU ranking is O(n^2).

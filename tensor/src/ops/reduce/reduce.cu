@@ -220,6 +220,48 @@ __device__ void reduce_merge(R r, const typename R::S* partial, long long n_out,
     }
 }
 
+// Sum or mean over the rows of a [rows, cols] view with contiguous columns (sum over dim 0 of
+// [N, C]: a bias gradient). The generic kernels give such a reduction one block per column,
+// whose threads read down the column, 2 bytes from every 32-byte sector; here the 32 lanes of
+// a warp read 32 neighbouring columns of one row, the 8 warps of a block interleave rows, and
+// blockIdx.y splits the rows so a few hundred columns still fill the GPU. Split partials go to
+// partial[col * splits + split], which the merge kernel folds in split order (deterministic).
+#define COLS_WARPS 8
+template <class R, class E>
+__device__ void reduce_cols(R r, const typename E::T* in, long long rows, long long cols, long long row_stride,
+                            long long rows_per_split, typename R::S* partial, typename R::O* out) {
+    typedef typename R::S S;
+    __shared__ double smem_raw[COLS_WARPS * 32 * sizeof(S) / sizeof(double) + 1];
+    S* sm = (S*)smem_raw;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const long long c = (long long)blockIdx.x * 32 + lane;
+    const long long r0 = (long long)blockIdx.y * rows_per_split, r1 = min(r0 + rows_per_split, rows);
+    S s = r.init(0);
+    if (c < cols) {
+        for (long long j = r0 + warp; j < r1; j += COLS_WARPS) s = r.step(s, in[j * row_stride + c], j);
+    }
+    sm[warp * 32 + lane] = s;
+    __syncthreads();
+    if (warp == 0 && c < cols) {
+        for (int w = 1; w < COLS_WARPS; ++w) s = r.merge(s, sm[w * 32 + lane]);
+        if (gridDim.y > 1) partial[c * gridDim.y + blockIdx.y] = s;
+        else out[c] = r.finish(s, rows);
+    }
+}
+
+#define REDUCE_COLS_KERNEL(OP, RED, E, SUFFIX)                                                                \
+    extern "C" __global__ void __launch_bounds__(COLS_WARPS * 32)                                            \
+    reduce_##OP##_cols_##SUFFIX(const E::T* in, long long rows, long long cols, long long row_stride,           \
+                                long long rows_per_split, RED<E>::S* partial, RED<E>::O* out) {             \
+        RED<E> r; r.flag = 0; r.correction = 0;                                                              \
+        reduce_cols<RED<E>, E>(r, in, rows, cols, row_stride, rows_per_split, partial, out);                 \
+    }
+#define REDUCE_COLS_FLOAT_DTYPES(OP, RED)      \
+    REDUCE_COLS_KERNEL(OP, RED, EF32, f32)     \
+    REDUCE_COLS_KERNEL(OP, RED, EF64, f64)     \
+    REDUCE_COLS_KERNEL(OP, RED, EBF16, bf16)   \
+    REDUCE_COLS_KERNEL(OP, RED, EF16, f16)
+
 #define REDUCE_KERNELS(OP, RED, E, SUFFIX)                                                                   \
     extern "C" __global__ void __launch_bounds__(RED_THREADS)                                              \
     reduce_##OP##_blocks_##SUFFIX(Strided outs, Strided red, const E::T* in, long long n_out, long long n_red, \
@@ -261,6 +303,8 @@ REDUCE_ALL_DTYPES(ext, ExtR)
 REDUCE_ALL_DTYPES(arg, ArgR)
 REDUCE_FLOAT_DTYPES(mean, MeanR)
 REDUCE_FLOAT_DTYPES(var, VarR)
+REDUCE_COLS_FLOAT_DTYPES(sum, SumR)
+REDUCE_COLS_FLOAT_DTYPES(mean, MeanR)
 
 // ---- topk ----------------------------------------------------------------------------------
 // Lanes are rows of `lanes` (the searched dim moved last): lane l's i-th element sits at

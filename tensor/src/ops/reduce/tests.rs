@@ -217,6 +217,10 @@ device_test! {
             (base(&[3000, 24], DType::F64, 16, dev).t(), vec![1]),
             (base(&[1, 400], DType::F32, 17, dev).expand([300, 400]), vec![0]),
             (base(&[200, 300], DType::F32, 18, dev), vec![]),
+            // A bias gradient's shape: the rows of two leading dims folded into 96 columns,
+            // split over many blocks by the column kernel on CUDA.
+            (base(&[16, 512, 96], DType::BF16, 20, dev), vec![0, 1]),
+            (base(&[9, 40, 70], DType::F32, 21, dev).narrow(2, 3, 64), vec![0, 1]),
         ];
         for (t, dims) in cases {
             check_all_ops(&t, &dims, false, &format!("large {:?}", t.dims()));

@@ -39,7 +39,16 @@ impl Var {
                 }
             });
             let gb = needs[1].then(|| {
-                let gb = a2.transpose(-2, -1).matmul(&g);
+                let gb = if b2.rank() == 2 && a2.rank() > 2 {
+                    // `x [.., T, K] @ w [K, N]`: w's gradient is one tall product over every row
+                    // of the batch, x^T [K, rows] @ g [rows, N], rather than a product per batch
+                    // entry summed afterwards (a batch of outputs, each rounded to the dtype).
+                    let (k, n) = (b2.dims()[0], b2.dims()[1]);
+                    let rows = a2.elem_count() / k.max(1);
+                    a2.reshape([rows, k]).t().matmul(&g.reshape([rows, n]))
+                } else {
+                    a2.transpose(-2, -1).matmul(&g)
+                };
                 if b_vec {
                     gb.squeeze(-1)
                 } else {

@@ -20,6 +20,14 @@ device_test! {
         );
         check("batch @ matrix", |v| v[0].matmul(&v[1]), &[randn(&[2, 3, 4], 13, dev), randn(&[4, 2], 14, dev)]);
         check("batch @ vec", |v| v[0].matmul(&v[1]), &[randn(&[2, 3, 4], 15, dev), randn(&[4], 16, dev)]);
+        // The matrix's gradient is one product over every row of the batch: also when the
+        // batch is a view whose rows do not stack (a copy first) and when it has two dims.
+        check(
+            "transposed batch @ matrix",
+            |v| v[0].matmul(&v[1]),
+            &[randn(&[3, 2, 4], 21, dev).transpose(0, 1), randn(&[4, 5], 22, dev)],
+        );
+        check("4-d batch @ matrix", |v| v[0].matmul(&v[1]), &[randn(&[2, 2, 3, 4], 23, dev), randn(&[4, 2], 24, dev)]);
         check("vec @ batch", |v| v[0].matmul(&v[1]), &[randn(&[3], 17, dev), randn(&[2, 3, 4], 18, dev)]);
         check(
             "bmm transposed",

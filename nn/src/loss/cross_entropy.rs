@@ -64,7 +64,8 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
     let classes = x.dims()[rank.min(2) - 1];
     let rows = target.elem_count();
 
-    // [rows, C] in the compute dtype (f32, or f64 for f64 logits), the class dim last.
+    // [rows, C] with the class dim last, in the logits' own dtype: the fused kernels widen
+    // each element as they read it, so no f32 copy of the logits is made or kept.
     let compute = compute_dtype(x.dtype());
     let moved = if rank > 2 {
         let mut order: Vec<usize> = vec![0];
@@ -74,20 +75,12 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
     } else {
         x.clone()
     };
-    let logp = moved.to_dtype(compute).reshape((rows, classes)).log_softmax(1);
-
+    let moved_dims = moved.dims().to_vec();
+    let flat = moved.reshape((rows, classes));
     let t = target.reshape(rows);
-    let valid = t.cmp_scalar(opts.ignore_index as f64, CmpOp::Ne);
-    let safe_t = valid.where_cond(&t, &t.zeros_like());
-    let valid_f = valid.to_dtype(compute);
-    let s = opts.label_smoothing;
-    let picked = logp.gather(1, &safe_t.unsqueeze(1)).squeeze(1);
-    let mut per_row = picked.mul_scalar(-(1.0 - s));
-    if s > 0.0 {
-        per_row = per_row.add(&logp.sum(1, false).mul_scalar(-s / classes as f64));
-    }
-    // `where` rather than a multiply: an ignored row may hold inf/NaN logits and must not leak.
-    let per_row = valid.where_cond(&per_row, &per_row.zeros_like());
+    let (ignore, s) = (opts.ignore_index, opts.label_smoothing);
+    let (per_row, lse) = flat.cross_entropy_rows(&t, ignore, s);
+    let valid_f = t.cmp_scalar(ignore as f64, CmpOp::Ne).to_dtype(compute);
 
     let count = valid_f.sum_all();
     let loss = match opts.reduction {
@@ -96,25 +89,17 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
         Reduction::Mean => per_row.sum_all().div(&count),
     };
     let out_dtype = x.dtype();
-    let (reduction, in_dims, moved_dims) = (opts.reduction, x.dims().to_vec(), moved.dims().to_vec());
+    let (reduction, in_dims) = (opts.reduction, x.dims().to_vec());
     Var::from_op(op, loss.to_dtype(out_dtype), &[logits], move |g, _| {
         let g = g.to_dtype(compute);
-        // Per-row weight of the gradient: the output gradient, the mean's 1/count, the mask.
+        // Per-row weight of the gradient: the output gradient, the mean's 1/count (the kernel
+        // zeroes ignored rows itself).
         let w = match reduction {
-            Reduction::None => g.reshape(rows).mul(&valid_f),
-            Reduction::Sum => valid_f.mul(&g),
-            Reduction::Mean => valid_f.mul(&g.div(&count)),
+            Reduction::None => g.reshape(rows),
+            Reduction::Sum => g.broadcast_as(rows).contiguous(),
+            Reduction::Mean => g.div(&count).broadcast_as(rows).contiguous(),
         };
-        // (softmax - q) * w with q = (1 - s) one_hot + s / C, without building q: scale the
-        // softmax, then add -(1 - s) w at each row's target. Three passes over [rows, C]
-        // instead of five (and no int64 one-hot of the whole logits' size).
-        let w_col = w.unsqueeze(1);
-        let mut p = logp.exp();
-        if s > 0.0 {
-            p = p.add_scalar(-s / classes as f64);
-        }
-        let picked = w_col.mul_scalar(-(1.0 - s));
-        let grad = p.mul(&w_col).scatter_add(1, &safe_t.unsqueeze(1), &picked).reshape(moved_dims.as_slice());
+        let grad = flat.cross_entropy_rows_backward(&t, &lse, &w, ignore, s).reshape(moved_dims.as_slice());
         let grad = if rank > 2 {
             // Back from [N, d1.., C] to [N, C, d1..].
             let mut order: Vec<usize> = vec![0, rank - 1];
@@ -123,7 +108,7 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
         } else {
             grad.reshape(in_dims.as_slice())
         };
-        vec![Some(grad.to_dtype(out_dtype))]
+        vec![Some(grad)]
     })
 }
 

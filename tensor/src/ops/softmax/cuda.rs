@@ -139,3 +139,100 @@ pub(super) fn softmax_backward(
     expect_launch(unsafe { b.launch(cfg) }, name);
     out
 }
+
+/// Threads per row of the cross-entropy kernels: about 8 elements each, 32 to 512.
+fn cross_entropy_threads(classes: usize) -> u32 {
+    classes.div_ceil(8).next_power_of_two().clamp(32, 512) as u32
+}
+
+/// The fused cross-entropy forward over `[rows, classes]` logits (from element `ox` of `x`)
+/// and int64 targets (from element `ot` of `t`): `(loss, lse)`, `[rows]` each in `compute`.
+pub(super) fn cross_entropy_forward(
+    (x, ox): (&CudaStorage, usize),
+    (t, ot): (&CudaStorage, usize),
+    (rows, classes): (usize, usize),
+    ignore_index: i64,
+    smoothing: f64,
+    compute: DType,
+) -> (CudaStorage, CudaStorage) {
+    let name = "cross_entropy";
+    let dev = x.device();
+    let loss = expect_launch(CudaStorage::alloc(dev, compute, rows), name);
+    let lse = expect_launch(CudaStorage::alloc(dev, compute, rows), name);
+    if rows == 0 {
+        return (loss, lse);
+    }
+    let px = x.ptr() + (ox * x.dtype().size_in_bytes()) as u64;
+    let pt = t.ptr() + (ot * 8) as u64;
+    let (pl, pe) = (loss.ptr(), lse.ptr());
+    let (rows64, n64) = (rows as i64, classes as i64);
+    let f =
+        expect_launch(dev.function(&SOURCE, &format!("cross_entropy_fwd_{}", cuda::suffix(x.dtype()))), name);
+    let stream = loss.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&px).arg(&pt).arg(&pl).arg(&pe).arg(&rows64).arg(&n64).arg(&ignore_index);
+    let (keep, spread) = (1.0 - smoothing, smoothing / classes as f64);
+    let (keep32, spread32) = (keep as f32, spread as f32);
+    if compute == DType::F64 {
+        b.arg(&keep).arg(&spread);
+    } else {
+        b.arg(&keep32).arg(&spread32);
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (grid(rows.min(1 << 20), name), 1, 1),
+        block_dim: (cross_entropy_threads(classes), 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: x holds rows * classes elements from px, t rows int64 from pt; loss and lse are
+    // fresh [rows] buffers of the compute type the kernel's suffix implies.
+    expect_launch(unsafe { b.launch(cfg) }, name);
+    (loss, lse)
+}
+
+/// The fused cross-entropy backward: `(softmax(x) - q) * w` per row, a new `[rows, classes]`
+/// storage in x's dtype.
+pub(super) fn cross_entropy_backward(
+    (x, ox): (&CudaStorage, usize),
+    (t, ot): (&CudaStorage, usize),
+    (lse, ol): (&CudaStorage, usize),
+    (w, ow): (&CudaStorage, usize),
+    (rows, classes): (usize, usize),
+    ignore_index: i64,
+    smoothing: f64,
+) -> CudaStorage {
+    let name = "cross_entropy_backward";
+    let dev = x.device();
+    let dtype = x.dtype();
+    let out = expect_launch(CudaStorage::alloc(dev, dtype, rows * classes), name);
+    if rows * classes == 0 {
+        return out;
+    }
+    let csize = lse.dtype().size_in_bytes();
+    let px = x.ptr() + (ox * dtype.size_in_bytes()) as u64;
+    let pt = t.ptr() + (ot * 8) as u64;
+    let (pl, pw, po) = (lse.ptr() + (ol * csize) as u64, w.ptr() + (ow * csize) as u64, out.ptr());
+    // Rows of x and of the output share their 16-byte phase when x's base is aligned as the
+    // output's (the allocator's blocks are).
+    let vec = (px.is_multiple_of(16) && po.is_multiple_of(16)) as i32;
+    let (rows64, n64) = (rows as i64, classes as i64);
+    let f = expect_launch(dev.function(&SOURCE, &format!("cross_entropy_bwd_{}", cuda::suffix(dtype))), name);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&px).arg(&pt).arg(&pl).arg(&pw).arg(&po).arg(&rows64).arg(&n64).arg(&ignore_index);
+    let (keep, spread) = (1.0 - smoothing, smoothing / classes as f64);
+    let (keep32, spread32) = (keep as f32, spread as f32);
+    if lse.dtype() == DType::F64 {
+        b.arg(&keep).arg(&spread);
+    } else {
+        b.arg(&keep32).arg(&spread32);
+    }
+    b.arg(&vec);
+    let cfg = LaunchConfig {
+        grid_dim: (grid(rows.min(1 << 20), name), 1, 1),
+        block_dim: (cross_entropy_threads(classes), 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: x holds rows * classes elements from px, t/lse/w rows each; `out` is fresh.
+    expect_launch(unsafe { b.launch(cfg) }, name);
+    out
+}

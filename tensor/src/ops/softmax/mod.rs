@@ -6,6 +6,7 @@
 
 mod backward;
 mod cpu;
+mod cross_entropy;
 pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;

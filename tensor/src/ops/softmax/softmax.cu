@@ -226,3 +226,156 @@ SOFTMAX_BACKWARD(f32, float, float, (float), (float))
 SOFTMAX_BACKWARD(f64, double, double, (double), (double))
 SOFTMAX_BACKWARD(bf16, unsigned short, float, bf16_to_f32, f32_to_bf16)
 SOFTMAX_BACKWARD(f16, unsigned short, float, f16_to_f32, f32_to_f16)
+
+// ---- fused cross-entropy over rows of logits [rows, n] (cross_entropy.rs) ----------------------
+// A block per row. Each thread folds its elements into an online (max, sum of exp) pair, the
+// block merges the pairs; the row's elements are read with 16-byte loads between a scalar head
+// (up to the first aligned address; n is rarely a multiple of 8, so rows start anywhere) and a
+// scalar tail.
+
+// Adds x to the pair (m, s) = (max so far, sum of exp(x_i - m)). -inf adds nothing, even to an
+// empty pair (-inf - -inf is NaN); NaN makes s NaN.
+template <typename C> __device__ __forceinline__ void lse_add(C& m, C& s, C x) {
+    if (x > m) {
+        s = s * m_exp(m - x) + (C)1;
+        m = x;
+    } else {
+        const C d = x - m;
+        s += (d != d && x == x) ? (C)0 : m_exp(d);
+    }
+}
+
+template <typename C> __device__ __forceinline__ void lse_merge(C& m, C& s, C m2, C s2) {
+    const C big = m2 > m ? m2 : m;
+    if (big == neg_inf(big)) {
+        s += s2;  // both empty
+    } else {
+        s = s * m_exp(m - big) + s2 * m_exp(m2 - big);
+    }
+    m = big;
+}
+
+// The block's merged pair, returned to every thread.
+template <typename C> __device__ void block_lse(C& m, C& s) {
+    __shared__ C pm[32], ps[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const C m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        lse_merge(m, s, m2, s2);
+    }
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (l == 0) {
+        pm[w] = m;
+        ps[w] = s;
+    }
+    __syncthreads();
+    m = l < nw ? pm[l] : neg_inf(m);
+    s = l < nw ? ps[l] : (C)0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const C m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        lse_merge(m, s, m2, s2);
+    }
+}
+
+// Calls f(value, column) for this thread's share of the row x[0..n) (VEC-wide loads when
+// `vec`): the scalar head up to a 16-byte boundary, the vector body, the scalar tail.
+template <class E, class F> __device__ __forceinline__ void row_each(const typename E::T* x, long long n, int vec, F f) {
+    typedef typename E::T T;
+    const int V = 16 / sizeof(T);
+    const long long head = vec ? min(n, (long long)(((16 - ((unsigned long long)x & 15)) & 15) / sizeof(T))) : n;
+    for (long long j = threadIdx.x; j < head; j += blockDim.x) f(E::up(x[j]), j);
+    if (!vec) return;
+    const long long nv = (n - head) / V;
+    const Pack<T, 16 / sizeof(T)>* body = (const Pack<T, 16 / sizeof(T)>*)(x + head);
+    for (long long i = threadIdx.x; i < nv; i += blockDim.x) {
+        const Pack<T, 16 / sizeof(T)> p = body[i];
+#pragma unroll
+        for (int e = 0; e < V; ++e) f(E::up(p.v[e]), head + i * V + e);
+    }
+    for (long long j = head + nv * V + threadIdx.x; j < n; j += blockDim.x) f(E::up(x[j]), j);
+}
+
+// loss[r] = lse - keep * x[t] - spread * sum(x) (0 for ignored rows, NaN for a target out of
+// range); lse[r] = log(sum(exp(x))).
+template <class E>
+__device__ void ce_forward(const typename E::T* x, const long long* target, typename E::C* loss,
+                           typename E::C* lse, long long rows, long long n, long long ignore,
+                           typename E::C keep, typename E::C spread) {
+    typedef typename E::C C;
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const typename E::T* xr = x + r * n;
+        C m = neg_inf((C)0), s = 0, sum = 0;
+        row_each<E>(xr, n, 1, [&](C v, long long) {
+            lse_add(m, s, v);
+            sum += v;
+        });
+        block_lse(m, s);
+        if (spread != (C)0) sum = block_reduce<C, false>(sum);
+        if (threadIdx.x == 0) {
+            const C l = m + m_log(s);
+            const long long t = target[r];
+            C out = 0;
+            if (t != ignore) {
+                out = (t < 0 || t >= n) ? m_log((C)-1) : l - keep * E::up(xr[t]) - spread * sum;
+            }
+            lse[r] = l;
+            loss[r] = out;
+        }
+        __syncthreads();  // the shared pairs are reused by the next row
+    }
+}
+
+// dx[r, j] = (exp(x - lse) - spread - keep [j == t]) * w[r], 0 on ignored rows. `vec`: x's rows
+// sit at the same 16-byte phase as dx's (the host checks x's base is aligned).
+template <class E>
+__device__ void ce_backward(const typename E::T* x, const long long* target, const typename E::C* lse,
+                            const typename E::C* w, typename E::T* dx, long long rows, long long n,
+                            long long ignore, typename E::C keep, typename E::C spread, int vec) {
+    typedef typename E::C C;
+    typedef typename E::T T;
+    const int V = 16 / sizeof(T);
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * n;
+        T* dr = dx + r * n;
+        const long long t = target[r];
+        const bool skip = t == ignore;
+        const C l = lse[r], wr = w[r];
+        const long long head = vec ? min(n, (long long)(((16 - ((unsigned long long)xr & 15)) & 15) / sizeof(T))) : n;
+        for (long long j = threadIdx.x; j < head; j += blockDim.x)
+            dr[j] = E::down(skip ? (C)0 : (m_exp(E::up(xr[j]) - l) - spread - (j == t ? keep : (C)0)) * wr);
+        if (!vec) continue;
+        const long long nv = (n - head) / V;
+        const Pack<T, 16 / sizeof(T)>* xb = (const Pack<T, 16 / sizeof(T)>*)(xr + head);
+        Pack<T, 16 / sizeof(T)>* db = (Pack<T, 16 / sizeof(T)>*)(dr + head);
+        for (long long i = threadIdx.x; i < nv; i += blockDim.x) {
+            const Pack<T, 16 / sizeof(T)> p = xb[i];
+            Pack<T, 16 / sizeof(T)> q;
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const long long j = head + i * V + e;
+                q.v[e] = E::down(skip ? (C)0 : (m_exp(E::up(p.v[e]) - l) - spread - (j == t ? keep : (C)0)) * wr);
+            }
+            db[i] = q;
+        }
+        for (long long j = head + nv * V + threadIdx.x; j < n; j += blockDim.x)
+            dr[j] = E::down(skip ? (C)0 : (m_exp(E::up(xr[j]) - l) - spread - (j == t ? keep : (C)0)) * wr);
+    }
+}
+
+#define CROSS_ENTROPY_KERNELS(E, SUFFIX)                                                                  \
+    extern "C" __global__ void __launch_bounds__(1024)                                                  \
+    cross_entropy_fwd_##SUFFIX(const E::T* x, const long long* target, E::C* loss, E::C* lse,           \
+                               long long rows, long long n, long long ignore, E::C keep, E::C spread) { \
+        ce_forward<E>(x, target, loss, lse, rows, n, ignore, keep, spread);                             \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(1024)                                                  \
+    cross_entropy_bwd_##SUFFIX(const E::T* x, const long long* target, const E::C* lse, const E::C* w,  \
+                               E::T* dx, long long rows, long long n, long long ignore, E::C keep,      \
+                               E::C spread, int vec) {                                                  \
+        ce_backward<E>(x, target, lse, w, dx, rows, n, ignore, keep, spread, vec);                      \
+    }
+CROSS_ENTROPY_KERNELS(SF32, f32)
+CROSS_ENTROPY_KERNELS(SF64, f64)
+CROSS_ENTROPY_KERNELS(SBF16, bf16)
+CROSS_ENTROPY_KERNELS(SF16, f16)

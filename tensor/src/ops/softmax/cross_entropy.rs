@@ -1,0 +1,307 @@
+//! Cross-entropy over rows of logits, fused: the forward reads each row once and keeps only
+//! its log-sum-exp, the backward reads the row again and writes `(softmax - q) * w` straight
+//! into the logits' dtype. Composed from log_softmax, gather and scatter, the same loss wrote
+//! and read back a `[rows, classes]` tensor in f32 three times over; at a language model's
+//! vocabulary that was most of the loss's time and memory.
+//!
+//! With label smoothing `s` the target distribution is `q = (1 - s) one_hot(t) + s / C`, so
+//! `loss = lse - (1 - s) x[t] - s / C * sum(x)`. A row whose target is `ignore_index` has loss
+//! 0 and gradient 0.
+
+use super::cuda;
+use crate::dtype::Element;
+use crate::ops::unary::cpu::{ComputeAs, Special};
+use crate::storage::{CpuStorage, Storage};
+use crate::{DType, Tensor};
+use num_traits::{Float, Zero};
+use rayon::prelude::*;
+
+/// The compute dtype: f64 for f64 logits, else f32.
+fn compute_dtype(logits: DType) -> DType {
+    if logits == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+impl Tensor {
+    /// Per-row cross-entropy of `self` (logits `[rows, classes]`, float) against `target`
+    /// (`[rows]`, int64 class indices): `(loss, lse)`, both `[rows]` in f32 (f64 for f64
+    /// logits), `lse` the row's log-sum-exp that [`Tensor::cross_entropy_rows_backward`] takes.
+    /// Rows whose target is `ignore_index` get loss 0. A target outside `0..classes` panics on
+    /// the CPU; on CUDA its row's loss is NaN (checking would wait for the device).
+    pub fn cross_entropy_rows(
+        &self,
+        target: &Tensor,
+        ignore_index: i64,
+        label_smoothing: f64,
+    ) -> (Tensor, Tensor) {
+        let (rows, classes) = self.check_rows("cross_entropy_rows", target);
+        let (x, t) = (self.contiguous(), target.contiguous());
+        let cdt = compute_dtype(self.dtype());
+        let (loss, lse) = match (&*x.storage(), &*t.storage()) {
+            (Storage::Cpu(xs), Storage::Cpu(CpuStorage::I64(ts))) => {
+                let ts = &ts[t.layout().offset()..][..rows];
+                let (loss, lse) = with_float_storage!(xs, "cross_entropy_rows", v, T =>
+                    forward_cpu::<T>(&v[x.layout().offset()..][..rows * classes], ts, classes, ignore_index, label_smoothing));
+                (Storage::Cpu(loss), Storage::Cpu(lse))
+            }
+            (Storage::Cuda(xs), Storage::Cuda(ts)) => {
+                let (loss, lse) = cuda::cross_entropy_forward(
+                    (xs, x.layout().offset()),
+                    (ts, t.layout().offset()),
+                    (rows, classes),
+                    ignore_index,
+                    label_smoothing,
+                    cdt,
+                );
+                (Storage::Cuda(loss), Storage::Cuda(lse))
+            }
+            _ => unreachable!("cross_entropy_rows: checked to be on one device with int64 targets"),
+        };
+        (Tensor::from_storage(loss, [rows]), Tensor::from_storage(lse, [rows]))
+    }
+
+    /// The gradient of [`Tensor::cross_entropy_rows`] with respect to the logits `self`:
+    /// `(softmax(x) - q) * weight[row]`, 0 on ignored rows, in the logits' dtype. `lse` is the
+    /// forward's log-sum-exp and `weight` the per-row factor (`[rows]`, the compute dtype):
+    /// the loss's own gradient, times `1 / count` for a mean.
+    pub fn cross_entropy_rows_backward(
+        &self,
+        target: &Tensor,
+        lse: &Tensor,
+        weight: &Tensor,
+        ignore_index: i64,
+        label_smoothing: f64,
+    ) -> Tensor {
+        let name = "cross_entropy_rows_backward";
+        let (rows, classes) = self.check_rows(name, target);
+        let cdt = compute_dtype(self.dtype());
+        for (what, v) in [("lse", lse), ("weight", weight)] {
+            assert!(
+                v.dims() == [rows] && v.dtype() == cdt && v.device() == self.device(),
+                "{name}: {what} must be [{rows}] {cdt} on {:?}, got {:?} {} on {:?}",
+                self.device(),
+                v.dims(),
+                v.dtype(),
+                v.device()
+            );
+        }
+        let (x, t, l, w) = (self.contiguous(), target.contiguous(), lse.contiguous(), weight.contiguous());
+        let storage = match (&*x.storage(), &*t.storage(), &*l.storage(), &*w.storage()) {
+            (Storage::Cpu(xs), Storage::Cpu(CpuStorage::I64(ts)), Storage::Cpu(ls), Storage::Cpu(ws)) => {
+                let ts = &ts[t.layout().offset()..][..rows];
+                let grad = with_float_storage!(xs, name, v, T => {
+                    let ls = &ls.as_slice::<<T as ComputeAs>::C>()[l.layout().offset()..][..rows];
+                    let ws = &ws.as_slice::<<T as ComputeAs>::C>()[w.layout().offset()..][..rows];
+                    let v = &v[x.layout().offset()..][..rows * classes];
+                    T::into_storage(backward_cpu::<T>(v, ts, (ls, ws), classes, ignore_index, label_smoothing))
+                });
+                Storage::Cpu(grad)
+            }
+            (Storage::Cuda(xs), Storage::Cuda(ts), Storage::Cuda(ls), Storage::Cuda(ws)) => {
+                Storage::Cuda(cuda::cross_entropy_backward(
+                    (xs, x.layout().offset()),
+                    (ts, t.layout().offset()),
+                    (ls, l.layout().offset()),
+                    (ws, w.layout().offset()),
+                    (rows, classes),
+                    ignore_index,
+                    label_smoothing,
+                ))
+            }
+            _ => unreachable!("{name}: checked to be on one device"),
+        };
+        Tensor::from_storage(storage, [rows, classes])
+    }
+
+    /// `(rows, classes)` after checking `self` is float `[rows, classes]` and `target` int64
+    /// `[rows]` on the same device.
+    fn check_rows(&self, name: &str, target: &Tensor) -> (usize, usize) {
+        assert!(
+            self.rank() == 2 && self.dtype().is_float(),
+            "{name}: logits must be a float tensor [rows, classes], got {} {:?}",
+            self.dtype(),
+            self.dims()
+        );
+        let (rows, classes) = (self.dims()[0], self.dims()[1]);
+        assert!(
+            target.dtype() == DType::I64 && target.dims() == [rows],
+            "{name}: logits {:?} need int64 targets of shape [{rows}], got {} {:?}",
+            self.dims(),
+            target.dtype(),
+            target.dims()
+        );
+        self.same_device(target, name);
+        (rows, classes)
+    }
+}
+
+/// Rows per rayon task: enough work per task at small vocabularies.
+fn rows_per_task(classes: usize) -> usize {
+    (crate::strided::PAR_THRESHOLD / classes.max(1)).max(1)
+}
+
+fn check_target(t: i64, row: usize, classes: usize) -> usize {
+    assert!(
+        (0..classes as i64).contains(&t),
+        "cross_entropy: target {t} of row {row} is out of range for {classes} classes \
+         (targets are class indices in 0..{classes}, or ignore_index)"
+    );
+    t as usize
+}
+
+fn forward_cpu<T: ComputeAs>(
+    x: &[T],
+    target: &[i64],
+    classes: usize,
+    ignore: i64,
+    smoothing: f64,
+) -> (CpuStorage, CpuStorage)
+where
+    T::C: Element,
+{
+    let rows = target.len();
+    let mut loss = vec![<T::C as Zero>::zero(); rows];
+    let mut lse = vec![<T::C as Zero>::zero(); rows];
+    let (keep, spread) = (T::C::of(1.0 - smoothing), T::C::of(smoothing / classes as f64));
+    let per = rows_per_task(classes);
+    loss.par_chunks_mut(per).zip(lse.par_chunks_mut(per)).enumerate().for_each(|(chunk, (lo, ls))| {
+        for (i, (lo, ls)) in lo.iter_mut().zip(ls.iter_mut()).enumerate() {
+            let r = chunk * per + i;
+            let row = &x[r * classes..][..classes];
+            let m = row.iter().fold(T::C::neg_infinity(), |m, &v| m.max(v.up()));
+            let s = row.iter().fold(<T::C as Zero>::zero(), |s, &v| s + (v.up() - m).exp());
+            *ls = m + s.ln();
+            if target[r] != ignore {
+                let t = check_target(target[r], r, classes);
+                let mut l = *ls - keep * row[t].up();
+                if smoothing > 0.0 {
+                    l = l - spread * row.iter().fold(<T::C as Zero>::zero(), |a, &v| a + v.up());
+                }
+                *lo = l;
+            }
+        }
+    });
+    (<T::C as Element>::into_storage(loss), <T::C as Element>::into_storage(lse))
+}
+
+fn backward_cpu<T: ComputeAs>(
+    x: &[T],
+    target: &[i64],
+    (lse, weight): (&[T::C], &[T::C]),
+    classes: usize,
+    ignore: i64,
+    smoothing: f64,
+) -> Vec<T> {
+    let rows = target.len();
+    let mut grad = vec![T::zero(); rows * classes];
+    let (keep, spread) = (T::C::of(1.0 - smoothing), T::C::of(smoothing / classes as f64));
+    let per = rows_per_task(classes);
+    grad.par_chunks_mut(per * classes).enumerate().for_each(|(chunk, g)| {
+        for (i, g) in g.chunks_mut(classes).enumerate() {
+            let r = chunk * per + i;
+            if target[r] == ignore {
+                continue; // already zero
+            }
+            let t = check_target(target[r], r, classes);
+            let (l, w) = (lse[r], weight[r]);
+            let row = &x[r * classes..][..classes];
+            for (g, &v) in g.iter_mut().zip(row) {
+                *g = T::down(((v.up() - l).exp() - spread) * w);
+            }
+            g[t] = T::down(((row[t].up() - l).exp() - spread - keep) * w);
+        }
+    });
+    grad
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, Tensor};
+
+    /// (loss, dlogits) of one row in f64, straight from the definition: `-sum(q * log_softmax(x))`
+    /// and `(softmax(x) - q) * w`.
+    fn naive_row(x: &[f64], t: usize, s: f64, w: f64) -> (f64, Vec<f64>) {
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        let c = x.len() as f64;
+        let q = |j: usize| if j == t { 1.0 - s + s / c } else { s / c };
+        let loss = -(0..x.len()).map(|j| q(j) * (x[j] - lse)).sum::<f64>();
+        (loss, (0..x.len()).map(|j| ((x[j] - lse).exp() - q(j)) * w).collect())
+    }
+
+    crate::device_test! {
+        fn cross_entropy_rows_match_the_definition_in_f64(dev: Device) {
+            // Class counts around a warp, odd ones (rows start off every 16-byte boundary) and
+            // a language model's vocabulary; an ignored row; with and without smoothing.
+            for (rows, classes) in [(5usize, 3usize), (7, 37), (4, 1000), (3, 50257)] {
+                for dtype in [DType::F64, DType::F32, DType::BF16] {
+                    for s in [0.0, 0.1] {
+                        let xs: Vec<f64> =
+                            (0..rows * classes).map(|i| ((i * 7919) % 997) as f64 / 60.0 - 8.0).collect();
+                        let x = Tensor::from_vec(xs, [rows, classes], dev).unwrap().to_dtype(dtype);
+                        // What the kernel reads: the logits rounded to their dtype.
+                        let xr = x.to_dtype(DType::F64).to_vec::<f64>();
+                        let ts: Vec<i64> = (0..rows).map(|r| if r == 1 { -100 } else { ((r * 31) % classes) as i64 }).collect();
+                        let t = Tensor::from_vec(ts.clone(), [rows], dev).unwrap();
+                        let (loss, lse) = x.cross_entropy_rows(&t, -100, s);
+                        let cdt = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+                        assert_eq!((loss.dtype(), lse.dtype()), (cdt, cdt));
+                        let ws: Vec<f64> = (0..rows).map(|r| 0.5 + r as f64).collect();
+                        let w = Tensor::from_vec(ws.clone(), [rows], dev).unwrap().to_dtype(cdt);
+                        let grad = x.cross_entropy_rows_backward(&t, &lse, &w, -100, s);
+                        assert_eq!((grad.dtype(), grad.dims()), (dtype, &[rows, classes][..]));
+                        let (loss, grad) = (loss.to_dtype(DType::F64).to_vec::<f64>(), grad.to_dtype(DType::F64).to_vec::<f64>());
+                        // (loss relative, gradient absolute per unit of weight, gradient
+                        // relative): f32 arithmetic, then the gradient's rounding to its dtype.
+                        let (tol_l, tol_g, rel_g) = match dtype {
+                            DType::F64 => (1e-12, 1e-14, 0.0),
+                            DType::F32 => (2e-5, 1e-6, 1e-5),
+                            _ => (2e-5, 1e-6, 4e-3),
+                        };
+                        for r in 0..rows {
+                            let row = &xr[r * classes..][..classes];
+                            let what = format!("{dtype} {rows}x{classes} s={s} row {r}");
+                            if ts[r] == -100 {
+                                assert_eq!(loss[r], 0.0, "{what}: ignored row's loss");
+                                assert!(grad[r * classes..][..classes].iter().all(|&g| g == 0.0), "{what}: ignored row's gradient");
+                                continue;
+                            }
+                            let (l, g) = naive_row(row, ts[r] as usize, s, ws[r]);
+                            assert!((loss[r] - l).abs() <= tol_l * l.abs().max(1.0), "{what}: loss {} vs {l}", loss[r]);
+                            for (j, (a, b)) in grad[r * classes..][..classes].iter().zip(&g).enumerate() {
+                                assert!((a - b).abs() <= tol_g * ws[r] + rel_g * b.abs(),
+                                    "{what}: gradient at {j}: {a} vs {b}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    crate::device_test! {
+        fn cross_entropy_rows_keep_minus_infinity_and_nan_apart(dev: Device) {
+            // A masked class (-inf) has probability 0 and adds nothing; a NaN logit makes its
+            // row's loss NaN, as log_softmax would.
+            let x = Tensor::from_vec(vec![0.0, f64::NEG_INFINITY, 1.0, 0.5, f64::NAN, 2.0], [2, 3], dev).unwrap()
+                .to_dtype(DType::F32);
+            let t = Tensor::from_vec(vec![2i64, 0], [2], dev).unwrap();
+            let (loss, _) = x.cross_entropy_rows(&t, -100, 0.0);
+            let loss = loss.to_vec::<f32>();
+            let want = (1.0f64.exp() + 1.0).ln() - 1.0;
+            assert!((loss[0] as f64 - want).abs() < 1e-6, "{} vs {want}", loss[0]);
+            assert!(loss[1].is_nan(), "a NaN logit must give a NaN loss, got {}", loss[1]);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "target 3 of row 0 is out of range for 3 classes")]
+    fn cross_entropy_rows_name_a_target_out_of_range() {
+        let x = Tensor::zeros([1, 3], DType::F32, Device::Cpu).unwrap();
+        let t = Tensor::from_vec(vec![3i64], [1], Device::Cpu).unwrap();
+        let _ = x.cross_entropy_rows(&t, -100, 0.0);
+    }
+}

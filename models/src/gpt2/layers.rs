@@ -38,7 +38,9 @@ impl Module for Conv1D {
 
 impl Forward for Conv1D {
     fn forward(&self, x: &Var) -> Var {
-        x.matmul(&self.weight.var()).add(&self.bias.var())
+        // Under autocast the bias joins the product's 16-bit dtype, as in HF's `torch.addmm`,
+        // rather than promoting the sum (and every op after it) to f32.
+        x.matmul(&self.weight.var()).add(&self.bias.var().autocast_lower())
     }
 }
 
@@ -120,7 +122,11 @@ impl Gpt2Attention {
         // each comes out contiguous, so the head split is a view, and the backward slices the
         // small weight rather than scattering three gradients into a [B, T, 3E] buffer.
         let (w, bias) = (self.c_attn.weight.var(), self.c_attn.bias.var());
-        let proj = |i: usize| x.matmul(&w.narrow(1, i * e, e)).add(&bias.narrow(0, i * e, e));
+        // Under autocast the input is lowered once here, not once per product (three casts
+        // forward, three gradients widened and summed backward).
+        let x = &x.autocast_lower();
+        let proj =
+            |i: usize| x.matmul(&w.narrow(1, i * e, e)).add(&bias.narrow(0, i * e, e).autocast_lower());
         let heads = |v: &Var| v.reshape([b, t, h, e / h]).transpose(1, 2);
         let (q, k, v) = (heads(&proj(0)), heads(&proj(1)), heads(&proj(2)));
         let training = self.training.get();

@@ -6,6 +6,7 @@
 //! except what their backward saved, so the graph keeps alive only what backward needs.
 
 use crate::callback::{BackwardError, Frame};
+use crate::ops::profile;
 use oxtrain_tensor::{DType, Tensor};
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -344,9 +345,9 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
             let Some(input) = input else { continue };
             let k = key(&input);
             if let Some(g) = g {
-                let g = conform(g, &input);
+                let g = profile::region("backward", "(gradient to input shape/dtype)", || conform(g, &input));
                 let acc = match grads.remove(&k) {
-                    Some(prev) => prev.add(&g),
+                    Some(prev) => profile::region("backward", "(gradient sum)", || prev.add(&g)),
                     None => g,
                 };
                 grads.insert(k, acc);
@@ -357,7 +358,7 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
                 pending.remove(&k);
                 if input.is_leaf() {
                     if let Some(g) = grads.remove(&k) {
-                        input.finish_leaf(g);
+                        profile::region("backward", "(gradient into .grad)", || input.finish_leaf(g));
                     }
                 } else {
                     ready.push(Ready(input));

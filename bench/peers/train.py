@@ -17,6 +17,7 @@ import json
 import math
 import resource
 import statistics
+import sys
 import time
 
 import torch
@@ -126,6 +127,8 @@ def main():
     p.add_argument("--precision", choices=("f32", "bf16"), default="f32")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed steps, profile one more and print its kernels to stderr")
     args = p.parse_args()
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -141,6 +144,14 @@ def main():
         step()
         sync()
         times.append(time.perf_counter() - t0)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            step()
+            sync()
+        key = "cuda_time_total" if cuda else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=30), file=sys.stderr)
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     s = statistics.median(times)
     print(json.dumps({

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One GPU sitting from what bench/scripts/gpu_pack.sh packed into .gpu/:
-#   bash bench/scripts/gpu_sitting.sh [all|tests|kernels|bench] [TEST FILTER]
+#   bash bench/scripts/gpu_sitting.sh [all|tests|kernels|kprof|parity|bench] [TEST FILTER]
 # tests: every CUDA test (--include-ignored) of the packed crates, summarised into
-# $OUT/tests-<crate>.json; kernels: step_kernels; bench: bench/scripts/train_h200.sh (ours and
-# PyTorch's steps, interleaved). Writes few files into $OUT (the device returns 8 at most).
+# $OUT/tests-<crate>.json; kernels: step_kernels; kprof: kernel time per name of one step, ours
+# (ncu) and PyTorch's (torch.profiler); parity: 20 steps' losses, ours against PyTorch's from the
+# same weights and batch; bench: bench/scripts/train_h200.sh (ours and PyTorch's
+# steps, interleaved). Writes few files into $OUT (the device returns 8 at most).
 set -uo pipefail
 mode="${1:-all}"; filter="${2:-}"
 top=$(pwd); OUT="${OUT:-$top/gpu-out}"; mkdir -p "$OUT"
@@ -49,7 +51,52 @@ if [[ $mode == all || $mode == tests ]]; then
   done
 fi
 if [[ $mode == all || $mode == kernels ]]; then
-  echo "=== step_kernels"; timeout 120 .gpu/bin/step_kernels 2>&1 | tee "$OUT/step_kernels.txt"
+  # One file for every kernel diagnostic: the device returns 8 files at most.
+  echo "=== step_kernels"; timeout 120 .gpu/bin/step_kernels 2>&1 | tee "$OUT/kernels.txt"
+  if [ -x .gpu/bin/gpt2_matmuls ]; then
+    echo "=== gpt2_matmuls (ours, torch)"
+    { timeout 90 .gpu/bin/gpt2_matmuls; timeout 90 python3 bench/peers/gpt2_matmuls.py; } 2>&1 | tee -a "$OUT/kernels.txt"
+  fi
+  if [[ "${TORCH_PROFILE:-0}" == 1 ]]; then
+    echo "=== torch eager GPT-2 step, kernels"
+    timeout 120 python3 bench/peers/train.py gpt2-124m --batch 16 --seq 1024 --precision bf16 --device cuda \
+      --steps 3 --warmup 3 --profile 2> /tmp/torch_gpt2_profile.txt | cut -c1-200
+    { echo "=== torch eager GPT-2 step, kernels"; cat /tmp/torch_gpt2_profile.txt; } >> "$OUT/kernels.txt"
+    head -n 45 /tmp/torch_gpt2_profile.txt | cut -c1-220
+  fi
+fi
+if [[ $mode == kprof ]]; then
+  # Kernel time of one step, ours (ncu over the step that --profiler-range brackets) beside
+  # PyTorch's eager step (torch.profiler), per kernel name. KPROF_CASES picks the models.
+  for m in ${KPROF_CASES:-gpt2 resnet50}; do
+    case $m in
+      gpt2) ours="gpt2-124m --batch 16 --seq 1024 --precision bf16"; peer="$ours" ;;
+      resnet50) ours="resnet50 --batch 256 --image 224 --precision bf16 --channels-last"; peer="$ours" ;;
+      resnet50_tf32) ours="resnet50 --batch 256 --image 224 --precision tf32 --channels-last"
+        peer="resnet50 --batch 256 --image 224 --precision f32 --channels-last" ;;
+    esac
+    echo "=== ncu: oxtrain bench $ours"
+    timeout 300 ncu --profile-from-start off --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv --page raw --print-units base --log-file "/tmp/ncu-$m.csv" \
+      .gpu/bin/oxtrain bench $ours --device cuda --steps 3 --warmup 3 --profiler-range | cut -c1-200
+    python3 bench/tools/ncu_summary.py "/tmp/ncu-$m.csv" --top 45 | tee "$OUT/kprof-$m.txt"
+    echo "=== torch eager: $peer"
+    timeout 150 python3 bench/peers/train.py $peer --device cuda --steps 3 --warmup 3 --profile \
+      2> "/tmp/torch-$m.txt" | cut -c1-200
+    grep -v '^\s*$' "/tmp/torch-$m.txt" | cut -c1-200 | head -n 50 | tee -a "$OUT/kprof-$m.txt"
+  done
+fi
+if [[ $mode == all || $mode == parity ]]; then
+  # Issue 22's check that speed does not come from skipped work: 20 steps from the same weights
+  # and batch in oxtrain and in PyTorch (bench/peers/parity.py), one JSON line per case.
+  for c in "resnet50 --batch 256 --image 224 --precision bf16 --channels-last" \
+           "gpt2-124m --batch 16 --seq 1024 --precision bf16"; do
+    dir="/tmp/parity-${c%% *}"; rm -rf "$dir"
+    echo "=== parity: $c"
+    timeout 240 .gpu/bin/oxtrain bench $c --device cuda --steps 20 --parity "$dir" | cut -c1-300
+    timeout 240 python3 bench/peers/parity.py "$dir" --device cuda --out "$dir/parity.json" | cut -c1-400
+    cat "$dir/parity.json" >> "$OUT/parity.jsonl" 2>/dev/null
+  done
 fi
 if [[ $mode == all || $mode == bench ]]; then
   mkdir -p /tmp/bench-out

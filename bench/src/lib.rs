@@ -5,6 +5,34 @@ use oxtrain_tensor::{Device, Tensor};
 use serde_json::{json, Value};
 use std::time::Instant;
 
+/// Trials of [`time_gpu`], whose median it reports.
+pub const GPU_TRIALS: usize = 7;
+
+/// Median seconds per call of `f` on GPU 0 over [`GPU_TRIALS`] trials of `iters` calls each,
+/// timed with CUDA events on the current stream after 3 untimed calls (the device's time, not
+/// the host's).
+pub fn time_gpu(iters: usize, f: &mut dyn FnMut()) -> f64 {
+    const TRIALS: usize = GPU_TRIALS;
+    let stream = oxtrain_tensor::cuda::Stream::current(0).expect("cuda:0");
+    for _ in 0..3 {
+        f();
+    }
+    stream.synchronize().unwrap();
+    let mut times: Vec<f64> = (0..TRIALS)
+        .map(|_| {
+            let start = stream.record_event().unwrap();
+            for _ in 0..iters {
+                f();
+            }
+            let end = stream.record_event().unwrap();
+            end.synchronize().unwrap();
+            start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / iters as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[TRIALS / 2]
+}
+
 /// Median wall time of `reps` calls of `f` after `warmup` untimed calls, in seconds.
 pub fn median_seconds(warmup: usize, reps: usize, f: &mut dyn FnMut()) -> f64 {
     median_of(warmup, reps, f, || Instant::now().duration_since(*START).as_secs_f64())

@@ -6,7 +6,7 @@
 //! times, so a driver can set it beside PyTorch's figure for the same step.
 
 use clap::ValueEnum;
-use oxtrain_autograd::Var;
+use oxtrain_autograd::{profile, Var};
 use oxtrain_models::{
     BertConfig, BertForSequenceClassification, Gpt2Config, Gpt2LMHeadModel, ResNet, ResNetConfig,
 };
@@ -75,6 +75,17 @@ pub struct BenchArgs {
     /// each op waits for the device, so it shows the op's own kernel time.
     #[arg(long)]
     pub profile: bool,
+    /// CUDA only: run one more step between `cuProfilerStart` and `cuProfilerStop`, after the
+    /// timed ones, for a kernel profiler that waits for that range (`ncu --profile-from-start
+    /// off`, `nsys -c cudaProfilerApi`).
+    #[arg(long)]
+    pub profiler_range: bool,
+    /// Instead of timing: write the initial weights (`init.safetensors`, PyTorch's names) and
+    /// the batch (`batch.safetensors`) into this folder, run `--steps` steps from them and
+    /// write every step's loss to `oxtrain.json`, for `bench/peers/parity.py` to run the same
+    /// steps in PyTorch and compare.
+    #[arg(long, value_name = "DIR")]
+    pub parity: Option<std::path::PathBuf>,
 }
 
 /// Why a benchmark could not run, for the user.
@@ -93,7 +104,11 @@ struct Workload {
     /// Images or tokens per step.
     items: usize,
     unit: &'static str,
-    step: Box<dyn FnMut()>,
+    /// The model's state dict (sharing storage with it) and the batch, for `--parity`.
+    state: Vec<(String, Tensor)>,
+    batch: Vec<(&'static str, Tensor)>,
+    /// One step; returns its loss.
+    step: Box<dyn FnMut() -> Var>,
 }
 
 /// GPT-2 without dropout, so both sides run the same arithmetic; `small` is the CPU issue's
@@ -149,16 +164,21 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
                 .sample_with(&mut gen, [b, 3, args.image, args.image], DType::F32, device)
                 .map_err(err)?;
             let y = Tensor::randint_with(&mut gen, 0, 1000, [b], device).map_err(err)?;
+            let (state, batch) = (model.state_dict(), vec![("x", x.clone()), ("y", y.clone())]);
             let x = Var::constant(x);
             Ok(Workload {
                 name: format!("{name}_b{b}_{}{}", args.image, if args.channels_last { "_cl" } else { "" }),
                 items: b,
                 unit: "img/s",
+                state,
+                batch,
                 step: Box::new(move || {
-                    opt.zero_grad();
+                    profile::region("optimizer", "zero_grad", || opt.zero_grad());
                     let logits = with_autocast(autocast, || model.forward(&x));
-                    oxtrain_nn::loss::cross_entropy(&logits, &y).backward();
-                    opt.step();
+                    let loss = oxtrain_nn::loss::cross_entropy(&logits, &y);
+                    loss.backward();
+                    profile::region("optimizer", "step", || opt.step());
+                    loss
                 }),
             })
         }
@@ -173,11 +193,15 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
                 name: format!("gpt2_l{}_d{}_b{b}_t{}", config.n_layer, config.n_embd, args.seq),
                 items: b * args.seq,
                 unit: "tokens/s",
+                state: model.state_dict(),
+                batch: vec![("ids", ids.clone())],
                 step: Box::new(move || {
-                    opt.zero_grad();
+                    profile::region("optimizer", "zero_grad", || opt.zero_grad());
                     let logits = with_autocast(autocast, || model.forward(&ids, None));
-                    Gpt2LMHeadModel::loss(&logits, &ids).backward();
-                    opt.step();
+                    let loss = Gpt2LMHeadModel::loss(&logits, &ids);
+                    loss.backward();
+                    profile::region("optimizer", "step", || opt.step());
+                    loss
                 }),
             })
         }
@@ -193,11 +217,15 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
                 name: format!("bert_l4_d256_b{b}_t{}", args.seq),
                 items: b * args.seq,
                 unit: "tokens/s",
+                state: model.state_dict(),
+                batch: vec![("ids", ids.clone()), ("labels", labels.clone())],
                 step: Box::new(move || {
-                    opt.zero_grad();
+                    profile::region("optimizer", "zero_grad", || opt.zero_grad());
                     let logits = with_autocast(autocast, || model.forward(&ids, None, None));
-                    BertForSequenceClassification::loss(&logits, &labels).backward();
-                    opt.step();
+                    let loss = BertForSequenceClassification::loss(&logits, &labels);
+                    loss.backward();
+                    profile::region("optimizer", "step", || opt.step());
+                    loss
                 }),
             })
         }
@@ -210,6 +238,39 @@ fn with_autocast(on: bool, f: impl FnOnce() -> Var) -> Var {
     } else {
         f()
     }
+}
+
+/// `--parity`: the initial state and the batch into `dir`, then `--steps` steps from them with
+/// every loss into `dir/oxtrain.json` (and on stdout).
+fn parity(args: &BenchArgs, w: &mut Workload, dir: &std::path::Path) -> Result<(), BenchError> {
+    let io = |what: &str, e: &dyn std::fmt::Display| {
+        BenchError(format!("--parity: {what} in {}: {e}", dir.display()))
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io("creating the folder", &e))?;
+    let on_cpu = |named: Vec<(String, &Tensor)>| -> Result<Vec<(String, Tensor)>, BenchError> {
+        named.into_iter().map(|(n, t)| Ok((n, t.to_device(Device::Cpu).map_err(err)?))).collect()
+    };
+    let state = on_cpu(w.state.iter().map(|(n, t)| (n.clone(), t)).collect())?;
+    oxtrain_tensor::safetensors::save(state, None, dir.join("init.safetensors"))
+        .map_err(|e| io("writing init.safetensors", &e))?;
+    let batch = on_cpu(w.batch.iter().map(|(n, t)| (n.to_string(), t)).collect())?;
+    oxtrain_tensor::safetensors::save(batch, None, dir.join("batch.safetensors"))
+        .map_err(|e| io("writing batch.safetensors", &e))?;
+    let losses: Vec<f64> =
+        (0..args.steps).map(|_| (w.step)().tensor().to_dtype(DType::F64).to_vec::<f64>()[0]).collect();
+    let out = serde_json::json!({
+        "name": w.name,
+        "model": format!("{:?}", args.model).to_lowercase(),
+        "precision": format!("{:?}", args.precision).to_lowercase(),
+        "channels_last": args.channels_last,
+        "batch": args.batch,
+        "image": args.image,
+        "seq": args.seq,
+        "losses": losses,
+    });
+    std::fs::write(dir.join("oxtrain.json"), out.to_string()).map_err(|e| io("writing oxtrain.json", &e))?;
+    println!("{out}");
+    Ok(())
 }
 
 /// The process's peak resident set (VmHWM), in bytes; Linux only.
@@ -268,6 +329,9 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
                 Ok(())
             }
         };
+        if let Some(dir) = &args.parity {
+            return parity(args, &mut w, dir);
+        }
         for _ in 0..args.warmup {
             (w.step)();
         }
@@ -279,9 +343,9 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
                     let sync: &'static (dyn Fn() + Sync) = Box::leak(Box::new(move || {
                         let _ = cuda::synchronize(n);
                     }));
-                    oxtrain_autograd::profile::record_synced(sync, || (w.step)())
+                    profile::record_synced(sync, || drop((w.step)()))
                 }
-                Device::Cpu => oxtrain_autograd::profile::record(|| (w.step)()),
+                Device::Cpu => oxtrain_autograd::profile::record(|| drop((w.step)())),
             };
             eprintln!("{}", profile.table());
         }
@@ -291,6 +355,9 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             (w.step)();
             sync()?;
             times.push(t.elapsed().as_secs_f64());
+        }
+        if let (true, Device::Cuda(n)) = (args.profiler_range, device) {
+            cuda::profiler_range(n, || drop((w.step)())).map_err(err)?;
         }
         let step_s = median(times.clone());
         let peak = match device {

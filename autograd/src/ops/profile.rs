@@ -53,6 +53,13 @@ pub(crate) fn forward_done(name: &'static str) {
 
 /// `f` timed under `name` when recording, else `f` itself.
 pub(crate) fn timed<R>(name: &'static str, f: impl FnOnce() -> R) -> R {
+    region("backward", name, f)
+}
+
+/// `f` timed under `(phase, name)` while a recording runs (else just `f`): work outside
+/// differentiable ops that a profile should name, such as the optimizer's step or the
+/// backward walk's gradient sums.
+pub fn region<R>(phase: &'static str, name: &'static str, f: impl FnOnce() -> R) -> R {
     if !ON.load(Ordering::Relaxed) {
         return f();
     }
@@ -60,7 +67,7 @@ pub(crate) fn timed<R>(name: &'static str, f: impl FnOnce() -> R) -> R {
     let t = Instant::now();
     let r = f();
     sync();
-    add("backward", name, t.elapsed());
+    add(phase, name, t.elapsed());
     // The next forward op must not be charged for this backward.
     LAST.with(|l| l.set(Some(Instant::now())));
     r

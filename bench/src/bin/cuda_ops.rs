@@ -6,37 +6,14 @@
 //! warm-up. Figures that cannot be measured yet (an op without its CUDA kernel) are left out
 //! and named in the notes.
 
-use oxtrain_bench::{git_commit, today, Benchmark, Report};
+use oxtrain_bench::{git_commit, time_gpu, today, Benchmark, Report, GPU_TRIALS as TRIALS};
 use oxtrain_tensor::cuda::{self, Stream};
 use oxtrain_tensor::{DType, Device, Tensor};
 use serde_json::Value;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::Command;
 
-const TRIALS: usize = 7;
 const GPU: Device = Device::Cuda(0);
-
-/// Median seconds per call of `f`, timed with events on the current stream.
-fn time_gpu(iters: usize, f: &mut dyn FnMut()) -> f64 {
-    let stream = Stream::current(0).expect("cuda:0");
-    for _ in 0..3 {
-        f();
-    }
-    stream.synchronize().unwrap();
-    let mut times: Vec<f64> = (0..TRIALS)
-        .map(|_| {
-            let start = stream.record_event().unwrap();
-            for _ in 0..iters {
-                f();
-            }
-            let end = stream.record_event().unwrap();
-            end.synchronize().unwrap();
-            start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / iters as f64
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[TRIALS / 2]
-}
 
 fn rand(shape: &[usize], dtype: DType) -> Tensor {
     Tensor::rand(shape, DType::F32, GPU).expect("a GPU tensor").to_dtype(dtype)

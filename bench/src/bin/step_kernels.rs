@@ -5,32 +5,11 @@
 //!
 //! `cargo run --release -p oxtrain-bench --bin step_kernels` (needs a CUDA GPU).
 
-use oxtrain_tensor::cuda::{self, Stream};
+use oxtrain_bench::time_gpu;
+use oxtrain_tensor::cuda;
 use oxtrain_tensor::{DType, Device, Tensor};
 
 const GPU: Device = Device::Cuda(0);
-
-/// Median seconds per call of `f` over 7 trials of `iters` calls, with CUDA events.
-fn time_gpu(iters: usize, f: &mut dyn FnMut()) -> f64 {
-    let stream = Stream::current(0).expect("cuda:0");
-    for _ in 0..2 {
-        f();
-    }
-    stream.synchronize().unwrap();
-    let mut times: Vec<f64> = (0..7)
-        .map(|_| {
-            let start = stream.record_event().unwrap();
-            for _ in 0..iters {
-                f();
-            }
-            let end = stream.record_event().unwrap();
-            end.synchronize().unwrap();
-            start.elapsed_ms(&end).unwrap() as f64 * 1e-3 / iters as f64
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[3]
-}
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();

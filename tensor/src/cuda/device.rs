@@ -21,7 +21,7 @@ pub struct CudaDevice {
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
 }
 
-fn driver_error(ordinal: usize, what: &str, e: impl std::fmt::Debug) -> Error {
+pub(crate) fn driver_error(ordinal: usize, what: &str, e: impl std::fmt::Debug) -> Error {
     Error::CudaUnavailable { ordinal, reason: format!("{what}: {e:?}") }
 }
 

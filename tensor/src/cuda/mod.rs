@@ -58,5 +58,22 @@ pub fn synchronize(ordinal: usize) -> crate::Result<()> {
     device(ordinal)?.synchronize()
 }
 
+/// Runs `f` between `cuProfilerStart` and `cuProfilerStop` on device `ordinal`
+/// (`torch.cuda.profiler.profile()`), so a profiler started with collection off (`ncu
+/// --profile-from-start off`, `nsys -c cudaProfilerApi`) records `f`'s kernels and nothing
+/// else: not the warm-up, not the autotuning of the first steps.
+pub fn profiler_range<R>(ordinal: usize, f: impl FnOnce() -> R) -> crate::Result<R> {
+    let dev = device(ordinal)?;
+    let ctx = dev.context();
+    let fail = |what: &str, e| device::driver_error(ordinal, what, e);
+    ctx.bind_to_thread().map_err(|e| fail("binding the context", e))?;
+    dev.synchronize()?;
+    cudarc::driver::profiler_start().map_err(|e| fail("starting the profiler range", e))?;
+    let r = f();
+    dev.synchronize()?;
+    cudarc::driver::profiler_stop().map_err(|e| fail("stopping the profiler range", e))?;
+    Ok(r)
+}
+
 #[cfg(test)]
 mod tests;

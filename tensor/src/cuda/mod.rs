@@ -48,20 +48,6 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
     ]
 }
 
-/// The row stride, in elements, of a fresh `[rows, n]` CUDA result that feeds matrix products:
-/// `n` rounded up to whole 16-byte vectors when a row is long (1024 elements or more) and not
-/// already whole vectors, else `n`. cuBLAS's fast kernels need 16-byte-aligned leading
-/// dimensions: an odd vocabulary (GPT-2's 50257) otherwise sends a language model head's three
-/// products to its slowest kernels. The pad columns are never read; the waste is under 1%.
-pub(crate) fn padded_row_len(n: usize, dtype: crate::DType) -> usize {
-    let per_vector = (16 / dtype.size_in_bytes()).max(1);
-    if n >= 1024 && !n.is_multiple_of(per_vector) {
-        n.next_multiple_of(per_vector)
-    } else {
-        n
-    }
-}
-
 /// Allocated, reserved and peak bytes of device `ordinal` (`torch.cuda.memory_stats`).
 pub fn memory_stats(ordinal: usize) -> crate::Result<MemoryStats> {
     Ok(device(ordinal)?.memory_stats())

@@ -313,33 +313,28 @@ fn even_runs(lhs: &[usize], rhs: &[usize]) -> Vec<(usize, usize, usize, usize)> 
     runs
 }
 
-/// The batched product of the plan into a new `[batch, m, n]` storage, with its row stride:
-/// `n`, or `n` padded to whole 16-byte vectors for long rows ([`crate::cuda::padded_row_len`]),
-/// so that products reading the result find an aligned leading dimension.
-pub(crate) fn batched_matmul(lhs: &CudaStorage, rhs: &CudaStorage, p: &Batched) -> (CudaStorage, usize) {
+/// The batched product of the plan into a new contiguous `[batch, m, n]` storage.
+pub(crate) fn batched_matmul(lhs: &CudaStorage, rhs: &CudaStorage, p: &Batched) -> CudaStorage {
     const OP: &str = "matmul";
     let dev = lhs.device();
     let batch = p.lhs_offsets.len();
+    let len = batch * p.m * p.n;
     if p.k == 0 {
         // An empty sum: zeros, with no cuBLAS call.
-        let len = batch * p.m * p.n;
-        return (CudaStorage::zeros(dev, lhs.dtype(), len).unwrap_or_else(|e| panic!("{OP}: {e}")), p.n);
+        return CudaStorage::zeros(dev, lhs.dtype(), len).unwrap_or_else(|e| panic!("{OP}: {e}"));
     }
-    let ld = crate::cuda::padded_row_len(p.n, lhs.dtype());
-    // The last row needs only its n elements.
-    let len = if batch * p.m == 0 { 0 } else { (batch * p.m - 1) * ld + p.n };
     let out = CudaStorage::alloc(dev, lhs.dtype(), len).unwrap_or_else(|e| panic!("{OP}: {e}"));
     if len == 0 {
-        return (out, ld);
+        return out;
     }
     let stream = out.stream();
     for (first, count, ls, rs) in even_runs(&p.lhs_offsets, &p.rhs_offsets) {
         let a = Operand::new(lhs, p.lhs_offsets[first], p.lhs_strides, ls);
         let b = Operand::new(rhs, p.rhs_offsets[first], p.rhs_strides, rs);
-        let c = Operand::new(&out, first * p.m * ld, (ld, 1), p.m * ld);
+        let c = Operand::new(&out, first * p.m * p.n, (p.n, 1), p.m * p.n);
         gemm(dev, &stream, OP, (p.m, p.n, p.k), count, a, b, c, false);
     }
-    (out, ld)
+    out
 }
 
 #[cfg(test)]

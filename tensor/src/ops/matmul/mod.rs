@@ -68,7 +68,8 @@ impl Tensor {
         let batch = broadcast_shapes(lhs_batch, rhs_batch, "matmul").into_vec();
         let mut out_shape = batch.clone();
         out_shape.extend([m, n]);
-        let out = lhs.batched_matmul(&rhs2, &batch, (m, n, k), &out_shape);
+        let out = lhs.batched_matmul(&rhs2, &batch, (m, n, k));
+        let out = Tensor::from_storage(out, out_shape);
         let out = if self.rank() == 1 { out.squeeze(-2) } else { out };
         if rhs.rank() == 1 {
             out.squeeze(-1)
@@ -96,25 +97,17 @@ impl Tensor {
     }
 
     /// `self [batch.., m, k] @ rhs [batch.., k, n]` with the batch dims broadcast to `batch`.
-    /// The product as a `[batch.., m, n]` tensor (`out_shape`): contiguous, or on CUDA with
-    /// long rows padded to whole 16-byte vectors (a view of the first `n` columns).
-    fn batched_matmul(
-        &self,
-        rhs: &Tensor,
-        batch: &[usize],
-        (m, n, k): (usize, usize, usize),
-        out_shape: &[usize],
-    ) -> Tensor {
+    fn batched_matmul(&self, rhs: &Tensor, batch: &[usize], (m, n, k): (usize, usize, usize)) -> Storage {
         let plan = plan_batches(self.layout(), rhs.layout(), batch, (m, n, k));
         if let Device::Cuda(_) = self.device() {
             // cuBLAS reads a matrix in place when its rows or its columns have unit stride; any
             // other (a slice with a step on both axes, a broadcast row) is copied first.
             let (lhs_ok, rhs_ok) = cuda::plan_is_expressible(&plan);
             if !lhs_ok {
-                return self.contiguous().batched_matmul(rhs, batch, (m, n, k), out_shape);
+                return self.contiguous().batched_matmul(rhs, batch, (m, n, k));
             }
             if !rhs_ok {
-                return self.batched_matmul(&rhs.contiguous(), batch, (m, n, k), out_shape);
+                return self.batched_matmul(&rhs.contiguous(), batch, (m, n, k));
             }
         }
         let storage = match (&*self.storage(), &*rhs.storage()) {
@@ -124,22 +117,10 @@ impl Tensor {
                 (CpuStorage::F16(a), CpuStorage::F16(b)) => CpuStorage::F16(cpu::batched_matmul(a, b, &plan)),
                 (a, _) => unreachable!("matmul: dtype {} was checked to be f32, f64 or f16", a.dtype()),
             }),
-            (Storage::Cuda(a), Storage::Cuda(b)) => {
-                let (out, ld) = cuda::batched_matmul(a, b, &plan);
-                if ld != n {
-                    // Rows `ld` apart: the strides of [batch.., m, ld], viewed as [batch.., m, n].
-                    let mut padded = out_shape.to_vec();
-                    *padded.last_mut().expect("matmul output has two dims") = ld;
-                    let strides = Layout::contiguous(padded.as_slice()).strides().to_vec();
-                    let len = out.len();
-                    return Tensor::from_storage(Storage::Cuda(out), [len])
-                        .with_layout(Layout::new(out_shape, strides, 0));
-                }
-                Storage::Cuda(out)
-            }
+            (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(cuda::batched_matmul(a, b, &plan)),
             _ => unreachable!("matmul: operands were checked to be on one device"),
         };
-        Tensor::from_storage(storage, out_shape)
+        storage
     }
 }
 

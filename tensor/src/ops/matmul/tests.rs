@@ -246,25 +246,3 @@ fn cublas_matches_the_cpu() {
         check_gpu(&r(&[0, 3], 29), &r(&[3, 4], 30), &w("m = 0"));
     }
 }
-
-crate::device_test! {
-    fn long_odd_rows_come_back_padded_on_cuda_and_read_as_usual(dev: Device) {
-        // 1030 columns: not whole 16-byte vectors for f32 (4) or bf16 (8). On CUDA the result's
-        // rows are padded to 1032 (a view), so products reading it get an aligned leading
-        // dimension; everything reading it sees the same values as from a contiguous result.
-        for dtype in [DType::F32, DType::BF16] {
-            let (a, b) = (rand(&[2, 3, 16], 40, dtype, dev), rand(&[16, 1030], 41, dtype, dev));
-            check(&a, &b, &format!("{dtype} [2, 3, 16] @ [16, 1030]"));
-            let y = a.matmul(&b);
-            let want_stride = if dev.is_cuda() { 1032 } else { 1030 };
-            assert_eq!(y.layout().strides(), &[3 * want_stride, want_stride, 1], "{dtype}");
-            // Reading it back: as rows of a 2-d view, in a product, and reduced.
-            let rows = y.reshape([6, 1030]);
-            assert_eq!(rows.layout().strides()[0], want_stride, "{dtype}: the reshape is a view");
-            let flat = y.contiguous().reshape([6, 1030]);
-            let c = rand(&[1030, 5], 42, dtype, dev);
-            check(&rows, &c, &format!("{dtype} padded rows @ [1030, 5]"));
-            assert_close(&rows.sum(1, false), &flat.sum(1, false), 1e-6, 1e-6, "sum of padded rows");
-        }
-    }
-}

@@ -2,15 +2,17 @@
 //! Taking it is the only part of a save the training step waits for.
 
 use super::error::Result;
+use super::image::{safetensors_image, AlignedBuf, FileImage};
 use super::write::{Content, PartFile};
 use oxtrain_datasets::SamplerState;
 use oxtrain_nn::amp::GradScaler;
 use oxtrain_nn::lr_scheduler::LrScheduler;
-use oxtrain_nn::optim::{Optimizer, OptimizerState};
+use oxtrain_nn::optim::Optimizer;
 use oxtrain_nn::Module;
-use oxtrain_tensor::{default_generator_state, Device, Generator, GeneratorState, Tensor};
+use oxtrain_tensor::{default_generator_state, Generator, GeneratorState};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -51,51 +53,26 @@ pub(crate) struct RankState {
 /// optimizer, schedule, scaler, config) are skipped without a copy, as rank 0 writes them.
 pub struct Snapshot {
     pub(crate) writes_replicated: bool,
-    /// Host tensors of the previous save, reused so a copy writes into memory that is already
-    /// mapped (a fresh allocation costs page faults as long as the copy itself).
+    /// Memory of the previous save's files, reused so a copy writes into memory that is
+    /// already mapped (a fresh allocation costs page faults as long as the copy itself).
     pub(crate) staging: Staging,
-    pub(crate) model: Vec<(String, Tensor)>,
-    pub(crate) optimizer: Option<OptimizerState>,
+    /// The model's and the optimizer's safetensors files, as they go to disk.
+    pub(crate) model: Option<FileImage>,
+    pub(crate) optimizer: Option<FileImage>,
     pub(crate) config_toml: Option<String>,
     pub(crate) trainer: TrainerState,
     pub(crate) rank: RankState,
 }
 
-/// Host buffers from an earlier save, by name.
-pub(crate) type Staging = HashMap<String, Tensor>;
-
-/// A host copy that the training loop cannot change under the writer: GPU tensors come down,
-/// CPU tensors are copied (the optimizer updates them in place), into `reuse` when it fits.
-fn host_copy(t: &Tensor, reuse: Option<Tensor>) -> Result<Tensor> {
-    Ok(match (t.device(), reuse) {
-        (Device::Cpu, Some(r)) if r.dims() == t.dims() && r.dtype() == t.dtype() && !r.same_storage(t) => {
-            r.copy_(t);
-            r
-        }
-        (Device::Cpu, _) => t.copy(),
-        _ => t.to_device(Device::Cpu)?,
-    })
-}
-
-/// Copies `tensors` to the host, one tensor per task on all cores.
-fn host_copies(tensors: Vec<(String, Tensor)>, staging: &mut Staging) -> Result<Vec<(String, Tensor)>> {
-    use rayon::prelude::*;
-    let jobs: Vec<(String, Tensor, Option<Tensor>)> = tensors
-        .into_iter()
-        .map(|(n, t)| {
-            let reuse = staging.remove(&n);
-            (n, t, reuse)
-        })
-        .collect();
-    jobs.into_par_iter().map(|(n, t, reuse)| Ok((n, host_copy(&t, reuse)?))).collect()
-}
+/// The memory of an earlier save's file images, by file name.
+pub(crate) type Staging = HashMap<String, AlignedBuf>;
 
 impl Snapshot {
     pub(crate) fn new(step: u64, epoch: u64, rank: usize, world_size: usize, staging: Staging) -> Snapshot {
         Snapshot {
             writes_replicated: rank == 0,
             staging,
-            model: Vec::new(),
+            model: None,
             optimizer: None,
             config_toml: None,
             trainer: TrainerState { step, epoch, extra: serde_json::Value::Null, ..Default::default() },
@@ -116,7 +93,11 @@ impl Snapshot {
     /// The model's parameters and buffers by state_dict name (PyTorch's names).
     pub fn model(mut self, model: &dyn Module) -> Result<Snapshot> {
         if self.writes_replicated {
-            self.model = host_copies(model.state_dict(), &mut self.staging)?;
+            let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+            let reuse = self.staging.remove(MODEL_FILE);
+            let image =
+                safetensors_image(&model.state_dict(), Some(&metadata), reuse, Path::new(MODEL_FILE))?;
+            self.model = Some(image);
         }
         Ok(self)
     }
@@ -124,14 +105,13 @@ impl Snapshot {
     /// The optimizer's state (momentum, moments, step counts) and hyper-parameters.
     pub fn optimizer(mut self, opt: &dyn Optimizer) -> Result<Snapshot> {
         if self.writes_replicated {
-            let mut state = opt.state_dict();
-            for t in state.tensors.values_mut() {
-                // state_dict already copied them; only GPU tensors still need to come down.
-                if t.device() != Device::Cpu {
-                    *t = t.to_device(Device::Cpu)?;
-                }
-            }
-            self.optimizer = Some(state);
+            // The live buffers, copied once into the file's image (not first into a state_dict copy).
+            let state = opt.state_dict_shared();
+            let metadata = HashMap::from([(GROUPS_KEY.to_string(), state.param_groups_json())]);
+            let tensors: Vec<_> = state.tensors.into_iter().collect();
+            let reuse = self.staging.remove(OPTIMIZER_FILE);
+            let image = safetensors_image(&tensors, Some(&metadata), reuse, Path::new(OPTIMIZER_FILE))?;
+            self.optimizer = Some(image);
         }
         Ok(self)
     }
@@ -178,23 +158,16 @@ impl Snapshot {
         self
     }
 
-    /// The files of this rank's part; the model's host tensors come back from
-    /// [`take_staging`] once written.
+    /// The files of this rank's part; the images' memory comes back from [`take_staging`]
+    /// once written.
     pub(crate) fn into_files(self) -> Vec<PartFile> {
         let mut files = Vec::new();
         if self.writes_replicated {
-            let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
-            files.push(PartFile {
-                name: MODEL_FILE.into(),
-                content: Content::Safetensors { tensors: self.model, metadata },
-            });
-            if let Some(opt) = self.optimizer {
-                let metadata = Some(HashMap::from([(GROUPS_KEY.to_string(), opt.param_groups_json())]));
-                let tensors = opt.tensors.into_iter().collect();
-                files.push(PartFile {
-                    name: OPTIMIZER_FILE.into(),
-                    content: Content::Safetensors { tensors, metadata },
-                });
+            if let Some(image) = self.model {
+                files.push(PartFile { name: MODEL_FILE.into(), content: Content::Image(image) });
+            }
+            if let Some(image) = self.optimizer {
+                files.push(PartFile { name: OPTIMIZER_FILE.into(), content: Content::Image(image) });
             }
             let trainer = serde_json::to_vec_pretty(&self.trainer).expect("trainer state serialises");
             files.push(PartFile { name: TRAINER_FILE.into(), content: Content::Bytes(trainer) });
@@ -208,14 +181,13 @@ impl Snapshot {
     }
 }
 
-/// The model's host tensors out of written `files`, to reuse in the next snapshot.
+/// The images' memory out of written `files`, to reuse in the next snapshot.
 pub(crate) fn take_staging(files: Vec<PartFile>) -> Staging {
     files
         .into_iter()
-        .find(|f| f.name == MODEL_FILE)
-        .map(|f| match f.content {
-            Content::Safetensors { tensors, .. } => tensors.into_iter().collect(),
-            Content::Bytes(_) => Staging::new(),
+        .filter_map(|f| match f.content {
+            Content::Image(image) => Some((f.name, image.into_buffer())),
+            Content::Bytes(_) => None,
         })
-        .unwrap_or_default()
+        .collect()
 }

@@ -3,22 +3,31 @@
 //! parent fsynced. A crash at any point leaves either the complete part or a hidden temporary
 //! directory that discovery reports and skips.
 
+use super::durable::write_durably;
 use super::error::{io, CheckpointError, Result};
+use super::image::FileImage;
 use super::manifest::{hex, FileEntry, Manifest, FORMAT, MANIFEST, VERSION};
-use super::write_behind::WriteBehind;
-use oxtrain_tensor::Tensor;
-use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// What a part's file holds.
 pub(crate) enum Content {
-    Safetensors { tensors: Vec<(String, Tensor)>, metadata: Option<HashMap<String, String>> },
+    /// A safetensors file, laid out in page-aligned memory as it goes to disk.
+    Image(FileImage),
     Bytes(Vec<u8>),
+}
+
+impl Content {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Content::Image(image) => image.bytes(),
+            Content::Bytes(b) => b,
+        }
+    }
 }
 
 pub(crate) struct PartFile {
@@ -26,19 +35,8 @@ pub(crate) struct PartFile {
     pub content: Content,
 }
 
-impl PartFile {
-    /// Bytes this file will take (headers of safetensors files estimated generously).
-    fn estimated_bytes(&self) -> u64 {
-        match &self.content {
-            Content::Bytes(b) => b.len() as u64,
-            Content::Safetensors { tensors, .. } => tensors
-                .iter()
-                .map(|(n, t)| (t.elem_count() * t.dtype().size_in_bytes() + n.len() + 128) as u64)
-                .sum::<u64>()
-                .saturating_add(4096),
-        }
-    }
-}
+/// Files at least this large are hashed on a thread of their own while they are written.
+const HASH_BESIDE: usize = 1 << 20;
 
 /// How far a write has got, for a progress display (or a test that stops the process mid-write).
 #[derive(Debug, Clone)]
@@ -46,7 +44,7 @@ pub struct WriteProgress {
     pub step: u64,
     /// The file being written, inside the part.
     pub file: String,
-    /// Bytes of this part written so far, and the estimate of its total.
+    /// Bytes of this part written so far, and the size of its files (the manifest excepted).
     pub written: u64,
     pub total: u64,
 }
@@ -66,30 +64,6 @@ pub(crate) struct PartInfo<'a> {
     pub previous: Option<PathBuf>,
 }
 
-/// Counts, hashes and reports the bytes on their way to the file.
-struct Tap<'a, W: Write> {
-    inner: W,
-    hasher: Xxh3,
-    bytes: u64,
-    part_written: &'a AtomicU64,
-    report: &'a dyn Fn(u64),
-}
-
-impl<W: Write> Write for Tap<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.bytes += n as u64;
-        let so_far = self.part_written.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
-        (self.report)(so_far);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The prefix of `name`'s temporary directories (hidden, so tools listing checkpoints skip them).
@@ -102,7 +76,7 @@ pub(crate) fn temp_prefix(name: &str) -> String {
 pub(crate) fn write_part(info: &PartInfo<'_>, files: &[PartFile]) -> Result<(PathBuf, u64)> {
     let parent = info.parent;
     std::fs::create_dir_all(parent).map_err(io(parent, "creating the checkpoint folder"))?;
-    let total: u64 = files.iter().map(PartFile::estimated_bytes).sum();
+    let total: u64 = files.iter().map(|f| f.content.bytes().len() as u64).sum();
     let target = parent.join(&info.name);
     let disk_full = |available| CheckpointError::DiskFull {
         path: target.clone(),
@@ -180,30 +154,30 @@ fn write_file(
     total: u64,
 ) -> Result<FileEntry> {
     let path = temp.join(&f.name);
+    let bytes = f.content.bytes();
+    // `write_durably` reports this file's bytes so far; the part's count goes up by the difference.
+    let file_written = AtomicU64::new(0);
     let report = |w: u64| {
+        let new = w.saturating_sub(file_written.fetch_max(w, Ordering::Relaxed));
+        let so_far = written.fetch_add(new, Ordering::Relaxed) + new;
         if let Some(p) = info.progress {
-            p(&WriteProgress { step: info.step, file: f.name.clone(), written: w, total });
+            p(&WriteProgress { step: info.step, file: f.name.clone(), written: so_far, total });
         }
     };
-    let file = WriteBehind::new(File::create(&path).map_err(io(&path, "creating"))?);
-    let mut tap = Tap { inner: file, hasher: Xxh3::new(), bytes: 0, part_written: written, report: &report };
-    {
-        let mut w = BufWriter::with_capacity(4 << 20, &mut tap);
-        match &f.content {
-            Content::Bytes(b) => w.write_all(b).map_err(io(&path, "writing"))?,
-            Content::Safetensors { tensors, metadata } => {
-                oxtrain_tensor::safetensors::write_to(tensors, metadata.as_ref(), &mut w, &path).map_err(
-                    |e| match e {
-                        oxtrain_tensor::Error::SaveFailed { source, .. } => io(&path, "writing")(source),
-                        e => e.into(),
-                    },
-                )?;
-            }
-        }
-        w.flush().map_err(io(&path, "writing"))?;
-    }
-    tap.inner.file.sync_all().map_err(io(&path, "flushing to disk"))?;
-    Ok(FileEntry { name: f.name.clone(), bytes: tap.bytes, xxh3: hex(tap.hasher.digest()) })
+    let file = File::create_new(&path).map_err(io(&path, "creating"))?;
+    // The bytes do not change while they are written, so hashing them beside the write
+    // (the writing thread mostly waits for the device) checksums exactly what is written.
+    let (digest, done) = std::thread::scope(|s| {
+        let hasher = (bytes.len() >= HASH_BESIDE).then(|| s.spawn(|| xxh3_64(bytes)));
+        let done = write_durably(&file, bytes, &report);
+        let digest = match hasher {
+            Some(h) => h.join().expect("the checksum thread panicked"),
+            None => xxh3_64(bytes),
+        };
+        (digest, done)
+    });
+    done.map_err(io(&path, "writing and flushing to disk"))?;
+    Ok(FileEntry { name: f.name.clone(), bytes: bytes.len() as u64, xxh3: hex(digest) })
 }
 
 /// Renames `temp` to `target` durably. A part already at `target` (the same step saved again

@@ -76,6 +76,7 @@ mod image;
 mod load;
 pub mod manifest;
 mod retention;
+mod session;
 mod snapshot;
 mod triggers;
 mod write;

@@ -1,9 +1,11 @@
 //! A host copy of the training state at one step: what [`super::Checkpointer::save`] writes.
 //! Taking it is the only part of a save the training step waits for.
 
-use super::error::Result;
-use super::image::{safetensors_image, AlignedBuf, FileImage};
+use super::error::{CheckpointError, Result};
+use super::image::{safetensors_image, AlignedBuf};
 use super::write::{Content, PartFile};
+use super::writer::Job;
+use crossbeam_channel::Sender;
 use oxtrain_datasets::SamplerState;
 use oxtrain_nn::amp::GradScaler;
 use oxtrain_nn::lr_scheduler::LrScheduler;
@@ -13,6 +15,8 @@ use oxtrain_tensor::{default_generator_state, Generator, GeneratorState};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -56,9 +60,10 @@ pub struct Snapshot {
     /// Memory of the previous save's files, reused so a copy writes into memory that is
     /// already mapped (a fresh allocation costs page faults as long as the copy itself).
     pub(crate) staging: Staging,
-    /// The model's and the optimizer's safetensors files, as they go to disk.
-    pub(crate) model: Option<FileImage>,
-    pub(crate) optimizer: Option<FileImage>,
+    /// The writer, which starts on each file as soon as it is complete (none once saved).
+    pub(crate) hand_over: Option<HandOver>,
+    /// Complete files not handed over: those recalled from another Checkpointer's writer.
+    pub(crate) held: Vec<PartFile>,
     pub(crate) config_toml: Option<String>,
     pub(crate) trainer: TrainerState,
     pub(crate) rank: RankState,
@@ -67,13 +72,26 @@ pub struct Snapshot {
 /// The memory of an earlier save's file images, by file name.
 pub(crate) type Staging = HashMap<String, AlignedBuf>;
 
+/// A snapshot's way to its writer thread.
+pub(crate) struct HandOver {
+    pub jobs: Sender<Job>,
+    /// Set while the snapshot is neither saved nor dropped.
+    pub open: Arc<AtomicBool>,
+}
+
 impl Snapshot {
-    pub(crate) fn new(step: u64, epoch: u64, rank: usize, world_size: usize, staging: Staging) -> Snapshot {
+    pub(crate) fn new(
+        step: u64,
+        epoch: u64,
+        (rank, world_size): (usize, usize),
+        staging: Staging,
+        hand_over: HandOver,
+    ) -> Snapshot {
         Snapshot {
             writes_replicated: rank == 0,
             staging,
-            model: None,
-            optimizer: None,
+            hand_over: Some(hand_over),
+            held: Vec::new(),
             config_toml: None,
             trainer: TrainerState { step, epoch, extra: serde_json::Value::Null, ..Default::default() },
             rank: RankState {
@@ -97,7 +115,7 @@ impl Snapshot {
             let reuse = self.staging.remove(MODEL_FILE);
             let image =
                 safetensors_image(&model.state_dict(), Some(&metadata), reuse, Path::new(MODEL_FILE))?;
-            self.model = Some(image);
+            self.hand_over(PartFile { name: MODEL_FILE.into(), content: Content::Image(image) })?;
         }
         Ok(self)
     }
@@ -111,7 +129,7 @@ impl Snapshot {
             let tensors: Vec<_> = state.tensors.into_iter().collect();
             let reuse = self.staging.remove(OPTIMIZER_FILE);
             let image = safetensors_image(&tensors, Some(&metadata), reuse, Path::new(OPTIMIZER_FILE))?;
-            self.optimizer = Some(image);
+            self.hand_over(PartFile { name: OPTIMIZER_FILE.into(), content: Content::Image(image) })?;
         }
         Ok(self)
     }
@@ -158,20 +176,24 @@ impl Snapshot {
         self
     }
 
-    /// The files of this rank's part; the images' memory comes back from [`take_staging`]
-    /// once written.
-    pub(crate) fn into_files(self) -> Vec<PartFile> {
-        let mut files = Vec::new();
+    /// Hands a complete file to the writer thread, which starts writing it at once.
+    fn hand_over(&mut self, file: PartFile) -> Result<()> {
+        let step = self.step();
+        let sent = self.hand_over.as_ref().map(|h| h.jobs.send(Job::File { step, file }));
+        match sent {
+            Some(Ok(())) => Ok(()),
+            _ => Err(CheckpointError::WriterGone("it exited".into())),
+        }
+    }
+
+    /// The files of this rank's part not handed over yet (the small ones, written when the
+    /// snapshot is saved).
+    pub(crate) fn take_files(&mut self) -> Vec<PartFile> {
+        let mut files = std::mem::take(&mut self.held);
         if self.writes_replicated {
-            if let Some(image) = self.model {
-                files.push(PartFile { name: MODEL_FILE.into(), content: Content::Image(image) });
-            }
-            if let Some(image) = self.optimizer {
-                files.push(PartFile { name: OPTIMIZER_FILE.into(), content: Content::Image(image) });
-            }
             let trainer = serde_json::to_vec_pretty(&self.trainer).expect("trainer state serialises");
             files.push(PartFile { name: TRAINER_FILE.into(), content: Content::Bytes(trainer) });
-            if let Some(toml) = self.config_toml {
+            if let Some(toml) = self.config_toml.take() {
                 files.push(PartFile { name: CONFIG_FILE.into(), content: Content::Bytes(toml.into_bytes()) });
             }
         }
@@ -179,15 +201,20 @@ impl Snapshot {
         files.push(PartFile { name: rank_file(self.rank.rank), content: Content::Bytes(rank) });
         files
     }
+
+    /// Memory of the previous save that this one did not use (its model or optimizer left out).
+    pub(crate) fn take_staging(&mut self) -> Staging {
+        std::mem::take(&mut self.staging)
+    }
 }
 
-/// The images' memory out of written `files`, to reuse in the next snapshot.
-pub(crate) fn take_staging(files: Vec<PartFile>) -> Staging {
-    files
-        .into_iter()
-        .filter_map(|f| match f.content {
-            Content::Image(image) => Some((f.name, image.into_buffer())),
-            Content::Bytes(_) => None,
-        })
-        .collect()
+impl Drop for Snapshot {
+    /// A snapshot dropped unsaved (an error part-way through building it): the writer discards
+    /// the files it was handed and keeps their memory for the next save.
+    fn drop(&mut self) {
+        if let Some(h) = self.hand_over.take() {
+            h.open.store(false, Ordering::Release);
+            let _ = h.jobs.send(Job::Abandon(std::mem::take(&mut self.staging)));
+        }
+    }
 }

@@ -146,23 +146,31 @@ fn main() {
         commit: git_commit(),
         machine: std::env::var("OXTRAIN_MACHINE").unwrap_or_else(|_| cpu_description()),
         notes: format!(
-            "ResNet-50 training state on the CPU: {mb:.0} MB (weights, buffers, SGD momentum, trainer and RNG \
-             files), written into {fs}. Median of {REPS} repetitions after one warm-up, the three writers \
-             taking turns to go first. Save = the snapshot (each tensor copied once, with streaming stores, \
-             into page-aligned file images kept from the previous save) and the writer (each file written \
-             with O_DIRECT as soon as its image is complete, its last partial block through the page \
-             cache, checksummed beside the write; fsync of every file, the manifest, directory fsync, \
-             rename, parent fsync), timed from the snapshot call until the part is committed. dd = `dd if=/dev/zero bs=1M conv=fsync` of the same bytes into the same \
-             folder; `dd bs=16M oflag=direct conv=fsync` of the same bytes ran at {dd_direct:.0} MB/s in the \
-             same repetitions. Stall = the time the training loop waits (the host copy and the hand-off to \
-             the writer thread); the writer alone (its first file to the commit) ran at {thread:.0} MB/s. Built with the {profile}. \
-             Load average {load_before} at the start and {load_after} at the end; other processes kept \
-             {:.0}% of all cores busy during the run.",
+            "ResNet-50 training state on the CPU: {mb:.0} MB (weights, buffers, SGD momentum, trainer and \
+             RNG files), written into {fs}. Median of {REPS} repetitions after one warm-up, the three \
+             writers taking turns to go first. Save = the snapshot (each tensor copied once, with \
+             streaming stores, into page-aligned file images kept from the previous save) and the writer \
+             (each file written with O_DIRECT as soon as its image is complete, its last partial block \
+             through the page cache, checksummed beside the write; fsync of every file, the manifest, \
+             directory fsync, rename, parent fsync), timed from the snapshot call until the part is \
+             committed. dd = `dd if=/dev/zero bs=1M conv=fsync` of the same bytes into the same folder; \
+             `dd bs=16M oflag=direct conv=fsync` of the same bytes ran at {dd_direct:.0} MB/s in the same \
+             repetitions. Stall = the time the training loop waits (the host copy and the hand-off to the \
+             writer thread); the writer alone (its first file to the commit) ran at {thread:.0} MB/s. \
+             Built with the {profile}. Load average {load_before} at the start and {load_after} at the \
+             end; other processes kept {:.0}% of all cores busy during the run.",
             others.percent(),
             fs = file_system(&run),
         ),
         benchmarks: vec![
-            Benchmark::higher_is_better("checkpoint_save_resnet50", "MB/s", save, Some(dd), "dd conv=fsync, same bytes", Some(1.0)),
+            Benchmark::higher_is_better(
+                "checkpoint_save_resnet50",
+                "MB/s",
+                save,
+                Some(dd),
+                "dd conv=fsync, same bytes",
+                Some(1.0),
+            ),
             Benchmark {
                 name: "checkpoint_stall_resnet50".into(),
                 unit: "ms".into(),

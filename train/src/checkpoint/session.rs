@@ -80,7 +80,7 @@ impl Session {
 
     /// Writes the rest of `snap` (the small files), waits for every file, then writes the
     /// manifest and commits the part. Returns the memory of the images for the next save.
-    pub fn finish(mut self, mut snap: Snapshot, info: &PartInfo) -> (Result<Saved>, Staging) {
+    pub fn finish(mut self, mut snap: Box<Snapshot>, info: &PartInfo) -> (Result<Saved>, Staging) {
         if let Some(part) = &self.part {
             part.start_checksums();
         }

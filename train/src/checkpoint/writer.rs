@@ -62,7 +62,7 @@ pub(crate) enum Job {
     /// A complete file of the part of step `step`: written at once.
     File { step: u64, file: PartFile },
     /// The rest of the snapshot: its small files, the manifest, the commit.
-    Save(Snapshot),
+    Save(Box<Snapshot>),
     /// The snapshot was dropped unsaved: discard its files; the memory it did not use.
     Abandon(Staging),
     /// The snapshot is saved by another Checkpointer: stop writing its files and send them
@@ -150,7 +150,7 @@ impl Checkpointer {
                 snap.held.extend(files);
             }
         }
-        if self.jobs.send(Job::Save(snap)).is_err() {
+        if self.jobs.send(Job::Save(Box::new(snap))).is_err() {
             return Err(CheckpointError::WriterGone(self.thread_end()));
         }
         self.in_flight = true;

@@ -66,9 +66,7 @@ impl Tensor {
     /// The gradient of [`Tensor::cross_entropy_rows`] with respect to the logits `self`:
     /// `(softmax(x) - q) * weight[row]`, 0 on ignored rows, in the logits' dtype. `lse` is the
     /// forward's log-sum-exp and `weight` the per-row factor (`[rows]`, the compute dtype):
-    /// the loss's own gradient, times `1 / count` for a mean. On CUDA a long row is padded to
-    /// whole 16-byte vectors (the result is a view), as a product's output is, so the products
-    /// of the backward that read this gradient find an aligned leading dimension.
+    /// the loss's own gradient, times `1 / count` for a mean. The result is contiguous.
     pub fn cross_entropy_rows_backward(
         &self,
         target: &Tensor,
@@ -104,22 +102,15 @@ impl Tensor {
                 Storage::Cpu(grad)
             }
             (Storage::Cuda(xs), Storage::Cuda(ts), Storage::Cuda(ls), Storage::Cuda(ws)) => {
-                let out_ld = crate::cuda::padded_row_len(classes, self.dtype());
-                let grad = cuda::cross_entropy_backward(
+                Storage::Cuda(cuda::cross_entropy_backward(
                     (xs, x.layout().offset(), ld),
                     (ts, t.layout().offset()),
                     (ls, l.layout().offset()),
                     (ws, w.layout().offset()),
-                    (rows, classes, out_ld),
+                    (rows, classes, classes),
                     ignore_index,
                     label_smoothing,
-                );
-                let len = grad.len();
-                return Tensor::from_storage(Storage::Cuda(grad), [len]).with_layout(crate::Layout::new(
-                    [rows, classes],
-                    vec![out_ld, 1],
-                    0,
-                ));
+                ))
             }
             _ => unreachable!("{name}: checked to be on one device"),
         };
@@ -127,7 +118,7 @@ impl Tensor {
     }
 
     /// `self` (2-d) as rows of unit-stride elements and the row stride: itself when it is
-    /// already so (a padded product's output), else a contiguous copy.
+    /// already so (a narrowed view, such as a padded head's logits), else a contiguous copy.
     fn unit_rows(&self) -> (Tensor, usize) {
         let (classes, rs, cs) = (self.dims()[1], self.layout().strides()[0], self.layout().strides()[1]);
         if (cs == 1 || classes <= 1) && rs >= classes {

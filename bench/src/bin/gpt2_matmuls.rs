@@ -10,6 +10,9 @@ use oxtrain_bench::time_gpu;
 use oxtrain_tensor::cuda;
 use oxtrain_tensor::{DType, Device, Tensor};
 
+/// One pass of a layer's product (forward, input gradient, weight gradient).
+type Pass<'a> = Box<dyn Fn() -> Tensor + 'a>;
+
 const GPU: Device = Device::Cuda(0);
 const TOKENS: usize = 16 * 1024;
 
@@ -36,7 +39,7 @@ fn main() {
         let flops = 2.0 * (TOKENS * k * n) as f64;
         // The LM head's weight is the embedding table [vocab, 768], used transposed.
         let w = if name.starts_with("lm_head") { rand([n, k]).t() } else { rand([k, n]) };
-        let passes: [(&str, Box<dyn Fn() -> Tensor>); 3] = [
+        let passes: [(&str, Pass); 3] = [
             ("fwd", Box::new(|| x.matmul(&w))),
             ("dx", Box::new(|| g.matmul(&w.t()))),
             ("dw", Box::new(|| x.t().matmul(&g))),

@@ -145,7 +145,10 @@ const SMALL_PRODUCT: usize = 64 * 64 * 64;
 pub(crate) fn batched_matmul<T: GemmElement>(lhs: &[T], rhs: &[T], b: &Batched) -> Vec<T> {
     let (m, n, k) = (b.m, b.n, b.k);
     let batch = b.lhs_offsets.len();
+    // Zeroed lazily by the OS (gemm overwrites it without reading), in huge pages when large:
+    // a language model's logits are hundreds of MB, written once per step.
     let mut out = vec![T::default(); batch * m * n];
+    crate::huge_pages::advise(&out);
     if out.is_empty() {
         return out;
     }

@@ -52,7 +52,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * (r * r) + r + 1.0;
     // 2^n as two factors, so both exponents stay normal at the ends of the range (a result
     // in the subnormal range, or just below f32::MAX).

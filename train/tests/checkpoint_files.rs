@@ -8,6 +8,15 @@ use oxtrain_nn::{Linear, Module};
 use oxtrain_tensor::{Device, Tensor};
 use std::path::{Path, PathBuf};
 
+/// The tests of this file one at a time: each builds models from the global generator, and
+/// `restore_brings_back_model_optimizer_and_rng` compares that generator's state before and
+/// after, which a model built meanwhile on another test thread would move.
+static GLOBAL_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    GLOBAL_RNG.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn fresh_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("oxtrain-ckpt-files-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -56,6 +65,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn a_flipped_byte_and_a_truncated_file_are_rejected_by_name() {
+    let _serial = serial();
     let dir = fresh_dir("corrupt");
     let _ = save_steps(&dir, CheckpointConfig::new(&dir), &[10]);
     let good = dir.join("step-000010");
@@ -96,6 +106,7 @@ fn a_flipped_byte_and_a_truncated_file_are_rejected_by_name() {
 
 #[test]
 fn a_partial_write_is_skipped_and_reported() {
+    let _serial = serial();
     let dir = fresh_dir("partial");
     let _ = save_steps(&dir, CheckpointConfig::new(&dir), &[1]);
     // What a process killed mid-write leaves: a temporary directory with some files, and a
@@ -118,6 +129,7 @@ fn a_partial_write_is_skipped_and_reported() {
 
 #[test]
 fn restore_brings_back_model_optimizer_and_rng() {
+    let _serial = serial();
     let dir = fresh_dir("restore");
     let (model, opt) = trained();
     oxtrain_tensor::manual_seed(77);
@@ -158,6 +170,7 @@ fn restore_brings_back_model_optimizer_and_rng() {
 
 #[test]
 fn retention_keeps_the_last_k_and_every_nth() {
+    let _serial = serial();
     let dir = fresh_dir("retention");
     let config = CheckpointConfig { keep_last: Some(2), keep_every: Some(3), ..CheckpointConfig::new(&dir) };
     let _ = save_steps(&dir, config, &[1, 2, 3, 4, 5, 6, 7]);
@@ -172,6 +185,7 @@ fn retention_keeps_the_last_k_and_every_nth() {
 
 #[test]
 fn ranks_write_their_own_parts_and_world_size_is_checked() {
+    let _serial = serial();
     let dir = fresh_dir("ranks");
     let (model, opt) = trained();
     for rank in [1, 0] {
@@ -207,6 +221,7 @@ fn ranks_write_their_own_parts_and_world_size_is_checked() {
 
 #[test]
 fn export_writes_the_plain_state_dict() {
+    let _serial = serial();
     let dir = fresh_dir("export");
     let model = save_steps(&dir, CheckpointConfig::new(&dir), &[3, 9]);
     let out = dir.join("exported").join("model.safetensors");
@@ -222,6 +237,7 @@ fn export_writes_the_plain_state_dict() {
 
 #[test]
 fn sigterm_asks_for_a_save_and_a_stop() {
+    let _serial = serial();
     let mut policy =
         SavePolicy::new(SaveTriggers { every_steps: Some(5), every: None, at_end: true, on_signal: true })
             .unwrap();
@@ -243,6 +259,7 @@ fn sigterm_asks_for_a_save_and_a_stop() {
 
 #[test]
 fn a_second_save_reuses_host_buffers_but_writes_the_new_values() {
+    let _serial = serial();
     let dir = fresh_dir("staging");
     let (model, opt) = trained();
     let before = model.state_dict()[0].1.to_vec::<f32>();
@@ -290,6 +307,7 @@ impl Drop for SmallDisk {
 
 #[test]
 fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
+    let _serial = serial();
     let Some(disk) = SmallDisk::mount("full", 256 << 10) else {
         eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
         return;
@@ -314,6 +332,7 @@ fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
 
 #[test]
 fn a_disk_that_fills_during_the_write_is_the_same_clear_error() {
+    let _serial = serial();
     let Some(disk) = SmallDisk::mount("fills", 1 << 20) else {
         eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
         return;

@@ -193,7 +193,15 @@ impl Gpt2LMHeadModel {
 
     /// Logits `[B, T, vocab_size]` for `input_ids [B, T]` and an optional `attention_mask`.
     pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Var {
-        self.transformer.forward_hidden(input_ids, attention_mask).matmul(&self.lm_head.weight.var().t())
+        let hidden = self.transformer.forward_hidden(input_ids, attention_mask);
+        let w = self.lm_head.weight.var();
+        // On CUDA the head runs on a vocabulary padded with zero rows to a multiple of 8
+        // (nanoGPT's 50304 trick, here 50264): with GPT-2's 50257, every product of the head
+        // (logits, their input gradient, the weight gradient) has an odd dim, and cuBLAS falls
+        // back to its unvectorised kernels, the three together slower than all the rest of
+        // the model's products. The CPU's gemm has no such cliff.
+        let multiple = if w.device().is_cuda() { 8 } else { 1 };
+        lm_head_logits(&hidden, &w, multiple)
     }
 
     /// Hugging Face's causal-LM loss: position `t` predicts `labels[t + 1]`; labels equal to
@@ -217,9 +225,64 @@ impl Gpt2LMHeadModel {
     }
 }
 
+/// `hidden @ w^T` computed on `w` padded with zero rows to a multiple of `multiple` rows: the
+/// logits are the first `w.rows` columns of the padded product, a view, and the pad rows'
+/// gradient is dropped by the concatenation's backward.
+fn lm_head_logits(hidden: &Var, w: &Var, multiple: usize) -> Var {
+    let (vocab, embd) = (w.dims()[0], w.dims()[1]);
+    let pad = vocab.next_multiple_of(multiple) - vocab;
+    if pad == 0 {
+        return hidden.matmul(&w.t());
+    }
+    let w = w.autocast_lower();
+    let zeros = Tensor::zeros([pad, embd], w.dtype(), w.device()).expect("the head's pad rows on its device");
+    let padded = Var::cat(&[w, Var::constant(zeros)], 0);
+    hidden.matmul(&padded.t()).narrow(-1, 0, vocab)
+}
+
 impl Module for Gpt2LMHeadModel {
     fn visit(&self, v: &mut dyn Visitor) {
         v.child("transformer", &self.transformer);
         v.child("lm_head", &self.lm_head);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i * 37 % 23) as f32 - 11.0) * scale).collect()
+    }
+
+    /// The padded head gives the unpadded head's logits, loss and gradients: the pad columns
+    /// must be invisible to the loss and to both gradients.
+    #[test]
+    fn padded_head_matches_the_plain_product() {
+        let (b, t, embd, vocab) = (2, 3, 4, 13);
+        let run = |multiple: usize| {
+            let hidden =
+                Var::parameter(Tensor::from_vec(seq(b * t * embd, 0.1), [b, t, embd], Device::Cpu).unwrap());
+            let w = Var::parameter(
+                Tensor::from_vec(seq(vocab * embd, 0.07), [vocab, embd], Device::Cpu).unwrap(),
+            );
+            let logits = lm_head_logits(&hidden, &w, multiple);
+            assert_eq!(logits.dims(), [b, t, vocab]);
+            let labels = Tensor::from_vec(vec![1i64, 12, 0, 5, 7, 3], [b, t], Device::Cpu).unwrap();
+            let loss = Gpt2LMHeadModel::loss(&logits, &labels);
+            loss.backward();
+            (
+                logits.tensor().to_vec::<f32>(),
+                loss.tensor().to_vec::<f32>(),
+                hidden.grad().unwrap().to_vec::<f32>(),
+                w.grad().unwrap().to_vec::<f32>(),
+            )
+        };
+        let (plain, padded) = (run(1), run(8));
+        assert_eq!(plain.0, padded.0, "logits");
+        assert_eq!(plain.1, padded.1, "loss");
+        assert_eq!(plain.2, padded.2, "hidden's gradient");
+        assert_eq!(plain.3, padded.3, "weight's gradient");
+        assert!(plain.3.iter().any(|g| *g != 0.0), "the weight gets a gradient");
     }
 }

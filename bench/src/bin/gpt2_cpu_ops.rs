@@ -20,6 +20,9 @@ fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// One timed op: its name and a closure that runs it once.
+type Case<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+
 fn randn(shape: &[usize]) -> Tensor {
     Tensor::randn(shape, DType::F32, Device::Cpu).unwrap()
 }
@@ -40,7 +43,7 @@ fn main() {
         let a = randn(&[rows, inner]);
         let targets = Tensor::randint(0, vocab as i64, [rows], Device::Cpu).unwrap();
         let logits = randn(&[rows, vocab]);
-        let mut cases: Vec<(&str, Box<dyn FnMut()>)> = vec![
+        let mut cases: Vec<Case> = vec![
             ("lm_head forward  h @ W^T", Box::new(|| drop(h.matmul(&w.t())))),
             ("lm_head dx  g @ W", Box::new(|| drop(g.matmul(&w)))),
             ("lm_head dW  (g^T @ h)", Box::new(|| drop(g.t().matmul(&h)))),

@@ -254,6 +254,20 @@ pub fn sum_to_shape(g: &Tensor, target: &[usize]) -> Tensor {
     g.sum(dims, true).reshape(target)
 }
 
+/// `prev + g` for two partial gradients of one node, added into `prev` when no other tensor
+/// can see it (its own storage, contiguous, the sum's shape and dtype): the residual stream
+/// and a tied embedding sum several gradients, and a fresh tensor per sum is one more
+/// allocation and pass over memory each (51 MB for GPT-2's tied token embedding).
+fn accumulate(prev: Tensor, g: &Tensor) -> Tensor {
+    let private = prev.storage_ref_count() == 1 && prev.is_contiguous() && !prev.same_storage(g);
+    if private && prev.dims() == g.dims() && prev.dtype() == g.dtype() {
+        prev.add_(g);
+        prev
+    } else {
+        prev.add(g)
+    }
+}
+
 /// Orders ready ops by creation, newest first.
 struct Ready(Arc<Node>);
 impl PartialEq for Ready {
@@ -347,7 +361,7 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
             if let Some(g) = g {
                 let g = profile::region("backward", "(gradient to input shape/dtype)", || conform(g, &input));
                 let acc = match grads.remove(&k) {
-                    Some(prev) => profile::region("backward", "(gradient sum)", || prev.add(&g)),
+                    Some(prev) => profile::region("backward", "(gradient sum)", || accumulate(prev, &g)),
                     None => g,
                 };
                 grads.insert(k, acc);

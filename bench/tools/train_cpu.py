@@ -2,7 +2,8 @@
 threads, and writes bench/results/train-cpu.json (the format of the project's notes on
 benchmark results). Run from the repository root after `cargo build --release -p oxtrain`.
 
-Usage: python3 bench/tools/train_cpu.py [--steps S] [--warmup W] [--rounds R] [--out PATH]
+Usage: python3 bench/tools/train_cpu.py [--steps S] [--warmup W] [--rounds R] [--threads 1,2]
+       [--models resnet50,gpt2] [--out PATH]
 Environment: OXTRAIN_BIN (default target/release/oxtrain), OXTRAIN_PEER_PYTHON (default the
 interpreter running this script).
 
@@ -43,6 +44,7 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--models", default="resnet50,gpt2", help="which cases to run (a GPT-2-only A/B: gpt2)")
     p.add_argument("--out", default="bench/results/train-cpu.json")
     args = p.parse_args()
     oxtrain = os.environ.get("OXTRAIN_BIN", "target/release/oxtrain")
@@ -50,8 +52,12 @@ def main():
     steps = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     load_before = uptime()
     benchmarks, torch_version = [], "?"
+    models = args.models.split(",")
+    unknown = sorted(set(models) - {model for _, model, _ in CASES})
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; the cases are {[model for _, model, _ in CASES]}")
     for t in [int(x) for x in args.threads.split(",")]:
-        for name, model, extra in CASES:
+        for name, model, extra in [c for c in CASES if c[1] in models]:
             ox, pe = [], []
             for _ in range(args.rounds):
                 env = dict(os.environ, RAYON_NUM_THREADS=str(t))

@@ -17,6 +17,7 @@ pub mod cuda;
 mod device;
 mod dtype;
 mod error;
+mod huge_pages;
 mod layout;
 mod memory_order;
 pub mod ops;
@@ -26,6 +27,7 @@ pub mod strided;
 mod tensor;
 #[doc(hidden)]
 pub mod testing;
+mod vmath;
 
 pub use device::Device;
 pub use dtype::{DType, Element, FloatElement};

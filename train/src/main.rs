@@ -7,6 +7,24 @@ use oxtrain::config::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The process's allocator: jemalloc, set to keep the memory it frees for reuse. A training
+/// step frees and allocates the same large buffers every step (a language model's logits and
+/// their gradient are hundreds of MB); glibc's malloc hands each buffer over 32 MB back to the
+/// kernel when it is freed, so the next step pays a page fault and a page cleared by the
+/// kernel for every 4 KiB of it again (on a virtual machine, often a fault in the host too).
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read at its first allocation: freed pages are never returned to the
+/// kernel (neither purged nor decayed), and large allocations stay in the ordinary arenas
+/// (the dedicated arena it otherwise uses for them returns their pages at once). The resident
+/// memory stays near its peak, which a training loop reaches again every step anyway.
+#[cfg(target_os = "linux")]
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static malloc_conf: &[u8; 57] = b"dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0\0";
+
 #[derive(Parser)]
 #[command(
     name = "oxtrain",

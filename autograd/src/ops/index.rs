@@ -33,11 +33,9 @@ impl Var {
     /// `F.embedding(ids, weight)`; the result has shape `ids.shape + [dim]`.
     pub fn embedding(ids: &Tensor, weight: &Var) -> Var {
         let out = ids.embedding(weight.tensor());
-        let (ids, table) = (ids.flatten_all(), weight.dims().to_vec());
+        let (ids, num_embeddings) = (ids.clone(), weight.dims()[0]);
         Var::from_op("embedding", out, &[weight], move |g, _| {
-            let rows = g.reshape([ids.elem_count(), table[1]]);
-            let zeros = Tensor::zeros(table.as_slice(), g.dtype(), g.device()).expect("gradient's device");
-            vec![Some(zeros.index_add(0, &ids, &rows, 1.0))]
+            vec![Some(g.embedding_backward(&ids, num_embeddings))]
         })
     }
 

@@ -45,7 +45,16 @@ impl Var {
                     // entry summed afterwards (a batch of outputs, each rounded to the dtype).
                     let (k, n) = (b2.dims()[0], b2.dims()[1]);
                     let rows = a2.elem_count() / k.max(1);
-                    a2.reshape([rows, k]).t().matmul(&g.reshape([rows, n]))
+                    let (a, g) = (a2.reshape([rows, k]), g.reshape([rows, n]));
+                    // A weight used transposed (`x @ w.t()`, a tied head: b2 a column-major
+                    // view) gets its gradient in that layout, (g^T a)^T, so what reaches `w`
+                    // through the transpose is contiguous rather than a strided view that
+                    // every later sum and optimizer step reads across.
+                    if b2.strides()[0] == 1 && b2.strides()[1] != 1 && k > 1 {
+                        g.t().matmul(&a).t()
+                    } else {
+                        a.t().matmul(&g)
+                    }
                 } else {
                     a2.transpose(-2, -1).matmul(&g)
                 };

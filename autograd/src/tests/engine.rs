@@ -231,3 +231,23 @@ device_test! {
         assert!(w1.grad().is_some());
     }
 }
+
+device_test! {
+    fn summing_gradients_in_place_leaves_a_shared_gradient_alone(dev: Device) {
+        // `add` hands one gradient tensor to both x and y (an op, whose gradient waits in the
+        // engine). x's gradient arrives first from `add` (the newer op), then from
+        // `mul_scalar`: adding the second into the first in place would change y's too.
+        let (x, y0) = (Var::parameter(randn(&[3], 1, dev)), Var::parameter(randn(&[3], 2, dev)));
+        let y = y0.mul_scalar(1.0);
+        let p = x.mul_scalar(3.0);
+        let s = x.add(&y);
+        p.mul(&s).sum_all().backward();
+        let (xv, yv) = (x.tensor().to_f64_vec(), y0.tensor().to_f64_vec());
+        let (gx, gy) = (x.grad().unwrap().to_f64_vec(), y0.grad().unwrap().to_f64_vec());
+        for i in 0..3 {
+            assert!((gy[i] - 3.0 * xv[i]).abs() < 1e-12, "dy[{i}] = {} want {}", gy[i], 3.0 * xv[i]);
+            let want = 3.0 * (xv[i] + yv[i]) + 3.0 * xv[i];
+            assert!((gx[i] - want).abs() < 1e-12, "dx[{i}] = {} want {want}", gx[i]);
+        }
+    }
+}

@@ -28,6 +28,12 @@ device_test! {
             &[randn(&[3, 2, 4], 21, dev).transpose(0, 1), randn(&[4, 5], 22, dev)],
         );
         check("4-d batch @ matrix", |v| v[0].matmul(&v[1]), &[randn(&[2, 2, 3, 4], 23, dev), randn(&[4, 2], 24, dev)]);
+        // A transposed matrix (a tied head, `x @ w.t()`) gets its gradient in its own layout.
+        check(
+            "batch @ transposed matrix",
+            |v| v[0].matmul(&v[1].t()),
+            &[randn(&[2, 3, 4], 25, dev), randn(&[5, 4], 26, dev)],
+        );
         check("vec @ batch", |v| v[0].matmul(&v[1]), &[randn(&[3], 17, dev), randn(&[2, 3, 4], 18, dev)]);
         check(
             "bmm transposed",

@@ -97,10 +97,13 @@ fn gelu_backward_typed<T: ComputeAs>(g: &[T], lg: &Layout, x: &[T], lx: &Layout,
     let (half, one) = (of(0.5), of(1.0));
     if tanh {
         let (c, k, k3) = (of((2.0 / std::f64::consts::PI).sqrt()), of(0.044715), of(3.0 * 0.044715));
+        // With s = sigmoid(2u) = (1 + tanh(u)) / 2: d/dx [x s] = s + 2x s (1 - s) u', the tanh
+        // form's derivative rewritten over a vectorisable exp (as the forward).
         zip_map(g, lg, x, lx, move |g: T, x: T| {
             let x = x.up();
-            let t = (c * (x + k * x * x * x)).tanh();
-            let d = half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x);
+            let u = c * (x + k * x * x * x);
+            let s = one / (one + (-(u + u)).exp_v());
+            let d = s + (x + x) * s * (one - s) * c * (one + k3 * x * x);
             T::down(g.up() * d)
         })
     } else {

@@ -242,3 +242,18 @@ pub(super) fn index_add<T: Accumulate>(
     }
     out
 }
+
+/// The embedding table's gradient: `[num_embeddings, dim]` zeros with each `dim`-row of the
+/// contiguous `grad` added at its id, in id order (deterministic). The zeros come from the
+/// allocator's zeroed pages, so only the rows some id names are ever written; a copy of zeros
+/// (what `zeros.index_add(..)` does) writes the whole table, 51 MB for GPT-2's.
+pub(super) fn embedding_backward<T: Accumulate>(grad: &[T], ids: &[usize], num: usize, dim: usize) -> Vec<T> {
+    let mut out = vec![T::from_f64(0.0); num * dim];
+    let one = T::alpha(1.0);
+    for (row, &id) in grad.chunks_exact(dim.max(1)).zip(ids) {
+        for (d, &x) in out[id * dim..][..dim].iter_mut().zip(row) {
+            *d = d.add_scaled(x, one);
+        }
+    }
+    out
+}

@@ -245,6 +245,41 @@ impl Tensor {
         Tensor::from_storage(storage, self.dims())
     }
 
+    /// The gradient of [`Tensor::embedding`] with respect to its table: for `self`, the output
+    /// gradient of shape `ids.shape + [dim]`, a `[num_embeddings, dim]` tensor of zeros with
+    /// each row of `self` added at its id (`torch.ops.aten.embedding_dense_backward`). On the
+    /// CPU only the rows the ids name are written; elsewhere it is `zeros.index_add(..)`.
+    pub fn embedding_backward(&self, ids: &Tensor, num_embeddings: usize) -> Tensor {
+        let op = "embedding_backward";
+        let dim = self.dims().last().copied().unwrap_or(0);
+        assert!(
+            self.rank() == ids.rank() + 1 && self.dims()[..ids.rank()] == *ids.dims(),
+            "{op}: the gradient {:?} must have the ids' shape {:?} plus the embedding dim",
+            self.dims(),
+            ids.dims()
+        );
+        let rows = self.reshape([ids.elem_count(), dim]);
+        let flat_ids = ids.flatten_all();
+        if self.device().is_cuda() {
+            let zeros =
+                Tensor::zeros([num_embeddings, dim], self.dtype(), self.device()).expect("the device");
+            return zeros.index_add(0, &flat_ids, &rows, 1.0);
+        }
+        self.same_device(ids, op);
+        let idx = checked_indices(op, &flat_ids, 0, num_embeddings, &[num_embeddings, dim]);
+        let rows = rows.contiguous();
+        let off = rows.layout().offset();
+        let storage = rows.with_cpu(op, |s, _| {
+            with_float_storage!(s, op, v, T => T::into_storage(cpu::embedding_backward(
+                &v[off..off + idx.len() * dim],
+                &idx,
+                num_embeddings,
+                dim,
+            )))
+        });
+        Tensor::from_storage(Storage::Cpu(storage), [num_embeddings, dim])
+    }
+
     /// A copy of `self` with `alpha * source.select(dim, i)` added to
     /// `self.select(dim, index[i])` for each `i`, as `torch.index_add` (out of place).
     /// Repeated indices accumulate in index order. `alpha` must be a whole number for integer

@@ -393,3 +393,28 @@ device_test! {
         x.index_add(0, &Tensor::new([1i64], dev).unwrap(), &Tensor::zeros([1], DType::Bool, dev).unwrap(), 1.0);
     }
 }
+
+device_test! {
+    fn embedding_backward_sums_the_rows_of_each_id(dev: Device) {
+        // ids [2, 3] with repeats (3 twice, 0 twice); table of 5 rows of 4; row 1 and 4 unused.
+        let ids = Tensor::new([[3i64, 0, 2], [3, 0, 0]], dev).unwrap();
+        let g: Vec<f64> = (0..24).map(|i| i as f64 * 0.5 - 3.0).collect();
+        let mut want = vec![0.0; 20];
+        for (pos, &id) in [3usize, 0, 2, 3, 0, 0].iter().enumerate() {
+            for k in 0..4 {
+                want[id * 4 + k] += g[pos * 4 + k];
+            }
+        }
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            let grad = Tensor::from_vec(g.clone(), [2, 3, 4], dev).unwrap().to_dtype(dtype);
+            let got = grad.embedding_backward(&ids, 5);
+            assert_eq!((got.dims(), got.dtype()), (&[5usize, 4][..], dtype));
+            let (rtol, atol) = tolerance(dtype);
+            let want = Tensor::from_vec(want.clone(), [5, 4], dev).unwrap().to_dtype(dtype);
+            assert_close(&got, &want, rtol, atol, &format!("embedding_backward {dtype}"));
+            // A strided gradient reads the same rows.
+            let strided = grad.transpose(0, 1).contiguous().transpose(0, 1);
+            assert_close(&strided.embedding_backward(&ids, 5), &want, rtol, atol, "strided gradient");
+        }
+    }
+}

@@ -12,6 +12,10 @@ use rayon::prelude::*;
 pub(crate) trait GemmElement: Copy + Send + Sync + Default + 'static {
     fn zero() -> Self;
     fn one() -> Self;
+    /// `a + b` where partial products may be summed in this type ([`split_k_product`]); None
+    /// for f16, whose gemm accumulates in f32 and rounds once, which a sum of rounded f16
+    /// partials would not match.
+    const ADD: Option<fn(Self, Self) -> Self>;
 }
 
 impl GemmElement for f32 {
@@ -21,6 +25,7 @@ impl GemmElement for f32 {
     fn one() -> f32 {
         1.0
     }
+    const ADD: Option<fn(f32, f32) -> f32> = Some(|a, b| a + b);
 }
 impl GemmElement for f64 {
     fn zero() -> f64 {
@@ -29,6 +34,7 @@ impl GemmElement for f64 {
     fn one() -> f64 {
         1.0
     }
+    const ADD: Option<fn(f64, f64) -> f64> = Some(|a, b| a + b);
 }
 impl GemmElement for f16 {
     fn zero() -> f16 {
@@ -37,6 +43,7 @@ impl GemmElement for f16 {
     fn one() -> f16 {
         f16::ONE
     }
+    const ADD: Option<fn(f16, f16) -> f16> = None;
 }
 
 /// A strided matrix inside a slice: element (i, j) is `data[offset + i * rs + j * cs]`.
@@ -145,7 +152,10 @@ const SMALL_PRODUCT: usize = 64 * 64 * 64;
 pub(crate) fn batched_matmul<T: GemmElement>(lhs: &[T], rhs: &[T], b: &Batched) -> Vec<T> {
     let (m, n, k) = (b.m, b.n, b.k);
     let batch = b.lhs_offsets.len();
+    // Zeroed lazily by the OS (gemm overwrites it without reading), in huge pages when large:
+    // a language model's logits are hundreds of MB, written once per step.
     let mut out = vec![T::default(); batch * m * n];
+    crate::huge_pages::advise(&out);
     if out.is_empty() {
         return out;
     }
@@ -160,10 +170,53 @@ pub(crate) fn batched_matmul<T: GemmElement>(lhs: &[T], rhs: &[T], b: &Batched) 
     let per_batch = batch >= 2 * threads || (batch > 1 && m * n * k <= SMALL_PRODUCT);
     if threads > 1 && per_batch {
         out.par_chunks_mut(m * n).enumerate().for_each(|(i, dst)| product(i, dst, 1));
+    } else if let (true, Some(add)) = (threads > 1 && batch == 1 && splits_k(m, n, k, threads), T::ADD) {
+        let l = Mat::new(lhs, b.lhs_offsets[0], b.lhs_strides.0, b.lhs_strides.1);
+        let r = Mat::new(rhs, b.rhs_offsets[0], b.rhs_strides.0, b.rhs_strides.1);
+        split_k_product((m, n, k), &mut out, l, r, threads, add);
     } else {
         for (i, dst) in out.chunks_mut(m * n).enumerate() {
             product(i, dst, threads);
         }
     }
     out
+}
+
+/// Whether a product's inner dim is long enough, next to its output, to be split over threads
+/// ([`split_k_product`]) rather than handed whole to gemm.
+pub(super) fn splits_k(m: usize, n: usize, k: usize, threads: usize) -> bool {
+    k >= 8 * m.max(n) && m * n * k >= 4 * threads * SMALL_PRODUCT
+}
+
+/// `dst[m x n] = lhs @ rhs` for a product whose inner dim dwarfs its output, such as a
+/// language model head's input gradient (`g [1024, 50257] @ w [50257, 256]`): gemm spreads a
+/// product over blocks of its output, and for few output blocks its threads wait on each other
+/// at every block of k. Here each thread multiplies its own range of k into its own `m x n`
+/// partial (the first into `dst`), and the partials are then added into `dst`. The sum's order
+/// depends on the thread count, as a blocked gemm's does on its block sizes.
+fn split_k_product<T: GemmElement>(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [T],
+    lhs: Mat<'_, T>,
+    rhs: Mat<'_, T>,
+    parts: usize,
+    add: fn(T, T) -> T,
+) {
+    let per = k.div_ceil(parts);
+    let ranges: Vec<(usize, usize)> = (0..k).step_by(per).map(|k0| (k0, per.min(k - k0))).collect();
+    let mut partials: Vec<Vec<T>> = (1..ranges.len()).map(|_| vec![T::zero(); m * n]).collect();
+    let dsts: Vec<&mut [T]> =
+        std::iter::once(&mut dst[..m * n]).chain(partials.iter_mut().map(|p| &mut p[..])).collect();
+    dsts.into_par_iter().zip(ranges).for_each(|(d, (k0, kc))| {
+        let l = Mat { offset: lhs.offset + k0 * lhs.cs, ..lhs };
+        let r = Mat { offset: rhs.offset + k0 * rhs.rs, ..rhs };
+        gemm_into((m, n, kc), d, n, l, r, false, 1);
+    });
+    for p in &partials {
+        dst[..m * n].par_chunks_mut(n.max(1)).zip(p.par_chunks(n.max(1))).for_each(|(d, p)| {
+            for (d, &x) in d.iter_mut().zip(p) {
+                *d = add(*d, x);
+            }
+        });
+    }
 }

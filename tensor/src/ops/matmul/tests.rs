@@ -152,6 +152,28 @@ device_test! {
     }
 }
 
+#[test]
+fn a_long_inner_dim_is_split_over_threads_and_summed() {
+    // k far longer than the output (as a language model head's input gradient): the product
+    // is split into one range of k per thread, 3 unequal ranges here, and the partials added.
+    let (m, n, k) = (16, 12, 40_001);
+    assert!(super::cpu::splits_k(m, n, k, 3), "the case must take the split path");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    for dtype in [DType::F32, DType::F64] {
+        let a = rand(&[m, k], 21, dtype, Device::Cpu);
+        let at = rand(&[k, m], 22, dtype, Device::Cpu).t();
+        let b = rand(&[k, n], 23, dtype, Device::Cpu);
+        for (lhs, what) in [(&a, "a @ b"), (&at, "a.t() @ b")] {
+            let got = pool.install(|| lhs.matmul(&b));
+            let (_, want) = reference(lhs, &b);
+            // Each entry sums k products of values in [-1, 1): an f32 bound of k ulps of 1.
+            let atol = if dtype == DType::F64 { 1e-10 } else { k as f64 * 6e-8 };
+            let want = Tensor::from_vec(want, [m, n], Device::Cpu).unwrap();
+            assert_close(&got, &want, 0.0, atol, &format!("{dtype} {what}"));
+        }
+    }
+}
+
 device_test! {
     fn bmm_is_strict_batched_matmul(dev: Device) {
         let a = rand(&[3, 4, 5], 1, DType::F64, dev);

@@ -12,9 +12,11 @@ use super::cuda;
 use crate::dtype::Element;
 use crate::ops::unary::cpu::{ComputeAs, Special};
 use crate::storage::{CpuStorage, Storage};
+use crate::vmath::vectorized;
 use crate::{DType, Tensor};
 use num_traits::{Float, Zero};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// The compute dtype: f64 for f64 logits, else f32.
 fn compute_dtype(logits: DType) -> DType {
@@ -164,6 +166,72 @@ fn check_target(t: i64, row: usize, classes: usize) -> usize {
     t as usize
 }
 
+/// Elements per block of a row: its max is found, then (from L1) the sums of `exp(x - max)`
+/// and of `x` in f32 lanes; the block totals add up in f64.
+const BLOCK: usize = 1024;
+/// Independent accumulators per sum: the compiler keeps them in vector registers.
+const LANES: usize = 16;
+
+fn f64_of<C: Float>(c: C) -> f64 {
+    c.to_f64().unwrap_or(f64::NAN)
+}
+
+/// Max of a block, NaN-blind (a NaN still reaches the sums and makes them NaN).
+#[inline(always)]
+fn block_max<T: ComputeAs>(x: &[T]) -> T::C {
+    let larger = |m: T::C, v: T::C| if v > m { v } else { m };
+    let mut acc = [T::C::neg_infinity(); LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for ch in chunks {
+        for (a, &v) in acc.iter_mut().zip(ch) {
+            *a = larger(*a, v.up());
+        }
+    }
+    let m = acc.into_iter().fold(T::C::neg_infinity(), larger);
+    rest.iter().fold(m, |m, &v| larger(m, v.up()))
+}
+
+/// `(sum(exp(x - m)), sum(x))` of a block, in f64 from lanes of the compute type.
+#[inline(always)]
+fn block_sums<T: ComputeAs>(x: &[T], m: T::C) -> (f64, f64) {
+    let zero = <T::C as Zero>::zero();
+    let (mut ae, mut ax) = ([zero; LANES], [zero; LANES]);
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for ch in chunks {
+        for j in 0..LANES {
+            let v = ch[j].up();
+            ae[j] = ae[j] + (v - m).exp_v();
+            ax[j] = ax[j] + v;
+        }
+    }
+    for &v in rest {
+        let v = v.up();
+        ae[0] = ae[0] + (v - m).exp_v();
+        ax[0] = ax[0] + v;
+    }
+    (ae.iter().map(|&v| f64_of(v)).sum(), ax.iter().map(|&v| f64_of(v)).sum())
+}
+
+/// `(max, sum(exp(x - max)), sum(x))` of a row in one read from memory: block by block, the
+/// running sum is rescaled once whenever a block raises the max.
+#[inline(always)]
+fn row_stats<T: ComputeAs>(row: &[T]) -> (f64, f64, f64) {
+    let (mut m, mut se, mut sx) = (T::C::neg_infinity(), 0.0f64, 0.0f64);
+    for block in row.chunks(BLOCK) {
+        let bm = block_max(block);
+        if bm > m {
+            se *= (f64_of(m) - f64_of(bm)).exp();
+            m = bm;
+        }
+        let (e, s) = block_sums(block, m);
+        se += e;
+        sx += s;
+    }
+    (f64_of(m), se, sx)
+}
+
 fn forward_cpu<T: ComputeAs>(
     x: &[T],
     target: &[i64],
@@ -177,22 +245,25 @@ where
     let rows = target.len();
     let mut loss = vec![<T::C as Zero>::zero(); rows];
     let mut lse = vec![<T::C as Zero>::zero(); rows];
-    let (keep, spread) = (T::C::of(1.0 - smoothing), T::C::of(smoothing / classes as f64));
     let per = rows_per_task(classes);
     loss.par_chunks_mut(per).zip(lse.par_chunks_mut(per)).enumerate().for_each(|(chunk, (lo, ls))| {
         for (i, (lo, ls)) in lo.iter_mut().zip(ls.iter_mut()).enumerate() {
             let r = chunk * per + i;
             let row = &x[r * ld..][..classes];
-            let m = row.iter().fold(T::C::neg_infinity(), |m, &v| m.max(v.up()));
-            let s = row.iter().fold(<T::C as Zero>::zero(), |s, &v| s + (v.up() - m).exp());
-            *ls = m + s.ln();
+            let (m, se, sx) = vectorized(
+                #[inline(always)]
+                || row_stats(row),
+            );
+            let log_sum = se.ln();
+            *ls = T::C::of(m + log_sum);
             if target[r] != ignore {
                 let t = check_target(target[r], r, classes);
-                let mut l = *ls - keep * row[t].up();
+                // lse - (1 - s) x_t - (s / C) sum(x), from the max so nothing large cancels.
+                let mut l = log_sum - (1.0 - smoothing) * (row[t].to_f64() - m);
                 if smoothing > 0.0 {
-                    l = l - spread * row.iter().fold(<T::C as Zero>::zero(), |a, &v| a + v.up());
+                    l -= smoothing * (sx / classes as f64 - m);
                 }
-                *lo = l;
+                *lo = T::C::of(l);
             }
         }
     });
@@ -208,24 +279,39 @@ fn backward_cpu<T: ComputeAs>(
     smoothing: f64,
 ) -> Vec<T> {
     let rows = target.len();
-    let mut grad = vec![T::zero(); rows * classes];
+    let mut grad: Vec<T> = Vec::with_capacity(rows * classes);
+    crate::huge_pages::advise(&grad);
     let (keep, spread) = (T::C::of(1.0 - smoothing), T::C::of(smoothing / classes as f64));
     let per = rows_per_task(classes);
-    grad.par_chunks_mut(per * classes).enumerate().for_each(|(chunk, g)| {
+    let fill = |(chunk, g): (usize, &mut [MaybeUninit<T>])| {
         for (i, g) in g.chunks_mut(classes).enumerate() {
             let r = chunk * per + i;
             if target[r] == ignore {
-                continue; // already zero
+                // Exactly zero, whatever the row's logits hold (inf or NaN included).
+                g.fill(MaybeUninit::new(T::zero()));
+                continue;
             }
             let t = check_target(target[r], r, classes);
             let (l, w) = (lse[r], weight[r]);
             let row = &x[r * ld..][..classes];
-            for (g, &v) in g.iter_mut().zip(row) {
-                *g = T::down(((v.up() - l).exp() - spread) * w);
-            }
-            g[t] = T::down(((row[t].up() - l).exp() - spread - keep) * w);
+            let sw = spread * w;
+            vectorized(
+                #[inline(always)]
+                || {
+                    for (g, &v) in g.iter_mut().zip(row) {
+                        g.write(T::down((v.up() - l).exp_v() * w - sw));
+                    }
+                },
+            );
+            g[t].write(T::down(((row[t].up() - l).exp_v() - spread - keep) * w));
         }
-    });
+    };
+    if rows * classes > 0 {
+        grad.spare_capacity_mut()[..rows * classes].par_chunks_mut(per * classes).enumerate().for_each(fill);
+    }
+    // SAFETY: the chunks cover all `rows * classes` elements and `fill` writes every one of
+    // them (a whole row of zeros, or each element of the row); T is Copy.
+    unsafe { grad.set_len(rows * classes) };
     grad
 }
 
@@ -311,6 +397,21 @@ mod tests {
             let want = (1.0f64.exp() + 1.0).ln() - 1.0;
             assert!((loss[0] as f64 - want).abs() < 1e-6, "{} vs {want}", loss[0]);
             assert!(loss[1].is_nan(), "a NaN logit must give a NaN loss, got {}", loss[1]);
+        }
+    }
+
+    crate::device_test! {
+        fn cross_entropy_rows_leave_an_ignored_row_exactly_zero_whatever_it_holds(dev: Device) {
+            let x = Tensor::from_vec(vec![f32::NAN, 1.0, f32::INFINITY, 0.5, 2.0, -1.0], [2, 3], dev).unwrap();
+            let t = Tensor::from_vec(vec![-1i64, 1], [2], dev).unwrap();
+            let (loss, lse) = x.cross_entropy_rows(&t, -1, 0.0);
+            let l = loss.to_vec::<f32>();
+            assert_eq!(l[0], 0.0);
+            assert!(l[1].is_finite() && l[1] > 0.0, "{l:?}");
+            let w = Tensor::from_vec(vec![1.0f32, 1.0], [2], dev).unwrap();
+            let g = x.cross_entropy_rows_backward(&t, &lse, &w, -1, 0.0).to_vec::<f32>();
+            assert_eq!(&g[..3], &[0.0, 0.0, 0.0]);
+            assert!(g[3..].iter().sum::<f32>().abs() < 1e-6, "a row's gradient sums to zero: {g:?}");
         }
     }
 

@@ -2,7 +2,8 @@
 threads, and writes bench/results/train-cpu.json (the format of the project's notes on
 benchmark results). Run from the repository root after `cargo build --release -p oxtrain`.
 
-Usage: python3 bench/tools/train_cpu.py [--steps S] [--warmup W] [--rounds R] [--out PATH]
+Usage: python3 bench/tools/train_cpu.py [--steps S] [--warmup W] [--rounds R] [--threads 1,2]
+       [--models resnet50,gpt2] [--out PATH]
 Environment: OXTRAIN_BIN (default target/release/oxtrain), OXTRAIN_PEER_PYTHON (default the
 interpreter running this script).
 
@@ -44,14 +45,16 @@ def main():
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", default="1,2")
     p.add_argument("--out", default="bench/results/train-cpu.json")
+    p.add_argument("--models", default="resnet50,gpt2", help="which cases to run (an A/B of one model)")
     args = p.parse_args()
+    models = args.models.split(",")
     oxtrain = os.environ.get("OXTRAIN_BIN", "target/release/oxtrain")
     python = os.environ.get("OXTRAIN_PEER_PYTHON", sys.executable)
     steps = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     load_before = uptime()
     benchmarks, torch_version = [], "?"
     for t in [int(x) for x in args.threads.split(",")]:
-        for name, model, extra in CASES:
+        for name, model, extra in [c for c in CASES if c[1] in models]:
             ox, pe = [], []
             for _ in range(args.rounds):
                 env = dict(os.environ, RAYON_NUM_THREADS=str(t))

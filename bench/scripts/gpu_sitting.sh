@@ -80,6 +80,7 @@ if [[ $mode == kprof ]]; then
       --metrics gpu__time_duration.sum --csv --page raw --print-units base --log-file "/tmp/ncu-$m.csv" \
       .gpu/bin/oxtrain bench $ours --device cuda --steps 3 --warmup 3 --profiler-range | cut -c1-200
     python3 bench/tools/ncu_summary.py "/tmp/ncu-$m.csv" --top 45 | tee "$OUT/kprof-$m.txt"
+    [[ "${KPROF_PEER:-1}" == 1 ]] || continue
     echo "=== torch eager: $peer"
     timeout 150 python3 bench/peers/train.py $peer --device cuda --steps 3 --warmup 3 --profile \
       2> "/tmp/torch-$m.txt" | cut -c1-200

@@ -40,10 +40,10 @@ round() { # ours then eager torch, case by case
   done
 }
 round
-# One profiled step of ours, for where the time goes.
-[[ resnet50_bf16 =~ ${CASES:-.} ]] && run "$OUT/profile_resnet50" 120 "$bin" bench resnet50 --batch 256 \
+# One profiled step of ours, for where the time goes (PROFILE=0 skips it).
+[[ "${PROFILE:-1}" == 1 && resnet50_bf16 =~ ${CASES:-.} ]] && run "$OUT/profile_resnet50" 120 "$bin" bench resnet50 --batch 256 \
   --image 224 --precision bf16 --channels-last --device cuda --steps 1 --warmup 2 --profile
-[[ gpt2 =~ ${CASES:-.} ]] && run "$OUT/profile_gpt2" 120 "$bin" bench gpt2-124m --batch 16 --seq 1024 \
+[[ "${PROFILE:-1}" == 1 && gpt2 =~ ${CASES:-.} ]] && run "$OUT/profile_gpt2" 120 "$bin" bench gpt2-124m --batch 16 --seq 1024 \
   --precision bf16 --device cuda --steps 1 --warmup 2 --profile
 for c in "${cases[@]}"; do  # torch.compile, the bf16 cases' named peer (compiling takes a minute)
   IFS='|' read -r tag ours peer <<< "$c"

@@ -203,6 +203,34 @@ pub fn load_average() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// This machine's CPU as `lscpu` names it, with its core count and widest vector extension
+/// (Linux; "unknown CPU" elsewhere), for a result's `machine` field.
+pub fn cpu_description() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let model = field("model name").unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let flags = field("flags").unwrap_or_default();
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    let simd = if has("avx512f") {
+        "AVX-512"
+    } else if has("avx2") {
+        "AVX2, no AVX-512"
+    } else {
+        "no AVX2"
+    };
+    let memory_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map_or(String::new(), |kib| format!(", {} GiB memory", (kib + (1 << 19)) >> 20));
+    format!("{model}, {cores} cores ({simd}){memory_gib}")
+}
+
 /// CPU ticks (USER_HZ) so far: busy time of the whole machine, and of this process with its
 /// waited-for children. Linux only; zeros elsewhere.
 fn busy_ticks() -> (u64, u64, u64) {

@@ -174,8 +174,9 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
                 batch,
                 step: Box::new(move || {
                     profile::region("optimizer", "zero_grad", || opt.zero_grad());
-                    let logits = with_autocast(autocast, || model.forward(&x));
-                    let loss = oxtrain_nn::loss::cross_entropy(&logits, &y);
+                    // The loss inside autocast, as the peer computes it (f32 there).
+                    let loss =
+                        with_autocast(autocast, || oxtrain_nn::loss::cross_entropy(&model.forward(&x), &y));
                     loss.backward();
                     profile::region("optimizer", "step", || opt.step());
                     loss
@@ -197,8 +198,8 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
                 batch: vec![("ids", ids.clone())],
                 step: Box::new(move || {
                     profile::region("optimizer", "zero_grad", || opt.zero_grad());
-                    let logits = with_autocast(autocast, || model.forward(&ids, None));
-                    let loss = Gpt2LMHeadModel::loss(&logits, &ids);
+                    let loss =
+                        with_autocast(autocast, || Gpt2LMHeadModel::loss(&model.forward(&ids, None), &ids));
                     loss.backward();
                     profile::region("optimizer", "step", || opt.step());
                     loss
@@ -221,8 +222,9 @@ fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
                 batch: vec![("ids", ids.clone()), ("labels", labels.clone())],
                 step: Box::new(move || {
                     profile::region("optimizer", "zero_grad", || opt.zero_grad());
-                    let logits = with_autocast(autocast, || model.forward(&ids, None, None));
-                    let loss = BertForSequenceClassification::loss(&logits, &labels);
+                    let loss = with_autocast(autocast, || {
+                        BertForSequenceClassification::loss(&model.forward(&ids, None, None), &labels)
+                    });
                     loss.backward();
                     profile::region("optimizer", "step", || opt.step());
                     loss

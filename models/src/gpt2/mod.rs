@@ -205,9 +205,15 @@ impl Gpt2LMHeadModel {
             [b, t],
             "GPT-2 loss: labels must be [batch, seq] like the logits' first dims"
         );
-        let shifted = logits.narrow(1, 0, t - 1).reshape([b * (t - 1), v]);
-        let targets = labels.narrow(1, 1, t - 1).contiguous().reshape([b * (t - 1)]);
-        crate::loss::cross_entropy(&shifted, &targets)
+        // The labels move, not the logits: position t's target is labels[t + 1], and the last
+        // position's is ignore_index. Slicing the logits instead copied the whole [B, T - 1, V]
+        // block forward and scattered its gradient back into [B, T, V]; here the logits stay a
+        // view and the last positions get zero gradient from the loss's own masking.
+        let pad = Tensor::full([b, 1], crate::loss::IGNORE_INDEX as f64, DType::I64, labels.device())
+            .expect("a [batch, 1] tensor on the labels' device");
+        let targets =
+            Tensor::cat(&[labels.to_dtype(DType::I64).narrow(1, 1, t - 1), pad], 1).reshape([b * t]);
+        crate::loss::cross_entropy(&logits.reshape([b * t, v]), &targets)
     }
 }
 

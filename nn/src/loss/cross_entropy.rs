@@ -31,7 +31,8 @@ pub fn cross_entropy(logits: &Var, target: &Tensor) -> Var {
 /// against int64 class indices of shape `[N]`, `[N, d1, ...]` or `[]`, as
 /// `F.cross_entropy(logits, target, ignore_index=, label_smoothing=, reduction=)`.
 ///
-/// Computed in f32 (log-softmax of widened logits); the loss has the logits' dtype. The mean
+/// Computed in f32 (log-softmax of widened logits); the loss has the logits' dtype, or f32 in
+/// an autocast region. The mean
 /// divides by the number of targets that are not `ignore_index` (NaN when all are ignored, as
 /// in PyTorch). The gradient with respect to the logits is `(softmax - q) * scale` with `q`
 /// the (smoothed) one-hot target, zero for ignored targets.
@@ -88,7 +89,9 @@ pub fn cross_entropy_with(logits: &Var, target: &Tensor, opts: &CrossEntropyOpti
         Reduction::Sum => per_row.sum_all(),
         Reduction::Mean => per_row.sum_all().div(&count),
     };
-    let out_dtype = x.dtype();
+    // Under autocast the loss is f32, as PyTorch's autocast runs cross_entropy in f32; the
+    // logits' gradient still comes back in their own dtype.
+    let out_dtype = if oxtrain_autograd::autocast_dtype().is_some() { compute } else { x.dtype() };
     let (reduction, in_dims) = (opts.reduction, x.dims().to_vec());
     Var::from_op(op, loss.to_dtype(out_dtype), &[logits], move |g, _| {
         let g = g.to_dtype(compute);

@@ -63,6 +63,13 @@ pub trait Optimizer {
     /// Hyper-parameters and state as named tensors, for checkpoints.
     fn state_dict(&self) -> OptimizerState;
 
+    /// [`Optimizer::state_dict`] without the copies: its tensors share storage with the
+    /// optimizer's buffers, so the next step changes them. For a caller that copies them at
+    /// once into memory of its own (a checkpoint's reused host buffers).
+    fn state_dict_shared(&self) -> OptimizerState {
+        self.state_dict()
+    }
+
     /// Restores what [`Optimizer::state_dict`] saved, onto this optimizer's parameters (their
     /// devices). Fails, changing nothing, when the groups or shapes do not match.
     fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()>;
@@ -108,7 +115,10 @@ macro_rules! impl_optimizer {
                 self.held.groups[group].initial_lr = Some(lr);
             }
             fn state_dict(&self) -> $crate::optim::OptimizerState {
-                self.held.state.to_state(&self.held.groups)
+                self.held.state.to_state(&self.held.groups, false)
+            }
+            fn state_dict_shared(&self) -> $crate::optim::OptimizerState {
+                self.held.state.to_state(&self.held.groups, true)
             }
             fn load_state_dict(
                 &mut self,

@@ -135,7 +135,8 @@ impl StateTable {
         &mut self.params[index]
     }
 
-    pub fn to_state<C: GroupConfig>(&self, groups: &[ParamGroup<C>]) -> OptimizerState {
+    /// The state as named tensors: copies of the buffers, or (`shared`) the buffers themselves.
+    pub fn to_state<C: GroupConfig>(&self, groups: &[ParamGroup<C>], shared: bool) -> OptimizerState {
         let mut tensors = BTreeMap::new();
         for (i, s) in self.params.iter().enumerate() {
             if s.step > 0 {
@@ -143,7 +144,7 @@ impl StateTable {
                 tensors.insert(format!("state.{i}.step"), step);
             }
             for (name, t) in &s.buffers {
-                tensors.insert(format!("state.{i}.{name}"), t.copy());
+                tensors.insert(format!("state.{i}.{name}"), if shared { t.clone() } else { t.copy() });
             }
         }
         let mut next = 0;

@@ -250,6 +250,29 @@ fn state_dict_names_tensors_and_hyper_parameters_like_torch() {
     assert!(err.contains("group 0 holds parameters [0, 1]"), "{err}");
 }
 
+#[test]
+fn the_shared_state_dict_is_the_live_buffers_and_the_copy_is_not() {
+    let params = fresh_params(Device::Cpu);
+    let mut opt = AdamW::new(params.clone(), AdamWConfig::default());
+    run_steps(&mut opt, &random_grads(&params, 3), 0..2);
+    let (shared, copied) = (opt.state_dict_shared(), opt.state_dict());
+    assert_eq!(shared.param_groups, copied.param_groups);
+    let keys = |s: &OptimizerState| s.tensors.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&shared), keys(&copied));
+    for (name, t) in &shared.tensors {
+        assert_eq!(t.to_f64_vec(), copied.tensors[name].to_f64_vec(), "{name}");
+    }
+    // One more step moves the shared buffers with the optimizer; the copies stay where they were.
+    let before = copied.tensors["state.0.exp_avg"].to_f64_vec();
+    run_steps(&mut opt, &random_grads(&params, 3), 2..3);
+    assert_eq!(copied.tensors["state.0.exp_avg"].to_f64_vec(), before);
+    assert_eq!(
+        shared.tensors["state.0.exp_avg"].to_f64_vec(),
+        opt.state_dict().tensors["state.0.exp_avg"].to_f64_vec()
+    );
+    assert_ne!(shared.tensors["state.0.exp_avg"].to_f64_vec(), before);
+}
+
 /// LARS in f64, the MLPerf formula as documented in lars.rs.
 fn lars_ref(p: &mut [f64], g: &[f64], v: &mut [f64], c: &LarsConfig) {
     let norm = |x: &[f64]| x.iter().map(|a| a * a).sum::<f64>().sqrt();

@@ -28,7 +28,7 @@
 mod tests;
 mod write;
 
-pub use write::{save, write_to, NamedTensor};
+pub use write::{plan, save, write_to, FilePlan, NamedTensor};
 
 use crate::storage::CpuStorage;
 use crate::{DType, Device, Element, Error, Result, Tensor};

@@ -215,6 +215,26 @@ fn get_checked_names_file_tensor_and_both_shapes() {
 }
 
 #[test]
+fn a_file_placed_by_its_plan_is_the_file_write_to_writes() {
+    // Mixed element sizes, so the plan's order (largest first) differs from the given one.
+    let mut tensors = every_dtype(Device::Cpu);
+    let grid = Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::Cpu).unwrap().reshape([2, 3]);
+    tensors.push(("transposed".into(), grid.t()));
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let mut written = Vec::new();
+    crate::safetensors::write_to(&tensors, Some(&metadata), &mut written, Path::new("x")).unwrap();
+
+    let plan = crate::safetensors::plan(&tensors, Some(&metadata), Path::new("x")).unwrap();
+    assert_eq!(plan.len, written.len());
+    let mut placed = vec![0xAAu8; plan.len];
+    placed[..plan.prefix.len()].copy_from_slice(&plan.prefix);
+    for ((_, t), range) in tensors.iter().zip(&plan.ranges) {
+        placed[range.clone()].copy_from_slice(&row_major_bytes(t));
+    }
+    assert!(placed == written, "the plan's placement differs from write_to's bytes");
+}
+
+#[test]
 fn save_rejects_duplicate_and_reserved_names() {
     let dir = TempDir::new("names");
     let path = dir.path("dup.safetensors");

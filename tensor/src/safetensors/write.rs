@@ -6,6 +6,7 @@ use crate::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -81,6 +82,54 @@ where
         source,
     })?;
     Ok(layout.len_bytes())
+}
+
+/// Where the file [`write_to`] would write puts everything: its first bytes (the header's
+/// length and the header) and each tensor's data, for a writer that places the bytes itself
+/// (a checkpoint copying tensors straight into the memory it hands to the disk).
+#[derive(Debug, Clone)]
+pub struct FilePlan {
+    /// The file's first bytes: the header's length (u64, little-endian) and the header.
+    pub prefix: Vec<u8>,
+    /// Each tensor's bytes in the file, in the order the tensors were given (row-major,
+    /// little-endian, as [`write_to`] writes them).
+    pub ranges: Vec<Range<usize>>,
+    /// The file's length in bytes.
+    pub len: usize,
+}
+
+/// The layout of the file [`write_to`] would write for `tensors`, without writing it.
+/// `name` stands for the destination in error messages (duplicate or reserved names).
+pub fn plan<I>(tensors: I, metadata: Option<&HashMap<String, String>>, name: &Path) -> Result<FilePlan>
+where
+    I: IntoIterator,
+    I::Item: NamedTensor,
+{
+    let layout =
+        FileLayout::new(tensors.into_iter().enumerate().map(|(i, t)| Indexed(i, t)), metadata, name)?;
+    let mut prefix = (layout.header.len() as u64).to_le_bytes().to_vec();
+    prefix.extend_from_slice(&layout.header);
+    let mut ranges = vec![0..0; layout.entries.len()];
+    let mut offset = prefix.len();
+    for e in &layout.entries {
+        let t = e.tensor();
+        let end = offset + t.elem_count() * t.dtype().size_in_bytes();
+        ranges[e.0] = offset..end;
+        offset = end;
+    }
+    Ok(FilePlan { prefix, ranges, len: layout.len_bytes() as usize })
+}
+
+/// A tensor and its place in the caller's order.
+struct Indexed<T>(usize, T);
+
+impl<T: NamedTensor> NamedTensor for Indexed<T> {
+    fn name(&self) -> &str {
+        self.1.name()
+    }
+    fn tensor(&self) -> &Tensor {
+        self.1.tensor()
+    }
 }
 
 /// A validated, ordered set of tensors and the header that describes them.

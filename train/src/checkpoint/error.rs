@@ -50,6 +50,13 @@ pub enum CheckpointError {
     /// The writer thread panicked or vanished: a bug, reported instead of losing the save silently.
     #[error("the checkpoint writer thread ended unexpectedly ({0}); the last save may be missing")]
     WriterGone(String),
+
+    /// `snapshot` was called while the previous snapshot was neither saved nor dropped.
+    #[error(
+        "a checkpoint snapshot was taken while the previous one is still being built: save it \
+         (Checkpointer::save) or drop it first"
+    )]
+    SnapshotOpen,
 }
 
 pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;

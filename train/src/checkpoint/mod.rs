@@ -69,15 +69,17 @@
 //! position is their whole state; dropout and init draw from the default generator.
 
 mod discover;
+mod durable;
 mod error;
 mod export;
+mod image;
 mod load;
 pub mod manifest;
 mod retention;
+mod session;
 mod snapshot;
 mod triggers;
 mod write;
-mod write_behind;
 mod writer;
 
 pub use discover::{latest_valid, part_name, step_dir_name, verify_checkpoint, Discovery, Skipped};

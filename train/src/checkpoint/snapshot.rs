@@ -1,16 +1,22 @@
 //! A host copy of the training state at one step: what [`super::Checkpointer::save`] writes.
 //! Taking it is the only part of a save the training step waits for.
 
-use super::error::Result;
+use super::error::{CheckpointError, Result};
+use super::image::{safetensors_image, AlignedBuf};
 use super::write::{Content, PartFile};
+use super::writer::Job;
+use crossbeam_channel::Sender;
 use oxtrain_datasets::SamplerState;
 use oxtrain_nn::amp::GradScaler;
 use oxtrain_nn::lr_scheduler::LrScheduler;
-use oxtrain_nn::optim::{Optimizer, OptimizerState};
+use oxtrain_nn::optim::Optimizer;
 use oxtrain_nn::Module;
-use oxtrain_tensor::{default_generator_state, Device, Generator, GeneratorState, Tensor};
+use oxtrain_tensor::{default_generator_state, Generator, GeneratorState};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -51,52 +57,41 @@ pub(crate) struct RankState {
 /// optimizer, schedule, scaler, config) are skipped without a copy, as rank 0 writes them.
 pub struct Snapshot {
     pub(crate) writes_replicated: bool,
-    /// Host tensors of the previous save, reused so a copy writes into memory that is already
-    /// mapped (a fresh allocation costs page faults as long as the copy itself).
+    /// Memory of the previous save's files, reused so a copy writes into memory that is
+    /// already mapped (a fresh allocation costs page faults as long as the copy itself).
     pub(crate) staging: Staging,
-    pub(crate) model: Vec<(String, Tensor)>,
-    pub(crate) optimizer: Option<OptimizerState>,
+    /// The writer, which starts on each file as soon as it is complete (none once saved).
+    pub(crate) hand_over: Option<HandOver>,
+    /// Complete files not handed over: those recalled from another Checkpointer's writer.
+    pub(crate) held: Vec<PartFile>,
     pub(crate) config_toml: Option<String>,
     pub(crate) trainer: TrainerState,
     pub(crate) rank: RankState,
 }
 
-/// Host buffers from an earlier save, by name.
-pub(crate) type Staging = HashMap<String, Tensor>;
+/// The memory of an earlier save's file images, by file name.
+pub(crate) type Staging = HashMap<String, AlignedBuf>;
 
-/// A host copy that the training loop cannot change under the writer: GPU tensors come down,
-/// CPU tensors are copied (the optimizer updates them in place), into `reuse` when it fits.
-fn host_copy(t: &Tensor, reuse: Option<Tensor>) -> Result<Tensor> {
-    Ok(match (t.device(), reuse) {
-        (Device::Cpu, Some(r)) if r.dims() == t.dims() && r.dtype() == t.dtype() && !r.same_storage(t) => {
-            r.copy_(t);
-            r
-        }
-        (Device::Cpu, _) => t.copy(),
-        _ => t.to_device(Device::Cpu)?,
-    })
-}
-
-/// Copies `tensors` to the host, one tensor per task on all cores.
-fn host_copies(tensors: Vec<(String, Tensor)>, staging: &mut Staging) -> Result<Vec<(String, Tensor)>> {
-    use rayon::prelude::*;
-    let jobs: Vec<(String, Tensor, Option<Tensor>)> = tensors
-        .into_iter()
-        .map(|(n, t)| {
-            let reuse = staging.remove(&n);
-            (n, t, reuse)
-        })
-        .collect();
-    jobs.into_par_iter().map(|(n, t, reuse)| Ok((n, host_copy(&t, reuse)?))).collect()
+/// A snapshot's way to its writer thread.
+pub(crate) struct HandOver {
+    pub jobs: Sender<Job>,
+    /// Set while the snapshot is neither saved nor dropped.
+    pub open: Arc<AtomicBool>,
 }
 
 impl Snapshot {
-    pub(crate) fn new(step: u64, epoch: u64, rank: usize, world_size: usize, staging: Staging) -> Snapshot {
+    pub(crate) fn new(
+        step: u64,
+        epoch: u64,
+        (rank, world_size): (usize, usize),
+        staging: Staging,
+        hand_over: HandOver,
+    ) -> Snapshot {
         Snapshot {
             writes_replicated: rank == 0,
             staging,
-            model: Vec::new(),
-            optimizer: None,
+            hand_over: Some(hand_over),
+            held: Vec::new(),
             config_toml: None,
             trainer: TrainerState { step, epoch, extra: serde_json::Value::Null, ..Default::default() },
             rank: RankState {
@@ -116,7 +111,11 @@ impl Snapshot {
     /// The model's parameters and buffers by state_dict name (PyTorch's names).
     pub fn model(mut self, model: &dyn Module) -> Result<Snapshot> {
         if self.writes_replicated {
-            self.model = host_copies(model.state_dict(), &mut self.staging)?;
+            let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+            let reuse = self.staging.remove(MODEL_FILE);
+            let image =
+                safetensors_image(&model.state_dict(), Some(&metadata), reuse, Path::new(MODEL_FILE))?;
+            self.hand_over(PartFile { name: MODEL_FILE.into(), content: Content::Image(image) })?;
         }
         Ok(self)
     }
@@ -124,14 +123,13 @@ impl Snapshot {
     /// The optimizer's state (momentum, moments, step counts) and hyper-parameters.
     pub fn optimizer(mut self, opt: &dyn Optimizer) -> Result<Snapshot> {
         if self.writes_replicated {
-            let mut state = opt.state_dict();
-            for t in state.tensors.values_mut() {
-                // state_dict already copied them; only GPU tensors still need to come down.
-                if t.device() != Device::Cpu {
-                    *t = t.to_device(Device::Cpu)?;
-                }
-            }
-            self.optimizer = Some(state);
+            // The live buffers, copied once into the file's image (not first into a state_dict copy).
+            let state = opt.state_dict_shared();
+            let metadata = HashMap::from([(GROUPS_KEY.to_string(), state.param_groups_json())]);
+            let tensors: Vec<_> = state.tensors.into_iter().collect();
+            let reuse = self.staging.remove(OPTIMIZER_FILE);
+            let image = safetensors_image(&tensors, Some(&metadata), reuse, Path::new(OPTIMIZER_FILE))?;
+            self.hand_over(PartFile { name: OPTIMIZER_FILE.into(), content: Content::Image(image) })?;
         }
         Ok(self)
     }
@@ -178,27 +176,24 @@ impl Snapshot {
         self
     }
 
-    /// The files of this rank's part; the model's host tensors come back from
-    /// [`take_staging`] once written.
-    pub(crate) fn into_files(self) -> Vec<PartFile> {
-        let mut files = Vec::new();
+    /// Hands a complete file to the writer thread, which starts writing it at once.
+    fn hand_over(&mut self, file: PartFile) -> Result<()> {
+        let step = self.step();
+        let sent = self.hand_over.as_ref().map(|h| h.jobs.send(Job::File { step, file }));
+        match sent {
+            Some(Ok(())) => Ok(()),
+            _ => Err(CheckpointError::WriterGone("it exited".into())),
+        }
+    }
+
+    /// The files of this rank's part not handed over yet (the small ones, written when the
+    /// snapshot is saved).
+    pub(crate) fn take_files(&mut self) -> Vec<PartFile> {
+        let mut files = std::mem::take(&mut self.held);
         if self.writes_replicated {
-            let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
-            files.push(PartFile {
-                name: MODEL_FILE.into(),
-                content: Content::Safetensors { tensors: self.model, metadata },
-            });
-            if let Some(opt) = self.optimizer {
-                let metadata = Some(HashMap::from([(GROUPS_KEY.to_string(), opt.param_groups_json())]));
-                let tensors = opt.tensors.into_iter().collect();
-                files.push(PartFile {
-                    name: OPTIMIZER_FILE.into(),
-                    content: Content::Safetensors { tensors, metadata },
-                });
-            }
             let trainer = serde_json::to_vec_pretty(&self.trainer).expect("trainer state serialises");
             files.push(PartFile { name: TRAINER_FILE.into(), content: Content::Bytes(trainer) });
-            if let Some(toml) = self.config_toml {
+            if let Some(toml) = self.config_toml.take() {
                 files.push(PartFile { name: CONFIG_FILE.into(), content: Content::Bytes(toml.into_bytes()) });
             }
         }
@@ -206,16 +201,20 @@ impl Snapshot {
         files.push(PartFile { name: rank_file(self.rank.rank), content: Content::Bytes(rank) });
         files
     }
+
+    /// Memory of the previous save that this one did not use (its model or optimizer left out).
+    pub(crate) fn take_staging(&mut self) -> Staging {
+        std::mem::take(&mut self.staging)
+    }
 }
 
-/// The model's host tensors out of written `files`, to reuse in the next snapshot.
-pub(crate) fn take_staging(files: Vec<PartFile>) -> Staging {
-    files
-        .into_iter()
-        .find(|f| f.name == MODEL_FILE)
-        .map(|f| match f.content {
-            Content::Safetensors { tensors, .. } => tensors.into_iter().collect(),
-            Content::Bytes(_) => Staging::new(),
-        })
-        .unwrap_or_default()
+impl Drop for Snapshot {
+    /// A snapshot dropped unsaved (an error part-way through building it): the writer discards
+    /// the files it was handed and keeps their memory for the next save.
+    fn drop(&mut self) {
+        if let Some(h) = self.hand_over.take() {
+            h.open.store(false, Ordering::Release);
+            let _ = h.jobs.send(Job::Abandon(std::mem::take(&mut self.staging)));
+        }
+    }
 }

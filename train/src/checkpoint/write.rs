@@ -1,24 +1,34 @@
-//! Writing one checkpoint part atomically: every file into a temporary directory beside the
-//! target, each fsynced, the manifest last, the directory fsynced and renamed into place, the
-//! parent fsynced. A crash at any point leaves either the complete part or a hidden temporary
-//! directory that discovery reports and skips.
+//! The pieces of writing one checkpoint part atomically: every file into a temporary
+//! directory beside the target, each fsynced, the manifest last, the directory fsynced and
+//! renamed into place, the parent fsynced. A crash at any point leaves either the complete part
+//! or a hidden temporary directory that discovery reports and skips. `session.rs` puts them in
+//! order.
 
-use super::error::{io, CheckpointError, Result};
+use super::durable::write_durably;
+use super::error::{io, Result};
+use super::image::FileImage;
 use super::manifest::{hex, FileEntry, Manifest, FORMAT, MANIFEST, VERSION};
-use super::write_behind::WriteBehind;
-use oxtrain_tensor::Tensor;
-use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use xxhash_rust::xxh3::Xxh3;
+use std::sync::{Arc, Condvar, Mutex};
+use xxhash_rust::xxh3::xxh3_64;
 
 /// What a part's file holds.
 pub(crate) enum Content {
-    Safetensors { tensors: Vec<(String, Tensor)>, metadata: Option<HashMap<String, String>> },
+    /// A safetensors file, laid out in page-aligned memory as it goes to disk.
+    Image(FileImage),
     Bytes(Vec<u8>),
+}
+
+impl Content {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Content::Image(image) => image.bytes(),
+            Content::Bytes(b) => b,
+        }
+    }
 }
 
 pub(crate) struct PartFile {
@@ -26,19 +36,8 @@ pub(crate) struct PartFile {
     pub content: Content,
 }
 
-impl PartFile {
-    /// Bytes this file will take (headers of safetensors files estimated generously).
-    fn estimated_bytes(&self) -> u64 {
-        match &self.content {
-            Content::Bytes(b) => b.len() as u64,
-            Content::Safetensors { tensors, .. } => tensors
-                .iter()
-                .map(|(n, t)| (t.elem_count() * t.dtype().size_in_bytes() + n.len() + 128) as u64)
-                .sum::<u64>()
-                .saturating_add(4096),
-        }
-    }
-}
+/// Files at least this large are hashed on a thread of their own while they are written.
+const HASH_BESIDE: usize = 1 << 20;
 
 /// How far a write has got, for a progress display (or a test that stops the process mid-write).
 #[derive(Debug, Clone)]
@@ -46,48 +45,26 @@ pub struct WriteProgress {
     pub step: u64,
     /// The file being written, inside the part.
     pub file: String,
-    /// Bytes of this part written so far, and the estimate of its total.
+    /// Bytes of this part written so far, and the size of its files (the manifest excepted).
     pub written: u64,
     pub total: u64,
 }
 
 pub type ProgressFn = Arc<dyn Fn(&WriteProgress) + Send + Sync>;
 
-/// The identity of a part: where, which step, whose.
-pub(crate) struct PartInfo<'a> {
-    pub parent: &'a Path,
-    pub name: String,
+/// One part being written: the temporary directory its files go into, and the count of
+/// bytes written, shared by the threads writing its files.
+pub(crate) struct PartWrite {
+    pub temp: PathBuf,
     pub step: u64,
-    pub epoch: u64,
-    pub rank: usize,
-    pub world_size: usize,
-    pub progress: Option<&'a ProgressFn>,
-    /// The newest committed checkpoint, named in a disk-full error.
-    pub previous: Option<PathBuf>,
-}
-
-/// Counts, hashes and reports the bytes on their way to the file.
-struct Tap<'a, W: Write> {
-    inner: W,
-    hasher: Xxh3,
-    bytes: u64,
-    part_written: &'a AtomicU64,
-    report: &'a dyn Fn(u64),
-}
-
-impl<W: Write> Write for Tap<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.bytes += n as u64;
-        let so_far = self.part_written.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
-        (self.report)(so_far);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
+    progress: Option<ProgressFn>,
+    written: AtomicU64,
+    /// The size of the files handed over so far.
+    total: AtomicU64,
+    /// Opened when the training step no longer waits for this save: checksums start then, so
+    /// they do not take a core from the step's copy (the writes themselves mostly wait for
+    /// the device, and start at once).
+    checksums: (Mutex<bool>, Condvar),
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -97,118 +74,115 @@ pub(crate) fn temp_prefix(name: &str) -> String {
     format!(".{name}.tmp-")
 }
 
-/// Writes `files` plus a manifest as the part `info.name` under `info.parent`. Returns the
-/// committed directory and its size in bytes.
-pub(crate) fn write_part(info: &PartInfo<'_>, files: &[PartFile]) -> Result<(PathBuf, u64)> {
-    let parent = info.parent;
-    std::fs::create_dir_all(parent).map_err(io(parent, "creating the checkpoint folder"))?;
-    let total: u64 = files.iter().map(PartFile::estimated_bytes).sum();
-    let target = parent.join(&info.name);
-    let disk_full = |available| CheckpointError::DiskFull {
-        path: target.clone(),
-        needed: total,
-        available,
-        previous: info.previous.clone(),
-    };
-    let available = available_bytes(parent);
-    if available.is_some_and(|a| a < total) {
-        return Err(disk_full(available));
+impl PartWrite {
+    /// Creates a fresh temporary directory for the part `name` in `parent`.
+    pub fn begin(parent: &Path, name: &str, step: u64, progress: Option<ProgressFn>) -> Result<PartWrite> {
+        std::fs::create_dir_all(parent).map_err(io(parent, "creating the checkpoint folder"))?;
+        let temp = parent.join(format!(
+            "{}{}-{}",
+            temp_prefix(name),
+            std::process::id(),
+            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&temp).map_err(io(&temp, "creating the temporary checkpoint directory"))?;
+        Ok(PartWrite {
+            temp,
+            step,
+            progress,
+            written: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+            checksums: (Mutex::new(false), Condvar::new()),
+        })
     }
-    let temp = parent.join(format!(
-        "{}{}-{}",
-        temp_prefix(&info.name),
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir(&temp).map_err(io(&temp, "creating the temporary checkpoint directory"))?;
-    let result = write_files(info, &temp, files, total).and_then(|bytes| {
-        commit(&temp, &target)?;
-        Ok(bytes)
-    });
-    match result {
-        Ok(bytes) => Ok((target, bytes)),
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&temp);
-            match e {
-                CheckpointError::Io { source, .. } if is_disk_full(&source) => {
-                    Err(disk_full(available_bytes(parent)))
-                }
-                e => Err(e),
-            }
+
+    /// Counts `f` into the part's size, before it is written.
+    pub fn plan(&self, f: &PartFile) {
+        self.total.fetch_add(f.content.bytes().len() as u64, Ordering::Relaxed);
+    }
+
+    /// Lets the checksums start (see `checksums`).
+    pub fn start_checksums(&self) {
+        *self.checksums.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.checksums.1.notify_all();
+    }
+
+    fn checksum(&self, bytes: &[u8]) -> u64 {
+        let open = self.checksums.0.lock().unwrap_or_else(|e| e.into_inner());
+        drop(self.checksums.1.wait_while(open, |open| !*open).unwrap_or_else(|e| e.into_inner()));
+        xxh3_64(bytes)
+    }
+
+    /// Bytes handed over so far, and of those written.
+    pub fn sizes(&self) -> (u64, u64) {
+        (self.total.load(Ordering::Relaxed), self.written.load(Ordering::Relaxed))
+    }
+
+    fn report(&self, file: &str, written: u64) {
+        if let Some(p) = &self.progress {
+            let total = self.total.load(Ordering::Relaxed);
+            p(&WriteProgress { step: self.step, file: file.into(), written, total });
         }
     }
-}
 
-/// Writes the files side by side (one thread each: the model and the optimizer state are
-/// the bulk, and one stream alone does not keep a disk busy), then the manifest.
-fn write_files(info: &PartInfo<'_>, temp: &Path, files: &[PartFile], total: u64) -> Result<u64> {
-    let written = AtomicU64::new(0);
-    let counter = &written;
-    let entries: Vec<Result<FileEntry>> = std::thread::scope(|scope| {
-        let writers: Vec<_> =
-            files.iter().map(|f| scope.spawn(move || write_file(info, temp, f, counter, total))).collect();
-        writers.into_iter().map(|w| w.join().expect("a checkpoint file writer panicked")).collect()
-    });
-    let entries = entries.into_iter().collect::<Result<Vec<_>>>()?;
-    if let Some(p) = info.progress {
+    /// Writes `f` into the temporary directory, durably; returns its manifest entry.
+    pub fn write_file(&self, f: &PartFile) -> Result<FileEntry> {
+        let path = self.temp.join(&f.name);
+        let bytes = f.content.bytes();
+        // `write_durably` reports this file's bytes so far; the part's count goes up by the difference.
+        let file_written = AtomicU64::new(0);
+        let report = |w: u64| {
+            let new = w.saturating_sub(file_written.fetch_max(w, Ordering::Relaxed));
+            let so_far = self.written.fetch_add(new, Ordering::Relaxed) + new;
+            self.report(&f.name, so_far);
+        };
+        let file = File::create_new(&path).map_err(io(&path, "creating"))?;
+        // The bytes do not change while they are written, so hashing them beside the write
+        // (the writing thread mostly waits for the device) checksums exactly what is written.
+        let (digest, done) = std::thread::scope(|s| {
+            let hasher = (bytes.len() >= HASH_BESIDE).then(|| s.spawn(|| self.checksum(bytes)));
+            let done = write_durably(&file, bytes, &report);
+            let digest = match hasher {
+                Some(h) => h.join().expect("the checksum thread panicked"),
+                None => self.checksum(bytes),
+            };
+            (digest, done)
+        });
+        done.map_err(io(&path, "writing and flushing to disk"))?;
+        Ok(FileEntry { name: f.name.clone(), bytes: bytes.len() as u64, xxh3: hex(digest) })
+    }
+
+    /// Writes the manifest listing `entries`, last; returns the part's size in bytes.
+    pub fn write_manifest(&self, info: &PartInfo, entries: Vec<FileEntry>) -> Result<u64> {
         // The last point before the part can commit: every file is on disk, the manifest not yet.
-        let so_far = written.load(Ordering::Relaxed);
-        p(&WriteProgress { step: info.step, file: MANIFEST.into(), written: so_far, total });
+        self.report(MANIFEST, self.written.load(Ordering::Relaxed));
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            step: self.step,
+            epoch: info.epoch,
+            rank: info.rank,
+            world_size: info.world_size,
+            files: entries,
+        };
+        let path = self.temp.join(MANIFEST);
+        let json = serde_json::to_vec_pretty(&manifest).expect("a manifest serialises");
+        let mut file = File::create(&path).map_err(io(&path, "creating"))?;
+        file.write_all(&json).map_err(io(&path, "writing"))?;
+        file.sync_all().map_err(io(&path, "flushing to disk"))?;
+        Ok(self.written.load(Ordering::Relaxed) + json.len() as u64)
     }
-    let manifest = Manifest {
-        format: FORMAT.into(),
-        version: VERSION,
-        step: info.step,
-        epoch: info.epoch,
-        rank: info.rank,
-        world_size: info.world_size,
-        files: entries,
-    };
-    let path = temp.join(MANIFEST);
-    let json = serde_json::to_vec_pretty(&manifest).expect("a manifest serialises");
-    let mut file = File::create(&path).map_err(io(&path, "creating"))?;
-    file.write_all(&json).map_err(io(&path, "writing"))?;
-    file.sync_all().map_err(io(&path, "flushing to disk"))?;
-    Ok(written.into_inner() + json.len() as u64)
 }
 
-fn write_file(
-    info: &PartInfo<'_>,
-    temp: &Path,
-    f: &PartFile,
-    written: &AtomicU64,
-    total: u64,
-) -> Result<FileEntry> {
-    let path = temp.join(&f.name);
-    let report = |w: u64| {
-        if let Some(p) = info.progress {
-            p(&WriteProgress { step: info.step, file: f.name.clone(), written: w, total });
-        }
-    };
-    let file = WriteBehind::new(File::create(&path).map_err(io(&path, "creating"))?);
-    let mut tap = Tap { inner: file, hasher: Xxh3::new(), bytes: 0, part_written: written, report: &report };
-    {
-        let mut w = BufWriter::with_capacity(4 << 20, &mut tap);
-        match &f.content {
-            Content::Bytes(b) => w.write_all(b).map_err(io(&path, "writing"))?,
-            Content::Safetensors { tensors, metadata } => {
-                oxtrain_tensor::safetensors::write_to(tensors, metadata.as_ref(), &mut w, &path).map_err(
-                    |e| match e {
-                        oxtrain_tensor::Error::SaveFailed { source, .. } => io(&path, "writing")(source),
-                        e => e.into(),
-                    },
-                )?;
-            }
-        }
-        w.flush().map_err(io(&path, "writing"))?;
-    }
-    tap.inner.file.sync_all().map_err(io(&path, "flushing to disk"))?;
-    Ok(FileEntry { name: f.name.clone(), bytes: tap.bytes, xxh3: hex(tap.hasher.digest()) })
+/// What the manifest says of a part besides its files.
+pub(crate) struct PartInfo {
+    pub epoch: u64,
+    pub rank: usize,
+    pub world_size: usize,
 }
 
 /// Renames `temp` to `target` durably. A part already at `target` (the same step saved again
 /// after a resume) is moved aside first and removed once the new one is in place.
-fn commit(temp: &Path, target: &Path) -> Result<()> {
+pub(crate) fn commit(temp: &Path, target: &Path) -> Result<()> {
     sync_dir(temp)?;
     let parent = target.parent().expect("a part has a parent folder");
     let aside = target.exists().then(|| {
@@ -230,7 +204,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir, "flushing the directory to disk"))
 }
 
-fn is_disk_full(e: &std::io::Error) -> bool {
+pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC)
 }
 

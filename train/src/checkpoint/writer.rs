@@ -1,16 +1,20 @@
-//! The background writer: `save` hands a host snapshot to a thread that serialises, writes,
-//! commits and prunes, while training goes on. One save is in flight at a time; the next
+//! The background writer: a thread that writes each file of a snapshot as soon as it is
+//! complete in host memory, then, once `save` hands over the rest, the manifest, the commit
+//! and the pruning, while training goes on. One save is in flight at a time; the next snapshot
 //! waits for it, and its error (if any) comes back then or at `finish`.
 
 use super::discover::{list, part_name, remove_stale_temps};
 use super::error::{CheckpointError, Result};
 use super::retention::to_remove;
-use super::snapshot::{take_staging, Snapshot, Staging};
-use super::write::{write_part, PartInfo, ProgressFn};
-use crossbeam_channel::{bounded, Receiver, Sender};
+use super::session::Session;
+use super::snapshot::{HandOver, Snapshot, Staging};
+use super::write::{PartFile, PartInfo, ProgressFn};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where and how a run keeps its checkpoints.
 #[derive(Clone)]
@@ -48,15 +52,37 @@ pub struct Saved {
     /// This rank's part.
     pub path: PathBuf,
     pub bytes: u64,
-    /// Serialising, writing, fsyncing and renaming, on the writer thread.
+    /// Writing, fsyncing and committing, on the writer thread: from its first file of this
+    /// save (it starts while the training step still copies the rest) to the commit.
     pub write_time: Duration,
 }
 
+/// What the writer thread is asked to do.
+pub(crate) enum Job {
+    /// A complete file of the part of step `step`: written at once.
+    File { step: u64, file: PartFile },
+    /// The rest of the snapshot: its small files, the manifest, the commit.
+    Save(Box<Snapshot>),
+    /// The snapshot was dropped unsaved: discard its files; the memory it did not use.
+    Abandon(Staging),
+    /// The snapshot is saved by another Checkpointer: stop writing its files and send them
+    /// there.
+    Recall(Sender<Vec<PartFile>>),
+    /// The Checkpointer is finishing.
+    Stop,
+}
+
+/// What a save came to: committed, failed, or abandoned (`None`); and the memory of its images.
+type Outcome = (Result<Option<Saved>>, Staging);
+
 pub struct Checkpointer {
     config: CheckpointConfig,
-    jobs: Option<Sender<Snapshot>>,
-    results: Receiver<(Result<Saved>, Staging)>,
+    jobs: Sender<Job>,
+    results: Receiver<Outcome>,
+    /// A snapshot was taken whose outcome is not collected yet.
     in_flight: bool,
+    /// The snapshot taken is still being built (neither saved nor dropped).
+    open: Arc<AtomicBool>,
     staging: Staging,
     last: Option<Saved>,
     thread: Option<JoinHandle<()>>,
@@ -69,29 +95,21 @@ impl Checkpointer {
         std::fs::create_dir_all(&config.dir)
             .map_err(super::error::io(&config.dir, "creating the checkpoint folder"))?;
         remove_stale_temps(&config.dir, config.rank);
-        let (jobs, job_rx) = bounded::<Snapshot>(1);
-        let (result_tx, results) = bounded::<(Result<Saved>, Staging)>(1);
+        // Unbounded: handing a file over never blocks the training step (there are at most a
+        // few jobs per save, and one save at a time).
+        let (jobs, job_rx) = unbounded::<Job>();
+        let (result_tx, results) = bounded::<Outcome>(1);
         let thread_config = config.clone();
         let thread = std::thread::Builder::new()
             .name("oxtrain-checkpoint".into())
-            .spawn(move || {
-                let mut previous = newest_committed(&thread_config);
-                for snap in job_rx.iter() {
-                    let (r, staging) = write_one(&thread_config, snap, previous.clone());
-                    if let Ok(saved) = &r {
-                        previous = Some(saved.path.clone());
-                    }
-                    if result_tx.send((r, staging)).is_err() {
-                        break;
-                    }
-                }
-            })
+            .spawn(move || run_writer(&thread_config, &job_rx, &result_tx))
             .map_err(|e| CheckpointError::WriterGone(format!("could not start it: {e}")))?;
         Ok(Checkpointer {
             config,
-            jobs: Some(jobs),
+            jobs,
             results,
             in_flight: false,
+            open: Arc::new(AtomicBool::new(false)),
             staging: Staging::new(),
             last: None,
             thread: Some(thread),
@@ -101,33 +119,55 @@ impl Checkpointer {
     /// A snapshot of step `step` in `epoch` for this rank: chain `.model(&m)?.optimizer(&o)?`
     /// and the rest, then pass it to [`Checkpointer::save`]. The default generator's state is
     /// taken now. Waits for the previous save first (its host buffers are reused) and returns
-    /// its error if it failed.
+    /// its error if it failed. The writer starts on the model's and the optimizer's files as
+    /// soon as each is copied; a snapshot dropped instead of saved is discarded.
     pub fn snapshot(&mut self, step: u64, epoch: u64) -> Result<Snapshot> {
+        if self.open.load(Ordering::Acquire) {
+            return Err(CheckpointError::SnapshotOpen);
+        }
         self.wait()?;
         let staging = std::mem::take(&mut self.staging);
-        Ok(Snapshot::new(step, epoch, self.config.rank, self.config.world_size, staging))
+        self.open.store(true, Ordering::Release);
+        self.in_flight = true;
+        let hand_over = HandOver { jobs: self.jobs.clone(), open: self.open.clone() };
+        Ok(Snapshot::new(step, epoch, (self.config.rank, self.config.world_size), staging, hand_over))
     }
 
-    /// Hands `snap` to the writer thread and returns. Waits first for the previous save, and
-    /// returns its error if it failed (the new one is then not started).
-    pub fn save(&mut self, snap: Snapshot) -> Result<()> {
-        self.wait()?;
-        let sent = self.jobs.as_ref().expect("the writer runs until finish").send(snap);
-        if sent.is_err() {
+    /// Hands the rest of `snap` to the writer thread and returns; the save's outcome comes
+    /// back from the next `snapshot`, `wait` or `finish`. A snapshot taken by another
+    /// Checkpointer is written here, whole, with this one's settings.
+    pub fn save(&mut self, mut snap: Snapshot) -> Result<()> {
+        if let Some(h) = snap.hand_over.take() {
+            h.open.store(false, Ordering::Release);
+            if !h.jobs.same_channel(&self.jobs) {
+                let (files, recalled) = bounded(1);
+                let files = h.jobs.send(Job::Recall(files)).ok().and_then(|()| recalled.recv().ok());
+                let files = files.ok_or_else(|| {
+                    CheckpointError::WriterGone(
+                        "the writer of the Checkpointer that took the snapshot exited".into(),
+                    )
+                })?;
+                snap.held.extend(files);
+            }
+        }
+        if self.jobs.send(Job::Save(Box::new(snap))).is_err() {
             return Err(CheckpointError::WriterGone(self.thread_end()));
         }
         self.in_flight = true;
         Ok(())
     }
 
-    /// Waits for the save in flight, if any; returns what it committed.
+    /// Waits for the save in flight, if any; returns what it committed. A snapshot still being
+    /// built is not waited for (it is not a save yet).
     pub fn wait(&mut self) -> Result<Option<&Saved>> {
-        if self.in_flight {
+        if self.in_flight && !self.open.load(Ordering::Acquire) {
             self.in_flight = false;
             match self.results.recv() {
                 Ok((saved, staging)) => {
                     self.staging = staging;
-                    self.last = Some(saved?);
+                    if let Some(saved) = saved? {
+                        self.last = Some(saved);
+                    }
                 }
                 Err(_) => return Err(CheckpointError::WriterGone(self.thread_end())),
             }
@@ -153,7 +193,8 @@ impl Checkpointer {
     }
 
     fn stop(&mut self) {
-        self.jobs = None;
+        // Explicitly: a snapshot still alive holds a sender, so the channel would stay open.
+        let _ = self.jobs.send(Job::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -189,31 +230,48 @@ fn newest_committed(config: &CheckpointConfig) -> Option<PathBuf> {
     entries.into_iter().find(|e| !e.partial).map(|e| config.dir.join(part_name(e.step, config.rank)))
 }
 
-fn write_one(
-    config: &CheckpointConfig,
-    snap: Snapshot,
-    previous: Option<PathBuf>,
-) -> (Result<Saved>, Staging) {
-    let start = Instant::now();
-    let step = snap.step();
-    let info = PartInfo {
-        parent: &config.dir,
-        name: part_name(step, config.rank),
-        step,
-        epoch: snap.trainer.epoch,
-        rank: config.rank,
-        world_size: config.world_size,
-        progress: config.on_progress.as_ref(),
-        previous,
-    };
-    let files = snap.into_files();
-    let written = write_part(&info, &files);
-    let staging = take_staging(files);
-    let saved = written.map(|(path, bytes)| {
-        prune(config, step);
-        Saved { step, path, bytes, write_time: start.elapsed() }
-    });
-    (saved, staging)
+/// The writer thread: one session per snapshot, one outcome per session.
+fn run_writer(config: &CheckpointConfig, jobs: &Receiver<Job>, results: &Sender<Outcome>) {
+    let mut previous = newest_committed(config);
+    let mut session: Option<Session> = None;
+    for job in jobs.iter() {
+        let outcome = match job {
+            Job::File { step, file } => {
+                session.get_or_insert_with(|| Session::begin(config, step, previous.clone())).start(file);
+                continue;
+            }
+            Job::Save(snap) => {
+                let s =
+                    session.take().unwrap_or_else(|| Session::begin(config, snap.step(), previous.clone()));
+                let info =
+                    PartInfo { epoch: snap.trainer.epoch, rank: config.rank, world_size: config.world_size };
+                let (saved, staging) = s.finish(snap, &info);
+                if let Ok(saved) = &saved {
+                    previous = Some(saved.path.clone());
+                    prune(config, saved.step);
+                }
+                (saved.map(Some), staging)
+            }
+            Job::Abandon(mut staging) => {
+                if let Some(s) = session.take() {
+                    staging.extend(s.abandon());
+                }
+                (Ok(None), staging)
+            }
+            Job::Recall(to) => {
+                let files = session.take().map(Session::recall).unwrap_or_default();
+                let _ = to.send(files);
+                (Ok(None), Staging::new())
+            }
+            Job::Stop => break,
+        };
+        if results.send(outcome).is_err() {
+            break;
+        }
+    }
+    if let Some(s) = session.take() {
+        s.abandon();
+    }
 }
 
 /// Applies retention to this rank's parts. Failures to delete are reported, not fatal: the

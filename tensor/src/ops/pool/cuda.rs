@@ -248,6 +248,9 @@ pub(super) fn max_pool_backward_gather(
     if n == 0 {
         return out;
     }
+    if nhwc && max_pool_backward_cl(grad, grad_layout, indices, index_layout, win, &out, op) {
+        return out;
+    }
     let f = expect_launch(dev.function(&SOURCE, &kernel), op);
     let ((rows, cols), lg, li) = (axes(win), PlaneLayout::new(grad_layout), PlaneLayout::new(index_layout));
     let (g, i, po, n64, nhwc) = (grad.ptr(), indices.ptr(), out.ptr(), n as i64, nhwc as i32);
@@ -258,4 +261,51 @@ pub(super) fn max_pool_backward_gather(
     // plane, which the layouts place inside `grad` and `indices`; `out` holds n elements.
     expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
     out
+}
+
+/// Whether `l` is a dense channels-last `[N, C, H, W]` (strides `(H*W*C, 1, W*C, C)`, offset 0).
+fn dense_channels_last(l: &Layout) -> bool {
+    let (d, s) = (l.dims(), l.strides());
+    l.offset() == 0 && s == [d[2] * d[3] * d[1], 1, d[3] * d[1], d[1]]
+}
+
+/// The gather for dense channels-last gradients and indices with whole 16-byte channel
+/// vectors and 32-bit sizes (`max_pool_backward_cl`: a vector of channels per thread); `false`
+/// when the case is not that one (the general kernel then runs).
+fn max_pool_backward_cl(
+    grad: &CudaStorage,
+    grad_layout: &Layout,
+    indices: &CudaStorage,
+    index_layout: &Layout,
+    win: &Windows,
+    out: &CudaStorage,
+    op: &str,
+) -> bool {
+    let dtype = grad.dtype();
+    let vec = 16 / dtype.size_in_bytes();
+    let channels = grad_layout.dims()[1];
+    let [h, w] = win.input;
+    let n_in = grad_layout.dims()[0] * channels * h * w;
+    let fits = |v: usize| i32::try_from(v).is_ok();
+    if !(dense_channels_last(grad_layout) && dense_channels_last(index_layout))
+        || channels % vec != 0
+        || !fits(n_in)
+        || !fits(grad_layout.elem_count())
+    {
+        return false;
+    }
+    let dev = grad.device();
+    let f =
+        expect_launch(dev.function(&SOURCE, &format!("max_pool_backward_cl_{}", cuda::suffix(dtype))), op);
+    let (rows, cols) = axes(win);
+    let (g, i, po) = (grad.ptr(), indices.ptr(), out.ptr());
+    let (n, groups, ch) = ((n_in / vec) as i32, (channels / vec) as i32, channels as i32);
+    let stream = out.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&rows).arg(&cols).arg(&g).arg(&i).arg(&po).arg(&n).arg(&groups).arg(&ch);
+    // SAFETY: types match; g and idx are dense channels-last [N, C, OH, OW] from offset 0 and
+    // the kernel reads only their covering outputs; `out` holds N * C * H * W elements, written
+    // channels-last, one vector of channels per thread.
+    expect_launch(unsafe { b.launch(launch_cfg(n_in / vec)) }, op);
+    true
 }

@@ -217,3 +217,60 @@ POOL(f32, float, float, ID, ID)
 POOL(f64, double, double, ID, ID)
 POOL(bf16, bf16_t, float, bf16_to_f32, f32_to_bf16)
 POOL(f16, f16_t, float, f16_to_f32, f32_to_f16)
+
+// The max-pool gradient for dense channels-last g, idx and out (the ResNet stem), VEC channels
+// per thread: 32-bit index arithmetic once per VEC channels, 16-byte loads of g and stores of
+// out. Same sums in the same (row, column) order as max_pool_backward_gather, so the same bits.
+// Thread t is (n, ih, iw, channel group); `groups` = channels / VEC.
+template <typename T, int N> struct alignas(sizeof(T) * N) PoolVec { T v[N]; };
+struct PF32 { typedef float T; typedef float C; static const int V = 4;
+    static __device__ C up(T x) { return x; } static __device__ T down(C c) { return c; } };
+struct PF64 { typedef double T; typedef double C; static const int V = 2;
+    static __device__ C up(T x) { return x; } static __device__ T down(C c) { return c; } };
+struct PBF16 { typedef bf16_t T; typedef float C; static const int V = 8;
+    static __device__ C up(T x) { return bf16_to_f32(x); } static __device__ T down(C c) { return f32_to_bf16(c); } };
+struct PF16 { typedef f16_t T; typedef float C; static const int V = 8;
+    static __device__ C up(T x) { return f16_to_f32(x); } static __device__ T down(C c) { return f32_to_f16(c); } };
+
+template <class E>
+__device__ void max_pool_backward_cl(const PoolAxis& rows, const PoolAxis& cols, const typename E::T* g,
+                                     const i64* idx, typename E::T* out, int n, int groups, int channels) {
+    typedef typename E::T T;
+    typedef typename E::C C;
+    const int ih_len = (int)rows.input, iw_len = (int)cols.input, oh = (int)rows.output, ow = (int)cols.output;
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
+        const int cg = t % groups, pos = t / groups;
+        const int iw = pos % iw_len, nh = pos / iw_len, ih = nh % ih_len, img = nh / ih_len;
+        i64 r_lo, r_hi, c_lo, c_hi;
+        covering_outputs(rows, ih, &r_lo, &r_hi);
+        covering_outputs(cols, iw, &c_lo, &c_hi);
+        const i64 at = (i64)ih * iw_len + iw;
+        C acc[E::V];
+#pragma unroll
+        for (int e = 0; e < E::V; ++e) acc[e] = 0;
+        for (int r = (int)r_lo; r <= (int)r_hi; ++r) {
+            for (int c = (int)c_lo; c <= (int)c_hi; ++c) {
+                const int base = ((img * oh + r) * ow + c) * channels + cg * E::V;
+                const PoolVec<T, E::V> gv = *(const PoolVec<T, E::V>*)(g + base);
+#pragma unroll
+                for (int e = 0; e < E::V; ++e)
+                    if (idx[base + e] == at) acc[e] += E::up(gv.v[e]);
+            }
+        }
+        PoolVec<T, E::V> o;
+#pragma unroll
+        for (int e = 0; e < E::V; ++e) o.v[e] = E::down(acc[e]);
+        *(PoolVec<T, E::V>*)(out + (i64)t * E::V) = o;
+    }
+}
+
+#define POOL_BACKWARD_CL(SUFFIX, E)                                                                     \
+    extern "C" __global__ void max_pool_backward_cl_##SUFFIX(PoolAxis rows, PoolAxis cols, const E::T* g, \
+                                                             const i64* idx, E::T* out, int n, int groups, \
+                                                             int channels) {                             \
+        max_pool_backward_cl<E>(rows, cols, g, idx, out, n, groups, channels);                          \
+    }
+POOL_BACKWARD_CL(f32, PF32)
+POOL_BACKWARD_CL(f64, PF64)
+POOL_BACKWARD_CL(bf16, PBF16)
+POOL_BACKWARD_CL(f16, PF16)

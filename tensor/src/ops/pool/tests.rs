@@ -497,3 +497,21 @@ device_test! {
         g.avg_pool2d_backward([1, 2, 5, 5], [2, 2], [2, 2], [0, 0], false, true, None);
     }
 }
+
+device_test! {
+    fn channels_last_max_grad_matches_the_planar_one_bit_for_bit(dev: Device) {
+        // 16 channels are whole 16-byte vectors for every float dtype: on CUDA the
+        // channels-last gradient takes the vector kernel, which must add the same terms in the
+        // same order as the planar (NCHW) gather.
+        for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64] {
+            let dims = vec![2usize, 16, 17, 14];
+            let x = as_tensor(random(dims.iter().product(), 21), dims.clone(), dev).to_dtype(dtype);
+            let (k, s, p, d) = ([3, 3], [2, 2], [1, 1], [1, 1]);
+            let (v, i) = x.max_pool2d(k, s, p, d, false);
+            let g = as_tensor(random(v.elem_count(), 22), v.dims().to_vec(), dev).to_dtype(dtype);
+            let planar = g.max_pool2d_with_indices_backward(&i, dims.clone(), k, s, p, d, false);
+            let cl = channels_last(&g).max_pool2d_with_indices_backward(&channels_last(&i), dims.clone(), k, s, p, d, false);
+            assert_eq!(cl.to_f64_vec(), planar.to_f64_vec(), "{dtype}");
+        }
+    }
+}

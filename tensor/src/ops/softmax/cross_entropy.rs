@@ -38,20 +38,20 @@ impl Tensor {
         label_smoothing: f64,
     ) -> (Tensor, Tensor) {
         let (rows, classes) = self.check_rows("cross_entropy_rows", target);
-        let (x, t) = (self.contiguous(), target.contiguous());
+        let ((x, ld), t) = (self.unit_rows(), target.contiguous());
         let cdt = compute_dtype(self.dtype());
         let (loss, lse) = match (&*x.storage(), &*t.storage()) {
             (Storage::Cpu(xs), Storage::Cpu(CpuStorage::I64(ts))) => {
                 let ts = &ts[t.layout().offset()..][..rows];
                 let (loss, lse) = with_float_storage!(xs, "cross_entropy_rows", v, T =>
-                    forward_cpu::<T>(&v[x.layout().offset()..][..rows * classes], ts, classes, ignore_index, label_smoothing));
+                    forward_cpu::<T>(&v[x.layout().offset()..], ts, (classes, ld), ignore_index, label_smoothing));
                 (Storage::Cpu(loss), Storage::Cpu(lse))
             }
             (Storage::Cuda(xs), Storage::Cuda(ts)) => {
                 let (loss, lse) = cuda::cross_entropy_forward(
                     (xs, x.layout().offset()),
                     (ts, t.layout().offset()),
-                    (rows, classes),
+                    (rows, classes, ld),
                     ignore_index,
                     label_smoothing,
                     cdt,
@@ -66,7 +66,7 @@ impl Tensor {
     /// The gradient of [`Tensor::cross_entropy_rows`] with respect to the logits `self`:
     /// `(softmax(x) - q) * weight[row]`, 0 on ignored rows, in the logits' dtype. `lse` is the
     /// forward's log-sum-exp and `weight` the per-row factor (`[rows]`, the compute dtype):
-    /// the loss's own gradient, times `1 / count` for a mean.
+    /// the loss's own gradient, times `1 / count` for a mean. The result is contiguous.
     pub fn cross_entropy_rows_backward(
         &self,
         target: &Tensor,
@@ -88,25 +88,26 @@ impl Tensor {
                 v.device()
             );
         }
-        let (x, t, l, w) = (self.contiguous(), target.contiguous(), lse.contiguous(), weight.contiguous());
+        let ((x, ld), t, l, w) =
+            (self.unit_rows(), target.contiguous(), lse.contiguous(), weight.contiguous());
         let storage = match (&*x.storage(), &*t.storage(), &*l.storage(), &*w.storage()) {
             (Storage::Cpu(xs), Storage::Cpu(CpuStorage::I64(ts)), Storage::Cpu(ls), Storage::Cpu(ws)) => {
                 let ts = &ts[t.layout().offset()..][..rows];
                 let grad = with_float_storage!(xs, name, v, T => {
                     let ls = &ls.as_slice::<<T as ComputeAs>::C>()[l.layout().offset()..][..rows];
                     let ws = &ws.as_slice::<<T as ComputeAs>::C>()[w.layout().offset()..][..rows];
-                    let v = &v[x.layout().offset()..][..rows * classes];
-                    T::into_storage(backward_cpu::<T>(v, ts, (ls, ws), classes, ignore_index, label_smoothing))
+                    let v = &v[x.layout().offset()..];
+                    T::into_storage(backward_cpu::<T>(v, ts, (ls, ws), (classes, ld), ignore_index, label_smoothing))
                 });
                 Storage::Cpu(grad)
             }
             (Storage::Cuda(xs), Storage::Cuda(ts), Storage::Cuda(ls), Storage::Cuda(ws)) => {
                 Storage::Cuda(cuda::cross_entropy_backward(
-                    (xs, x.layout().offset()),
+                    (xs, x.layout().offset(), ld),
                     (ts, t.layout().offset()),
                     (ls, l.layout().offset()),
                     (ws, w.layout().offset()),
-                    (rows, classes),
+                    (rows, classes, classes),
                     ignore_index,
                     label_smoothing,
                 ))
@@ -114,6 +115,17 @@ impl Tensor {
             _ => unreachable!("{name}: checked to be on one device"),
         };
         Tensor::from_storage(storage, [rows, classes])
+    }
+
+    /// `self` (2-d) as rows of unit-stride elements and the row stride: itself when it is
+    /// already so (a narrowed view, such as a padded head's logits), else a contiguous copy.
+    fn unit_rows(&self) -> (Tensor, usize) {
+        let (classes, rs, cs) = (self.dims()[1], self.layout().strides()[0], self.layout().strides()[1]);
+        if (cs == 1 || classes <= 1) && rs >= classes {
+            (self.clone(), rs)
+        } else {
+            (self.contiguous(), classes)
+        }
     }
 
     /// `(rows, classes)` after checking `self` is float `[rows, classes]` and `target` int64
@@ -155,7 +167,7 @@ fn check_target(t: i64, row: usize, classes: usize) -> usize {
 fn forward_cpu<T: ComputeAs>(
     x: &[T],
     target: &[i64],
-    classes: usize,
+    (classes, ld): (usize, usize),
     ignore: i64,
     smoothing: f64,
 ) -> (CpuStorage, CpuStorage)
@@ -170,7 +182,7 @@ where
     loss.par_chunks_mut(per).zip(lse.par_chunks_mut(per)).enumerate().for_each(|(chunk, (lo, ls))| {
         for (i, (lo, ls)) in lo.iter_mut().zip(ls.iter_mut()).enumerate() {
             let r = chunk * per + i;
-            let row = &x[r * classes..][..classes];
+            let row = &x[r * ld..][..classes];
             let m = row.iter().fold(T::C::neg_infinity(), |m, &v| m.max(v.up()));
             let s = row.iter().fold(<T::C as Zero>::zero(), |s, &v| s + (v.up() - m).exp());
             *ls = m + s.ln();
@@ -191,7 +203,7 @@ fn backward_cpu<T: ComputeAs>(
     x: &[T],
     target: &[i64],
     (lse, weight): (&[T::C], &[T::C]),
-    classes: usize,
+    (classes, ld): (usize, usize),
     ignore: i64,
     smoothing: f64,
 ) -> Vec<T> {
@@ -207,7 +219,7 @@ fn backward_cpu<T: ComputeAs>(
             }
             let t = check_target(target[r], r, classes);
             let (l, w) = (lse[r], weight[r]);
-            let row = &x[r * classes..][..classes];
+            let row = &x[r * ld..][..classes];
             for (g, &v) in g.iter_mut().zip(row) {
                 *g = T::down(((v.up() - l).exp() - spread) * w);
             }
@@ -239,9 +251,14 @@ mod tests {
             for (rows, classes) in [(5usize, 3usize), (7, 37), (4, 1000), (3, 50257)] {
                 for dtype in [DType::F64, DType::F32, DType::BF16] {
                     for s in [0.0, 0.1] {
-                        let xs: Vec<f64> =
-                            (0..rows * classes).map(|i| ((i * 7919) % 997) as f64 / 60.0 - 8.0).collect();
-                        let x = Tensor::from_vec(xs, [rows, classes], dev).unwrap().to_dtype(dtype);
+                        // Rows 3 apart from a wider block when s > 0: logits read in place
+                        // through their row stride, from an unaligned start.
+                        let pad = if s > 0.0 { 3 } else { 0 };
+                        let xs: Vec<f64> = (0..rows * (classes + pad))
+                            .map(|i| ((i * 7919) % 997) as f64 / 60.0 - 8.0)
+                            .collect();
+                        let wide = Tensor::from_vec(xs, [rows, classes + pad], dev).unwrap().to_dtype(dtype);
+                        let x = wide.narrow(1, pad, classes);
                         // What the kernel reads: the logits rounded to their dtype.
                         let xr = x.to_dtype(DType::F64).to_vec::<f64>();
                         let ts: Vec<i64> = (0..rows).map(|r| if r == 1 { -100 } else { ((r * 31) % classes) as i64 }).collect();

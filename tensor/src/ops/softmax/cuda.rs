@@ -145,12 +145,13 @@ fn cross_entropy_threads(classes: usize) -> u32 {
     classes.div_ceil(8).next_power_of_two().clamp(32, 512) as u32
 }
 
-/// The fused cross-entropy forward over `[rows, classes]` logits (from element `ox` of `x`)
-/// and int64 targets (from element `ot` of `t`): `(loss, lse)`, `[rows]` each in `compute`.
+/// The fused cross-entropy forward over `[rows, classes]` logits (from element `ox` of `x`,
+/// rows `ld` apart) and int64 targets (from element `ot` of `t`): `(loss, lse)`, `[rows]`
+/// each in `compute`.
 pub(super) fn cross_entropy_forward(
     (x, ox): (&CudaStorage, usize),
     (t, ot): (&CudaStorage, usize),
-    (rows, classes): (usize, usize),
+    (rows, classes, ld): (usize, usize, usize),
     ignore_index: i64,
     smoothing: f64,
     compute: DType,
@@ -165,12 +166,12 @@ pub(super) fn cross_entropy_forward(
     let px = x.ptr() + (ox * x.dtype().size_in_bytes()) as u64;
     let pt = t.ptr() + (ot * 8) as u64;
     let (pl, pe) = (loss.ptr(), lse.ptr());
-    let (rows64, n64) = (rows as i64, classes as i64);
+    let (rows64, n64, ld64) = (rows as i64, classes as i64, ld as i64);
     let f =
         expect_launch(dev.function(&SOURCE, &format!("cross_entropy_fwd_{}", cuda::suffix(x.dtype()))), name);
     let stream = loss.stream();
     let mut b = stream.launch_builder(&f);
-    b.arg(&px).arg(&pt).arg(&pl).arg(&pe).arg(&rows64).arg(&n64).arg(&ignore_index);
+    b.arg(&px).arg(&pt).arg(&pl).arg(&pe).arg(&rows64).arg(&n64).arg(&ld64).arg(&ignore_index);
     let (keep, spread) = (1.0 - smoothing, smoothing / classes as f64);
     let (keep32, spread32) = (keep as f32, spread as f32);
     if compute == DType::F64 {
@@ -189,21 +190,22 @@ pub(super) fn cross_entropy_forward(
     (loss, lse)
 }
 
-/// The fused cross-entropy backward: `(softmax(x) - q) * w` per row, a new `[rows, classes]`
-/// storage in x's dtype.
+/// The fused cross-entropy backward: `(softmax(x) - q) * w` per row (x's rows `ld` apart), a
+/// new storage in x's dtype of `rows` rows `out_ld` apart.
 pub(super) fn cross_entropy_backward(
-    (x, ox): (&CudaStorage, usize),
+    (x, ox, ld): (&CudaStorage, usize, usize),
     (t, ot): (&CudaStorage, usize),
     (lse, ol): (&CudaStorage, usize),
     (w, ow): (&CudaStorage, usize),
-    (rows, classes): (usize, usize),
+    (rows, classes, out_ld): (usize, usize, usize),
     ignore_index: i64,
     smoothing: f64,
 ) -> CudaStorage {
     let name = "cross_entropy_backward";
     let dev = x.device();
     let dtype = x.dtype();
-    let out = expect_launch(CudaStorage::alloc(dev, dtype, rows * classes), name);
+    let len = if rows == 0 { 0 } else { (rows - 1) * out_ld + classes };
+    let out = expect_launch(CudaStorage::alloc(dev, dtype, len), name);
     if rows * classes == 0 {
         return out;
     }
@@ -211,14 +213,17 @@ pub(super) fn cross_entropy_backward(
     let px = x.ptr() + (ox * dtype.size_in_bytes()) as u64;
     let pt = t.ptr() + (ot * 8) as u64;
     let (pl, pw, po) = (lse.ptr() + (ol * csize) as u64, w.ptr() + (ow * csize) as u64, out.ptr());
-    // Rows of x and of the output share their 16-byte phase when x's base is aligned as the
-    // output's (the allocator's blocks are).
-    let vec = (px.is_multiple_of(16) && po.is_multiple_of(16)) as i32;
-    let (rows64, n64) = (rows as i64, classes as i64);
+    // Vector access needs every row of x at the 16-byte phase of the same row of the output:
+    // equal phases at row 0, and row strides that keep them equal.
+    let size = dtype.size_in_bytes() as u64;
+    let same_phase = px % 16 == po % 16 && (ld as u64 * size) % 16 == (out_ld as u64 * size) % 16;
+    let vec = same_phase as i32;
+    let (rows64, n64, ld64, out_ld64) = (rows as i64, classes as i64, ld as i64, out_ld as i64);
     let f = expect_launch(dev.function(&SOURCE, &format!("cross_entropy_bwd_{}", cuda::suffix(dtype))), name);
     let stream = out.stream();
     let mut b = stream.launch_builder(&f);
-    b.arg(&px).arg(&pt).arg(&pl).arg(&pw).arg(&po).arg(&rows64).arg(&n64).arg(&ignore_index);
+    b.arg(&px).arg(&pt).arg(&pl).arg(&pw).arg(&po).arg(&rows64).arg(&n64).arg(&ld64).arg(&out_ld64);
+    b.arg(&ignore_index);
     let (keep, spread) = (1.0 - smoothing, smoothing / classes as f64);
     let (keep32, spread32) = (keep as f32, spread as f32);
     if lse.dtype() == DType::F64 {

@@ -300,11 +300,11 @@ template <class E, class F> __device__ __forceinline__ void row_each(const typen
 // range); lse[r] = log(sum(exp(x))).
 template <class E>
 __device__ void ce_forward(const typename E::T* x, const long long* target, typename E::C* loss,
-                           typename E::C* lse, long long rows, long long n, long long ignore,
+                           typename E::C* lse, long long rows, long long n, long long ld, long long ignore,
                            typename E::C keep, typename E::C spread) {
     typedef typename E::C C;
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        const typename E::T* xr = x + r * n;
+        const typename E::T* xr = x + r * ld;
         C m = neg_inf((C)0), s = 0, sum = 0;
         row_each<E>(xr, n, 1, [&](C v, long long) {
             lse_add(m, s, v);
@@ -326,18 +326,20 @@ __device__ void ce_forward(const typename E::T* x, const long long* target, type
     }
 }
 
-// dx[r, j] = (exp(x - lse) - spread - keep [j == t]) * w[r], 0 on ignored rows. `vec`: x's rows
-// sit at the same 16-byte phase as dx's (the host checks x's base is aligned).
+// dx[r, j] = (exp(x - lse) - spread - keep [j == t]) * w[r], 0 on ignored rows; x's rows are ld
+// apart, dx's out_ld apart. `vec`: each row of x sits at the 16-byte phase of dx's (the host
+// checks).
 template <class E>
 __device__ void ce_backward(const typename E::T* x, const long long* target, const typename E::C* lse,
                             const typename E::C* w, typename E::T* dx, long long rows, long long n,
-                            long long ignore, typename E::C keep, typename E::C spread, int vec) {
+                            long long ld, long long out_ld, long long ignore, typename E::C keep,
+                            typename E::C spread, int vec) {
     typedef typename E::C C;
     typedef typename E::T T;
     const int V = 16 / sizeof(T);
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xr = x + r * n;
-        T* dr = dx + r * n;
+        const T* xr = x + r * ld;
+        T* dr = dx + r * out_ld;
         const long long t = target[r];
         const bool skip = t == ignore;
         const C l = lse[r], wr = w[r];
@@ -366,14 +368,15 @@ __device__ void ce_backward(const typename E::T* x, const long long* target, con
 #define CROSS_ENTROPY_KERNELS(E, SUFFIX)                                                                  \
     extern "C" __global__ void __launch_bounds__(1024)                                                  \
     cross_entropy_fwd_##SUFFIX(const E::T* x, const long long* target, E::C* loss, E::C* lse,           \
-                               long long rows, long long n, long long ignore, E::C keep, E::C spread) { \
-        ce_forward<E>(x, target, loss, lse, rows, n, ignore, keep, spread);                             \
+                               long long rows, long long n, long long ld, long long ignore, E::C keep,  \
+                               E::C spread) {                                                          \
+        ce_forward<E>(x, target, loss, lse, rows, n, ld, ignore, keep, spread);                         \
     }                                                                                                    \
     extern "C" __global__ void __launch_bounds__(1024)                                                  \
     cross_entropy_bwd_##SUFFIX(const E::T* x, const long long* target, const E::C* lse, const E::C* w,  \
-                               E::T* dx, long long rows, long long n, long long ignore, E::C keep,      \
-                               E::C spread, int vec) {                                                  \
-        ce_backward<E>(x, target, lse, w, dx, rows, n, ignore, keep, spread, vec);                      \
+                               E::T* dx, long long rows, long long n, long long ld, long long out_ld,   \
+                               long long ignore, E::C keep, E::C spread, int vec) {                     \
+        ce_backward<E>(x, target, lse, w, dx, rows, n, ld, out_ld, ignore, keep, spread, vec);          \
     }
 CROSS_ENTROPY_KERNELS(SF32, f32)
 CROSS_ENTROPY_KERNELS(SF64, f64)

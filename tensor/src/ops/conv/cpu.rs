@@ -123,9 +123,9 @@ impl Geometry {
 /// f64 the longer it is. Summing blocks and adding the block sums (gemm's `dst +=`) keeps the
 /// error of any convolution near that of a short product, as PyTorch's oneDNN convolution
 /// does (2e-7 relative at any channel count, where one 2304-term run gave 3.4e-7). Each block
-/// costs one more pass over the output tile, in cache. The weight gradient needs no blocks:
-/// its reduction is cut by bands and samples already, and it was closer to f64 than
-/// PyTorch's.
+/// costs one more pass over the output tile, in cache. The weight gradient's reduction runs
+/// over a tile's pixels, up to [`MIN_TILE_PIXELS`] or a band's worth, and is blocked the same
+/// way.
 const K_BLOCK: usize = 128;
 
 /// `dst (+)= lhs[m x k] @ rhs[k x n]` as [`gemm_into`], the reduction cut into blocks of at

@@ -255,10 +255,10 @@ pub(crate) fn forward<T: ConvElement>(x: &[T], w: &[T], bias: Option<&[T]>, g: &
             }
             let direct = ns == 1 && g.is_pointwise();
             if g.is_pointwise() && !direct {
-                gather(x, g.c, l, n0..n0 + ns, &mut s.col);
+                gather(x, g.c, l, n0..n0 + ns, s.col);
             } else if !direct {
                 for i in 0..ns {
-                    im2col(x_sample(n0 + i), g, (r0, r1), &mut s.col, (cols, i * band));
+                    im2col(x_sample(n0 + i), g, (r0, r1), s.col, (cols, i * band));
                 }
             }
             for gi in 0..g.groups {
@@ -267,13 +267,13 @@ pub(crate) fn forward<T: ConvElement>(x: &[T], w: &[T], bias: Option<&[T]>, g: &
                 let rhs = if direct {
                     Mat::new(x_sample(n0), gi * patch * l + r0 * g.ow, l, 1)
                 } else {
-                    Mat::new(&s.col, gi * patch * cols, cols, 1)
+                    Mat::new(s.col, gi * patch * cols, cols, 1)
                 };
                 let dst = &mut dst[gi * og * dst_rs + dst_at..];
                 gemm_k_blocked((og, cols, patch), dst, dst_rs, lhs, rhs, bias.is_some(), threads);
             }
             if ns > 1 {
-                scatter(&s.side, g.o, l, ns, y_u);
+                scatter(s.side, g.o, l, ns, y_u);
             }
         }
     });
@@ -314,7 +314,7 @@ pub(crate) fn backward_input<T: ConvElement>(grad_y: &[T], w: &[T], g: &Geometry
             } else if !g.is_pointwise() {
                 let per = g.c * g.in_plane();
                 for (i, gx_n) in gx_u.chunks_exact_mut(per).enumerate() {
-                    col2im_add(&s.col, (cols, i * band), g, (r0, r1), gx_n);
+                    col2im_add(s.col, (cols, i * band), g, (r0, r1), gx_n);
                 }
             }
         }
@@ -333,7 +333,7 @@ pub(crate) fn backward_weight<T: ConvElement>(grad_y: &[T], x: &[T], g: &Geometr
     // grad_w_g [O/g, patch] += grad_y_g [O/g, cols] @ col_g^T [cols, patch], over the units in `range`.
     let accumulate = |range: std::ops::Range<usize>, threads: usize| {
         let mut gw = vec![T::zero(); g.o * patch];
-        with_scratch((g.col_len(t), side_len), |mut s| {
+        with_scratch((g.col_len(t), side_len), |s| {
             for u in range.clone() {
                 let (n0, ns) = (u * t.samples, t.samples.min(g.n - u * t.samples));
                 for (r0, r1) in g.bands(t) {
@@ -342,15 +342,15 @@ pub(crate) fn backward_weight<T: ConvElement>(grad_y: &[T], x: &[T], g: &Geometr
                     let (gy, gy_rs, gy_at) = if ns == 1 {
                         (&grad_y[n0 * g.o * l..][..g.o * l], l, r0 * g.ow)
                     } else {
-                        gather(grad_y, g.o, l, n0..n0 + ns, &mut s.side);
+                        gather(grad_y, g.o, l, n0..n0 + ns, s.side);
                         (&s.side[..], cols, 0)
                     };
                     let direct = ns == 1 && g.is_pointwise();
                     if g.is_pointwise() && !direct {
-                        gather(x, g.c, l, n0..n0 + ns, &mut s.col);
+                        gather(x, g.c, l, n0..n0 + ns, s.col);
                     } else if !direct {
                         for i in 0..ns {
-                            im2col(x_sample(n0 + i), g, (r0, r1), &mut s.col, (cols, i * band));
+                            im2col(x_sample(n0 + i), g, (r0, r1), s.col, (cols, i * band));
                         }
                     }
                     for gi in 0..g.groups {
@@ -358,7 +358,7 @@ pub(crate) fn backward_weight<T: ConvElement>(grad_y: &[T], x: &[T], g: &Geometr
                         let rhs = if direct {
                             Mat::new(x_sample(n0), gi * patch * l + r0 * g.ow, l, 1).t()
                         } else {
-                            Mat::new(&s.col, gi * patch * cols, cols, 1).t()
+                            Mat::new(s.col, gi * patch * cols, cols, 1).t()
                         };
                         let dst = &mut gw[gi * og * patch..];
                         gemm_k_blocked((og, patch, cols), dst, patch, lhs, rhs, true, threads);

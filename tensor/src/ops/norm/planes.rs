@@ -141,6 +141,10 @@ pub(super) fn normalize<T: ComputeAs>(
     })
 }
 
+/// A channel's affine map as [`piece`] takes it: the mean split as `(hi, lo)` (see [`split`]),
+/// the scale and the shift.
+type Affine<C> = ((C, C), C, C);
+
 /// One plane piece of [`normalize`]; `RELU` and the residual's presence are fixed per loop, so
 /// each combination is its own vectorised loop.
 #[inline(always)]
@@ -148,7 +152,7 @@ fn piece<T: ComputeAs, const RELU: bool>(
     out: &mut [MaybeUninit<T>],
     x: &[T],
     residual: Option<&[T]>,
-    ((hi, lo), a, z): ((T::C, T::C), T::C, T::C),
+    ((hi, lo), a, z): Affine<T::C>,
 ) {
     let zero = T::C::of(0.0);
     // NaN stays NaN (`NaN < 0` is false), as torch.relu.

@@ -287,11 +287,8 @@ fn max_pool_backward_cl(
     let [h, w] = win.input;
     let n_in = grad_layout.dims()[0] * channels * h * w;
     let fits = |v: usize| i32::try_from(v).is_ok();
-    if !(dense_channels_last(grad_layout) && dense_channels_last(index_layout))
-        || channels % vec != 0
-        || !fits(n_in)
-        || !fits(grad_layout.elem_count())
-    {
+    let dense = dense_channels_last(grad_layout) && dense_channels_last(index_layout);
+    if !dense || !channels.is_multiple_of(vec) || !fits(n_in) || !fits(grad_layout.elem_count()) {
         return false;
     }
     let dev = grad.device();

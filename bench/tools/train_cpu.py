@@ -44,7 +44,7 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--models", default="resnet50,gpt2", help="which cases to run (a GPT-2-only A/B: gpt2)")
+    p.add_argument("--models", default="resnet50,gpt2", help="which cases to run (an A/B of one model: gpt2)")
     p.add_argument("--out", default="bench/results/train-cpu.json")
     args = p.parse_args()
     oxtrain = os.environ.get("OXTRAIN_BIN", "target/release/oxtrain")

@@ -55,8 +55,8 @@ impl Var {
     }
 
     /// `relu(batch_norm_training(x))` as one op: the ReLU is fused into batch norm's output
-    /// pass on CUDA, and the backward masks the gradient with the output before batch norm's
-    /// fused backward. Same values as the two ops.
+    /// pass, and the backward masks the gradient with the output as batch norm's fused
+    /// backward reads it (a separate pass on CUDA). Same values as the two ops.
     pub fn batch_norm_relu_training(
         &self,
         weight: Option<&Var>,
@@ -67,8 +67,9 @@ impl Var {
     }
 
     /// `relu(batch_norm_training(x) + residual)` as one op, the end of a ResNet bottleneck:
-    /// one pass over the output on CUDA for channels-last inputs. The backward masks the
-    /// gradient with the output once; the residual's gradient is that masked gradient.
+    /// one pass over the output on the CPU, and on CUDA for channels-last inputs. The backward
+    /// masks the gradient with the output once; the residual's gradient is that masked
+    /// gradient.
     pub fn batch_norm_add_relu_training(
         &self,
         weight: Option<&Var>,
@@ -88,9 +89,16 @@ impl Var {
         let w = weight.map(|w| w.tensor().clone());
         let y = out.clone();
         let var_out = Var::from_op("batch_norm_add_relu", out, &inputs, move |g, needs| {
-            let masked = g.threshold_backward(&y, 0.0);
-            let (dx, dw, db) =
-                masked.batch_norm_backward(&x, (&saved_mean, &saved_var), w.as_ref(), eps, needs[0]);
+            let residual_needs = needs[needs.len() - 1];
+            let (dx, dw, db, masked) = g.batch_norm_relu_backward(
+                &y,
+                &x,
+                (&saved_mean, &saved_var),
+                w.as_ref(),
+                eps,
+                needs[0],
+                residual_needs,
+            );
             let mut grads = vec![dx];
             if has_weight {
                 grads.push(needs[1].then_some(dw));
@@ -98,7 +106,7 @@ impl Var {
             if needs.len() > grads.len() + 1 {
                 grads.push(needs[grads.len()].then_some(db));
             }
-            grads.push(needs[grads.len()].then_some(masked));
+            grads.push(masked);
             grads
         });
         (var_out, mean, var)
@@ -129,10 +137,16 @@ impl Var {
         let y = relu.then(|| out.clone());
         let name = if relu { "batch_norm_relu" } else { "batch_norm" };
         let var_out = Var::from_op(name, out, &inputs, move |g, needs| {
-            let masked = y.as_ref().map(|y| g.threshold_backward(y, 0.0));
-            let g = masked.as_ref().unwrap_or(g);
-            let (dx, dw, db) =
-                g.batch_norm_backward(&x, (&saved_mean, &saved_var), w.as_ref(), eps, needs[0]);
+            let stats = (&saved_mean, &saved_var);
+            let (dx, dw, db) = match &y {
+                // The ReLU's mask is applied as batch norm's backward reads the gradient.
+                Some(y) => {
+                    let (dx, dw, db, _) =
+                        g.batch_norm_relu_backward(y, &x, stats, w.as_ref(), eps, needs[0], false);
+                    (dx, dw, db)
+                }
+                None => g.batch_norm_backward(&x, stats, w.as_ref(), eps, needs[0]),
+            };
             let mut grads = vec![dx];
             if has_weight {
                 grads.push(needs[1].then_some(dw));

@@ -1,16 +1,23 @@
-//! CPU 2-D convolution as im2col + GEMM, one sample (and one band of output rows) at a time.
+//! CPU 2-D convolution as im2col + GEMM, one tile of output pixels at a time.
 //!
-//! For each sample the input patches of a band of output rows are unfolded into a column matrix
-//! `col [C*KH*KW, rows*OW]` (im2col), and each group's output is one GEMM
-//! `weight_g [O/g, C/g*KH*KW] @ col_g`. Unfolding band by band keeps the column buffer small
-//! (a few hundred KB) so it is still in cache when GEMM reads it, instead of the 7 MB a whole
-//! 56x56x64 sample would need (231 MB for a batch of 32). Samples run in parallel, one per rayon
-//! task, each with its own buffer; when there are fewer samples than threads, GEMM gets the
-//! threads instead. A 1x1 convolution with stride 1 and no padding needs no unfolding: the
-//! input itself is the column matrix.
+//! A tile's input patches are unfolded into a column matrix `col [C*KH*KW, pixels]` (im2col),
+//! and each group's output is one GEMM `weight_g [O/g, C/g*KH*KW] @ col_g`. A tile is a band of
+//! output rows of one sample when a sample's output plane is large: unfolding band by band
+//! keeps the column buffer small (a few hundred KB) so it is still in cache when GEMM reads it,
+//! instead of the 7 MB a whole 56x56x64 sample would need (231 MB for a batch of 32). When the
+//! plane is small (ResNet's last stages: 8x8 and 4x4 pixels), a tile is the whole planes of
+//! several samples side by side, so that the GEMM is wide enough to run at speed and the
+//! weight is packed once for all of them rather than once per sample; their outputs and output
+//! gradients are copied between the tile's matrix and the tensors. Units of work (a sample, or
+//! a group of samples) run in parallel, one per rayon task, each with its own buffers; when
+//! there are fewer units than threads, GEMM gets the threads instead. A 1x1 convolution with
+//! stride 1 and no padding needs no unfolding: the input itself is the column matrix.
 
+use super::unfold::{col2im_add, gather, im2col, scatter};
 use crate::ops::matmul::cpu::{gemm_into, GemmElement, Mat};
 use rayon::prelude::*;
+use std::cell::RefCell;
+use std::thread::LocalKey;
 
 /// Shapes and hyper-parameters of one convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,17 +42,28 @@ pub(crate) struct Geometry {
 /// faster than 4 MB bands or whole samples, and about 12% faster than 64 KB bands.
 const BAND_BYTES: usize = 512 * 1024;
 
+/// Output pixels a GEMM should have at least: samples whose planes are smaller are put side by
+/// side until their tile has this many (or the batch runs out).
+const MIN_TILE_PIXELS: usize = 512;
+
+/// How a pass cuts the batch: units of `samples` consecutive samples, each one tile of whole
+/// planes when `samples > 1`, else one sample in bands of `rows` output rows.
+#[derive(Clone, Copy, Debug)]
+struct Tiling {
+    samples: usize,
+    rows: usize,
+}
 impl Geometry {
     /// Rows of the column matrix per group: `C/groups * KH * KW`.
     fn patch(&self) -> usize {
         self.c / self.groups * self.kh * self.kw
     }
 
-    fn out_plane(&self) -> usize {
+    pub(super) fn out_plane(&self) -> usize {
         self.oh * self.ow
     }
 
-    fn in_plane(&self) -> usize {
+    pub(super) fn in_plane(&self) -> usize {
         self.h * self.w
     }
 
@@ -60,97 +78,42 @@ impl Geometry {
         (BAND_BYTES / row_bytes.max(1)).clamp(1, self.oh.max(1))
     }
 
-    fn bands<T>(&self) -> impl Iterator<Item = (usize, usize)> {
-        let step = self.band_rows::<T>();
-        let oh = self.oh;
+    /// The tiling of this convolution for `threads` threads: samples side by side when a plane
+    /// has fewer than [`MIN_TILE_PIXELS`] pixels, as many as that takes, but no more than
+    /// leaves each thread a unit.
+    fn tiling<T>(&self, threads: usize) -> Tiling {
+        let plane = self.out_plane().max(1);
+        if plane >= MIN_TILE_PIXELS || self.n <= 1 {
+            return Tiling { samples: 1, rows: self.band_rows::<T>() };
+        }
+        let samples = MIN_TILE_PIXELS.div_ceil(plane).min(self.n.div_ceil(threads.max(1))).max(1);
+        Tiling { samples, rows: if samples > 1 { self.oh } else { self.band_rows::<T>() } }
+    }
+
+    /// The row ranges of a unit's tiles: bands of `t.rows` rows (all rows when samples sit
+    /// side by side).
+    fn bands(&self, t: Tiling) -> impl Iterator<Item = (usize, usize)> {
+        let (step, oh) = (t.rows.max(1), self.oh);
         (0..oh).step_by(step).map(move |r| (r, (r + step).min(oh)))
+    }
+
+    /// Column-buffer elements a unit needs: the unfolded patches of its largest tile.
+    fn col_len(&self, t: Tiling) -> usize {
+        let pixels = t.samples * t.rows.min(self.oh) * self.ow;
+        if self.is_pointwise() && t.samples == 1 {
+            0
+        } else {
+            self.c * self.kh * self.kw * pixels
+        }
     }
 
     /// The first and one-past-last output column whose input column `ox * s + k * d - p` lies
     /// inside `0..len`.
-    fn valid_cols(len: usize, out: usize, s: usize, offset: isize) -> (usize, usize) {
+    pub(super) fn valid_cols(len: usize, out: usize, s: usize, offset: isize) -> (usize, usize) {
         // offset = k * d - p; ix = ox * s + offset.
         let lo = if offset >= 0 { 0 } else { ((-offset) as usize).div_ceil(s) };
         let hi = if (len as isize) <= offset { 0 } else { (len as isize - offset) as usize }.div_ceil(s);
         (lo.min(out), hi.min(out).max(lo.min(out)))
-    }
-}
-
-/// Unfolds output rows `r0..r1` of one sample `x [C, H, W]` into `col [C*KH*KW, (r1-r0)*OW]`.
-fn im2col<T: GemmElement>(x: &[T], g: &Geometry, (r0, r1): (usize, usize), col: &mut [T]) {
-    let band = (r1 - r0) * g.ow;
-    let [sh, sw] = g.stride;
-    let [ph, pw] = g.padding;
-    let [dh, dw] = g.dilation;
-    let mut rows = col.chunks_exact_mut(band);
-    for c in 0..g.c {
-        let plane = &x[c * g.in_plane()..][..g.in_plane()];
-        for ki in 0..g.kh {
-            for kj in 0..g.kw {
-                let row = rows.next().expect("column buffer sized for every patch row");
-                let x_off = (kj * dw) as isize - pw as isize;
-                let (lo, hi) = Geometry::valid_cols(g.w, g.ow, sw, x_off);
-                for (oy, dst) in (r0..r1).zip(row.chunks_exact_mut(g.ow)) {
-                    let iy = (oy * sh + ki * dh) as isize - ph as isize;
-                    if iy < 0 || iy >= g.h as isize {
-                        dst.fill(T::zero());
-                        continue;
-                    }
-                    let src = &plane[iy as usize * g.w..][..g.w];
-                    dst[..lo].fill(T::zero());
-                    dst[hi..].fill(T::zero());
-                    let start = (lo * sw) as isize + x_off;
-                    if sw == 1 {
-                        dst[lo..hi].copy_from_slice(&src[start as usize..][..hi - lo]);
-                    } else {
-                        for (j, d) in dst[lo..hi].iter_mut().enumerate() {
-                            *d = src[start as usize + j * sw];
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The adjoint of [`im2col`]: adds each column entry back onto the input pixel it came from.
-fn col2im_add<T: GemmElement + std::ops::AddAssign>(
-    col: &[T],
-    g: &Geometry,
-    (r0, r1): (usize, usize),
-    x: &mut [T],
-) {
-    let band = (r1 - r0) * g.ow;
-    let [sh, sw] = g.stride;
-    let [ph, pw] = g.padding;
-    let [dh, dw] = g.dilation;
-    let mut rows = col.chunks_exact(band);
-    for c in 0..g.c {
-        let plane = &mut x[c * g.in_plane()..][..g.in_plane()];
-        for ki in 0..g.kh {
-            for kj in 0..g.kw {
-                let row = rows.next().expect("column buffer sized for every patch row");
-                let x_off = (kj * dw) as isize - pw as isize;
-                let (lo, hi) = Geometry::valid_cols(g.w, g.ow, sw, x_off);
-                for (oy, src) in (r0..r1).zip(row.chunks_exact(g.ow)) {
-                    let iy = (oy * sh + ki * dh) as isize - ph as isize;
-                    if iy < 0 || iy >= g.h as isize {
-                        continue;
-                    }
-                    let dst = &mut plane[iy as usize * g.w..][..g.w];
-                    let start = ((lo * sw) as isize + x_off) as usize;
-                    if sw == 1 {
-                        for (d, &s) in dst[start..][..hi - lo].iter_mut().zip(&src[lo..hi]) {
-                            *d += s;
-                        }
-                    } else {
-                        for (j, &s) in src[lo..hi].iter().enumerate() {
-                            dst[start + j * sw] += s;
-                        }
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -161,8 +124,10 @@ fn col2im_add<T: GemmElement + std::ops::AddAssign>(
 /// error of any convolution near that of a short product, as PyTorch's oneDNN convolution
 /// does (2e-7 relative at any channel count, where one 2304-term run gave 3.4e-7). Each block
 /// costs one more pass over the output tile, in cache. The weight gradient needs no blocks:
-/// its reduction is cut by bands and samples already, and it was closer to f64 than
-/// PyTorch's.
+/// its reduction is cut by tiles (a band, or [`MIN_TILE_PIXELS`] pixels of side-by-side
+/// samples) already, and blocks of 128 pixels cost it 3-7% over a ResNet-50 step's shapes
+/// (most at the 32x32 planes, where its output is small and each block a GEMM call of its
+/// own).
 const K_BLOCK: usize = 128;
 
 /// `dst (+)= lhs[m x k] @ rhs[k x n]` as [`gemm_into`], the reduction cut into blocks of at
@@ -190,59 +155,127 @@ fn gemm_k_blocked<T: GemmElement>(
     }
 }
 
-/// Runs `f(sample, out_chunk, col_buffer, gemm_threads)` for every sample, one output chunk of
-/// `chunk` elements each: in parallel over samples when there are enough of them, else one
-/// after another with GEMM using the threads.
-fn per_sample<T: GemmElement>(
+/// Scratch space of one unit of work: the column matrix and a `[channels, pixels]` matrix of
+/// side-by-side samples (outputs before they are scattered, output gradients after they are
+/// gathered).
+struct Scratch<'a, T> {
+    col: &'a mut [T],
+    side: &'a mut [T],
+}
+
+/// Element types with a scratch buffer per thread.
+pub(crate) trait ConvElement: GemmElement + std::ops::AddAssign {
+    fn scratch() -> &'static LocalKey<RefCell<Vec<Self>>>;
+}
+
+thread_local! {
+    static SCRATCH_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH_F64: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
+}
+
+impl ConvElement for f32 {
+    fn scratch() -> &'static LocalKey<RefCell<Vec<f32>>> {
+        &SCRATCH_F32
+    }
+}
+
+impl ConvElement for f64 {
+    fn scratch() -> &'static LocalKey<RefCell<Vec<f64>>> {
+        &SCRATCH_F64
+    }
+}
+
+/// `f` with `col_len + side_len` elements of this thread's scratch buffer, which lives as long
+/// as the thread: a convolution step would otherwise allocate and zero megabytes of column
+/// matrices per call (every element is written before it is read, so old contents do no
+/// harm). A nested call on the same thread (rayon may run another task while one waits) gets
+/// a buffer of its own.
+fn with_scratch<T: ConvElement, R>(
+    (col_len, side_len): (usize, usize),
+    f: impl FnOnce(Scratch<'_, T>) -> R,
+) -> R {
+    let split = |buf: &mut [T]| {
+        let (col, side) = buf.split_at_mut(col_len);
+        f(Scratch { col, side })
+    };
+    T::scratch().with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < col_len + side_len {
+                buf.resize(col_len + side_len, T::zero());
+            }
+            split(&mut buf[..col_len + side_len])
+        }
+        Err(_) => split(&mut vec![T::zero(); col_len + side_len]),
+    })
+}
+
+/// Runs `f(first_sample, samples, out_chunk, scratch, gemm_threads)` for every unit of `t`,
+/// `out_chunk` being the units' part of `out` (`per_sample` elements a sample): in parallel
+/// over units when there are enough of them, else one after another with GEMM using the
+/// threads.
+fn per_unit<T: ConvElement>(
     out: &mut [T],
-    chunk: usize,
-    col_len: usize,
-    f: impl Fn(usize, &mut [T], &mut Vec<T>, usize) + Sync,
+    per_sample: usize,
+    t: Tiling,
+    lens: (usize, usize),
+    f: impl Fn(usize, usize, &mut [T], &mut Scratch<'_, T>, usize) + Sync,
 ) {
-    let threads = rayon::current_num_threads();
-    let samples = out.len() / chunk.max(1);
-    if chunk == 0 {
+    if per_sample == 0 {
         return;
     }
-    if threads > 1 && samples >= threads {
-        out.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each_init(|| vec![T::zero(); col_len], |col, (i, o)| f(i, o, col, 1));
+    let threads = rayon::current_num_threads();
+    let chunk = per_sample * t.samples;
+    let units = out.len().div_ceil(chunk);
+    let run = |(i, o): (usize, &mut [T]), s: &mut Scratch<'_, T>, threads| {
+        f(i * t.samples, o.len() / per_sample, o, s, threads)
+    };
+    if threads > 1 && units >= threads {
+        out.par_chunks_mut(chunk).enumerate().for_each(|u| with_scratch(lens, |mut s| run(u, &mut s, 1)));
     } else {
-        let mut col = vec![T::zero(); col_len];
-        for (i, o) in out.chunks_mut(chunk).enumerate() {
-            f(i, o, &mut col, threads);
-        }
+        with_scratch(lens, |mut s| out.chunks_mut(chunk).enumerate().for_each(|u| run(u, &mut s, threads)));
     }
 }
 
 /// `y = conv2d(x, w) + bias`; `x [N, C, H, W]` and `w [O, C/g, KH, KW]` contiguous.
-pub(crate) fn forward<T: GemmElement>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Geometry) -> Vec<T> {
+pub(crate) fn forward<T: ConvElement>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Geometry) -> Vec<T> {
     let (l, patch, og) = (g.out_plane(), g.patch(), g.o / g.groups);
+    let t = g.tiling::<T>(rayon::current_num_threads());
     let mut y = vec![T::zero(); g.n * g.o * l];
-    let col_len = if g.is_pointwise() { 0 } else { g.c * g.kh * g.kw * g.band_rows::<T>() * g.ow };
-    per_sample(&mut y, g.o * l, col_len, |n, y_n, col, threads| {
-        if let Some(b) = bias {
-            for (row, &bo) in y_n.chunks_exact_mut(l).zip(b) {
-                row.fill(bo);
-            }
-        }
-        let x_n = &x[n * g.c * g.in_plane()..][..g.c * g.in_plane()];
-        for (r0, r1) in g.bands::<T>() {
+    let side_len = if t.samples > 1 { g.o * t.samples * l } else { 0 };
+    let x_sample = |n: usize| &x[n * g.c * g.in_plane()..][..g.c * g.in_plane()];
+    per_unit(&mut y, g.o * l, t, (g.col_len(t), side_len), |n0, ns, y_u, s, threads| {
+        for (r0, r1) in g.bands(t) {
             let band = (r1 - r0) * g.ow;
-            if !g.is_pointwise() {
-                im2col(x_n, g, (r0, r1), col);
+            let cols = ns * band;
+            // One sample writes its output rows in place; side-by-side samples into `side`.
+            let (dst, dst_rs, dst_at) =
+                if ns == 1 { (&mut *y_u, l, r0 * g.ow) } else { (&mut s.side[..], cols, 0) };
+            if let Some(b) = bias {
+                for (o, &bo) in b.iter().enumerate() {
+                    dst[o * dst_rs + dst_at..][..cols].fill(bo);
+                }
+            }
+            let direct = ns == 1 && g.is_pointwise();
+            if g.is_pointwise() && !direct {
+                gather(x, g.c, l, n0..n0 + ns, s.col);
+            } else if !direct {
+                for i in 0..ns {
+                    im2col(x_sample(n0 + i), g, (r0, r1), s.col, (cols, i * band));
+                }
             }
             for gi in 0..g.groups {
                 let lhs = Mat::new(w, gi * og * patch, patch, 1);
-                // Pointwise: the group's input channels at this band are the column matrix.
-                let rhs = if g.is_pointwise() {
-                    Mat::new(x_n, gi * patch * l + r0 * g.ow, l, 1)
+                // Pointwise, one sample: the group's input channels at this band are the matrix.
+                let rhs = if direct {
+                    Mat::new(x_sample(n0), gi * patch * l + r0 * g.ow, l, 1)
                 } else {
-                    Mat::new(col, gi * patch * band, band, 1)
+                    Mat::new(s.col, gi * patch * cols, cols, 1)
                 };
-                let dst = &mut y_n[gi * og * l + r0 * g.ow..];
-                gemm_k_blocked((og, band, patch), dst, l, lhs, rhs, bias.is_some(), threads);
+                let dst = &mut dst[gi * og * dst_rs + dst_at..];
+                gemm_k_blocked((og, cols, patch), dst, dst_rs, lhs, rhs, bias.is_some(), threads);
+            }
+            if ns > 1 {
+                scatter(s.side, g.o, l, ns, y_u);
             }
         }
     });
@@ -250,32 +283,41 @@ pub(crate) fn forward<T: GemmElement>(x: &[T], w: &[T], bias: Option<&[T]>, g: &
 }
 
 /// The gradient of [`forward`] with respect to its input: `grad_y [N, O, OH, OW]` contiguous.
-pub(crate) fn backward_input<T: GemmElement + std::ops::AddAssign>(
-    grad_y: &[T],
-    w: &[T],
-    g: &Geometry,
-) -> Vec<T> {
+pub(crate) fn backward_input<T: ConvElement>(grad_y: &[T], w: &[T], g: &Geometry) -> Vec<T> {
     let (l, patch, og, cg) = (g.out_plane(), g.patch(), g.o / g.groups, g.c / g.groups);
+    let t = g.tiling::<T>(rayon::current_num_threads());
     let mut grad_x = vec![T::zero(); g.n * g.c * g.in_plane()];
-    let col_len = if g.is_pointwise() { 0 } else { g.c * g.kh * g.kw * g.band_rows::<T>() * g.ow };
-    per_sample(&mut grad_x, g.c * g.in_plane(), col_len, |n, gx_n, col, threads| {
-        let gy_n = &grad_y[n * g.o * l..][..g.o * l];
-        for (r0, r1) in g.bands::<T>() {
+    // Side by side: the gathered output gradient, then (pointwise) the input gradient's tile.
+    let side_len = if t.samples > 1 { (g.o + g.c) * t.samples * l } else { 0 };
+    per_unit(&mut grad_x, g.c * g.in_plane(), t, (g.col_len(t), side_len), |n0, ns, gx_u, s, threads| {
+        for (r0, r1) in g.bands(t) {
             let band = (r1 - r0) * g.ow;
+            let cols = ns * band;
+            let (gy_side, gx_side) = s.side.split_at_mut(if ns > 1 { g.o * cols } else { 0 });
+            let (gy, gy_rs, gy_at) = if ns == 1 {
+                (&grad_y[n0 * g.o * l..][..g.o * l], l, r0 * g.ow)
+            } else {
+                gather(grad_y, g.o, l, n0..n0 + ns, gy_side);
+                (&gy_side[..], cols, 0)
+            };
             for gi in 0..g.groups {
-                // weight_g^T [patch, O/g] @ grad_y_g [O/g, band]
+                // weight_g^T [patch, O/g] @ grad_y_g [O/g, cols]
                 let lhs = Mat::new(w, gi * og * patch, patch, 1).t();
-                let rhs = Mat::new(gy_n, gi * og * l + r0 * g.ow, l, 1);
-                if g.is_pointwise() {
-                    let dst = &mut gx_n[gi * cg * l + r0 * g.ow..];
-                    gemm_k_blocked((patch, band, og), dst, l, lhs, rhs, false, threads);
-                } else {
-                    let dst = &mut col[gi * patch * band..];
-                    gemm_k_blocked((patch, band, og), dst, band, lhs, rhs, false, threads);
-                }
+                let rhs = Mat::new(gy, gi * og * gy_rs + gy_at, gy_rs, 1);
+                let (dst, rs) = match (g.is_pointwise(), ns) {
+                    (true, 1) => (&mut gx_u[gi * cg * l + r0 * g.ow..], l),
+                    (true, _) => (&mut gx_side[gi * cg * cols..], cols),
+                    (false, _) => (&mut s.col[gi * patch * cols..], cols),
+                };
+                gemm_k_blocked((patch, cols, og), dst, rs, lhs, rhs, false, threads);
             }
-            if !g.is_pointwise() {
-                col2im_add(&col[..g.c * g.kh * g.kw * band], g, (r0, r1), gx_n);
+            if g.is_pointwise() && ns > 1 {
+                scatter(gx_side, g.c, l, ns, gx_u);
+            } else if !g.is_pointwise() {
+                let per = g.c * g.in_plane();
+                for (i, gx_n) in gx_u.chunks_exact_mut(per).enumerate() {
+                    col2im_add(s.col, (cols, i * band), g, (r0, r1), gx_n);
+                }
             }
         }
     });
@@ -283,45 +325,56 @@ pub(crate) fn backward_input<T: GemmElement + std::ops::AddAssign>(
 }
 
 /// The gradient of [`forward`] with respect to its weight: `[O, C/g, KH, KW]`, summed over the batch.
-pub(crate) fn backward_weight<T: GemmElement + std::ops::AddAssign>(
-    grad_y: &[T],
-    x: &[T],
-    g: &Geometry,
-) -> Vec<T> {
+pub(crate) fn backward_weight<T: ConvElement>(grad_y: &[T], x: &[T], g: &Geometry) -> Vec<T> {
     let (l, patch, og) = (g.out_plane(), g.patch(), g.o / g.groups);
-    let col_len = if g.is_pointwise() { 0 } else { g.c * g.kh * g.kw * g.band_rows::<T>() * g.ow };
-    // grad_w_g [O/g, patch] += grad_y_g [O/g, band] @ col_g^T [band, patch], over samples in `range`.
+    let threads = rayon::current_num_threads();
+    let t = g.tiling::<T>(threads);
+    let side_len = if t.samples > 1 { g.o * t.samples * l } else { 0 };
+    let units = g.n.div_ceil(t.samples);
+    let x_sample = |n: usize| &x[n * g.c * g.in_plane()..][..g.c * g.in_plane()];
+    // grad_w_g [O/g, patch] += grad_y_g [O/g, cols] @ col_g^T [cols, patch], over the units in `range`.
     let accumulate = |range: std::ops::Range<usize>, threads: usize| {
         let mut gw = vec![T::zero(); g.o * patch];
-        let mut col = vec![T::zero(); col_len];
-        for n in range {
-            let x_n = &x[n * g.c * g.in_plane()..][..g.c * g.in_plane()];
-            let gy_n = &grad_y[n * g.o * l..][..g.o * l];
-            for (r0, r1) in g.bands::<T>() {
-                let band = (r1 - r0) * g.ow;
-                if !g.is_pointwise() {
-                    im2col(x_n, g, (r0, r1), &mut col);
-                }
-                for gi in 0..g.groups {
-                    let lhs = Mat::new(gy_n, gi * og * l + r0 * g.ow, l, 1);
-                    let rhs = if g.is_pointwise() {
-                        Mat::new(x_n, gi * patch * l + r0 * g.ow, l, 1).t()
+        with_scratch((g.col_len(t), side_len), |s| {
+            for u in range.clone() {
+                let (n0, ns) = (u * t.samples, t.samples.min(g.n - u * t.samples));
+                for (r0, r1) in g.bands(t) {
+                    let band = (r1 - r0) * g.ow;
+                    let cols = ns * band;
+                    let (gy, gy_rs, gy_at) = if ns == 1 {
+                        (&grad_y[n0 * g.o * l..][..g.o * l], l, r0 * g.ow)
                     } else {
-                        Mat::new(&col, gi * patch * band, band, 1).t()
+                        gather(grad_y, g.o, l, n0..n0 + ns, s.side);
+                        (&s.side[..], cols, 0)
                     };
-                    let dst = &mut gw[gi * og * patch..];
-                    gemm_into((og, patch, band), dst, patch, lhs, rhs, true, threads);
+                    let direct = ns == 1 && g.is_pointwise();
+                    if g.is_pointwise() && !direct {
+                        gather(x, g.c, l, n0..n0 + ns, s.col);
+                    } else if !direct {
+                        for i in 0..ns {
+                            im2col(x_sample(n0 + i), g, (r0, r1), s.col, (cols, i * band));
+                        }
+                    }
+                    for gi in 0..g.groups {
+                        let lhs = Mat::new(gy, gi * og * gy_rs + gy_at, gy_rs, 1);
+                        let rhs = if direct {
+                            Mat::new(x_sample(n0), gi * patch * l + r0 * g.ow, l, 1).t()
+                        } else {
+                            Mat::new(s.col, gi * patch * cols, cols, 1).t()
+                        };
+                        let dst = &mut gw[gi * og * patch..];
+                        gemm_into((og, patch, cols), dst, patch, lhs, rhs, true, threads);
+                    }
                 }
             }
-        }
+        });
         gw
     };
-    let threads = rayon::current_num_threads();
-    if threads > 1 && g.n >= threads {
-        // One partial sum per thread over a contiguous run of samples, then their sum.
+    if threads > 1 && units >= threads {
+        // One partial sum per thread over a contiguous run of units, then their sum.
         (0..threads)
             .into_par_iter()
-            .map(|t| accumulate(t * g.n / threads..(t + 1) * g.n / threads, 1))
+            .map(|i| accumulate(i * units / threads..(i + 1) * units / threads, 1))
             .reduce_with(|mut a, b| {
                 for (x, y) in a.iter_mut().zip(b) {
                     *x += y;
@@ -330,6 +383,6 @@ pub(crate) fn backward_weight<T: GemmElement + std::ops::AddAssign>(
             })
             .expect("at least one thread")
     } else {
-        accumulate(0..g.n, threads)
+        accumulate(0..units, threads)
     }
 }

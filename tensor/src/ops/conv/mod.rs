@@ -13,6 +13,7 @@ mod cudnn_graph;
 pub(crate) mod cudnn_plan;
 #[cfg(test)]
 mod tests;
+mod unfold;
 
 use crate::storage::{CpuStorage, Storage};
 use crate::{DType, Device, Tensor};

@@ -150,6 +150,28 @@ device_test! {
 }
 
 device_test! {
+    fn small_planes_side_by_side_match_the_direct_loop(dev: Device) {
+        // Output planes of 16 pixels: several samples share one GEMM; 5 samples on two threads
+        // leave a shorter last unit, one thread puts the whole batch in one tile.
+        let same = Params { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 2 };
+        let pointwise = Params { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 };
+        let strided = Params { stride: [2, 2], padding: [0, 0], dilation: [1, 1], groups: 1 };
+        let check = |dtype: DType| {
+            check_direct(&rand(&[5, 6, 4, 4], 1, dtype, dev), &rand(&[4, 3, 3, 3], 2, dtype, dev), &same, "3x3 groups");
+            let x = rand(&[5, 6, 4, 4], 3, dtype, dev);
+            check_direct(&x, &rand(&[8, 6, 1, 1], 4, dtype, dev), &pointwise, "pointwise");
+            let x = rand(&[5, 6, 8, 8], 5, dtype, dev);
+            check_direct(&x, &rand(&[8, 6, 1, 1], 6, dtype, dev), &strided, "strided 1x1");
+        };
+        for dtype in [DType::F64, DType::F32] {
+            for threads in [1, 2] {
+                rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| check(dtype));
+            }
+        }
+    }
+}
+
+device_test! {
     fn strided_operands_are_handled(dev: Device) {
         let p = Params { stride: [1, 2], padding: [1, 1], dilation: [1, 1], groups: 1 };
         // A narrowed input (rows of the storage skipped) and a weight stored [KH, KW, C, O].

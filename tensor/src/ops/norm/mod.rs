@@ -12,6 +12,7 @@ pub(crate) mod channels_last;
 mod cpu;
 pub(crate) mod cuda;
 mod layer_backward;
+mod planes;
 #[cfg(test)]
 mod tests;
 
@@ -133,9 +134,13 @@ impl Tensor {
     fn channel_moments(&self, op: &str) -> (Channels, Moments) {
         let ch = self.channel_view(op);
         let moments = match &*self.storage() {
-            Storage::Cpu(s) => {
-                let (mean, var) =
-                    with_float_storage!(s, op, v, T => cpu::channel_moments(v, self.layout(), ch));
+            Storage::Cpu(_) => {
+                // The plane kernels read packed NCHW data; a strided view is copied first.
+                let x = self.contiguous();
+                let (mean, var) = match &*x.storage() {
+                    Storage::Cpu(s) => with_float_storage!(s, op, v, T => planes::channel_moments(v, ch)),
+                    Storage::Cuda(_) => unreachable!("a CPU tensor's copy is on the CPU"),
+                };
                 Moments::Host(mean, var)
             }
             Storage::Cuda(s) => {
@@ -170,8 +175,7 @@ impl Tensor {
         self.normalize_channels(ch, &moments, weight, bias, (eps, false))
     }
 
-    /// The normalisation with given moments, then ReLU when `relu` (fused into the kernel on
-    /// CUDA, a second pass on the CPU).
+    /// The normalisation with given moments, then ReLU when `relu` (fused into the kernel).
     fn normalize_channels(
         &self,
         ch: Channels,
@@ -183,8 +187,9 @@ impl Tensor {
         self.normalize_channels_into(ch, moments, weight, bias, (eps, relu), None)
     }
 
-    /// `normalize_channels` plus `residual` before the ReLU; a residual only for channels-last
-    /// CUDA inputs, packed like `self` (the tile kernel adds it).
+    /// `normalize_channels` plus `residual` before the ReLU: on the CPU any residual of `self`'s
+    /// shape and dtype, on CUDA only for channels-last inputs, packed like `self` (the tile
+    /// kernel adds it).
     fn normalize_channels_into(
         &self,
         ch: Channels,
@@ -223,18 +228,20 @@ impl Tensor {
         let bias = bias.map(|b| param(b, &shape, "bias", op, self)).unwrap_or_else(|| vec![0.0; ch.channels]);
         let scale: Vec<f64> =
             (0..ch.channels).map(|c| weight.as_ref().map_or(1.0, |w| w[c]) / (var[c] + eps).sqrt()).collect();
-        let storage = match &*self.storage() {
-            Storage::Cpu(s) => with_float_storage!(s, op, v, T => T::into_storage(
-                cpu::channel_affine(v, self.layout(), ch, (mean, &scale, &bias))
-            )),
+        let (x, residual) = (self.contiguous(), residual.map(Tensor::contiguous));
+        let res_storage = residual.as_ref().map(|r| r.storage());
+        let storage = match &*x.storage() {
+            Storage::Cpu(s) => with_float_storage!(s, op, v, T => {
+                let residual = res_storage.as_deref().map(|r| match r {
+                    Storage::Cpu(r) => r.as_slice::<T>(),
+                    Storage::Cuda(_) => unreachable!("{op}: the residual was checked to be on the CPU"),
+                });
+                let epilogue = planes::Epilogue { residual, relu };
+                T::into_storage(planes::normalize(v, ch, (mean, &scale, &bias), epilogue))
+            }),
             Storage::Cuda(_) => unreachable!("host moments of a CUDA tensor"),
         };
-        let out = Tensor::from_cpu(storage, self.dims());
-        if relu {
-            out.relu()
-        } else {
-            out
-        }
+        Tensor::from_cpu(storage, self.dims())
     }
 
     /// Batch norm in training mode: the batch's statistics, then `batch_norm_normalize` with
@@ -249,8 +256,8 @@ impl Tensor {
         self.batch_norm_training_then(weight, bias, eps, false)
     }
 
-    /// [`Tensor::batch_norm_training`] followed by ReLU, as one pass over the output on CUDA
-    /// (the pattern of every ResNet block): returns `(relu(output), mean, var)`.
+    /// [`Tensor::batch_norm_training`] followed by ReLU, as one pass over the output (the
+    /// pattern of every ResNet block): returns `(relu(output), mean, var)`.
     pub fn batch_norm_relu_training(
         &self,
         weight: Option<&Tensor>,
@@ -261,8 +268,8 @@ impl Tensor {
     }
 
     /// `relu(batch_norm_training(x) + residual)`, the end of a ResNet bottleneck, as one pass
-    /// over the output on CUDA for channels-last inputs (else batch norm, add and ReLU in
-    /// turn): returns `(output, mean, var)`. `residual` has `x`'s shape and dtype.
+    /// over the output on the CPU and on CUDA for channels-last inputs (else batch norm, add
+    /// and ReLU in turn): returns `(output, mean, var)`. `residual` has `x`'s shape and dtype.
     pub fn batch_norm_add_relu_training(
         &self,
         weight: Option<&Tensor>,
@@ -281,7 +288,9 @@ impl Tensor {
         );
         self.same_device(residual, op);
         let (ch, moments) = self.channel_moments("batch_norm");
-        let out = if self.device().is_cuda() && cuda::channels_last(self.layout(), ch.channels) {
+        let out = if !self.device().is_cuda() {
+            self.normalize_channels_into(ch, &moments, weight, bias, (eps, true), Some(residual))
+        } else if cuda::channels_last(self.layout(), ch.channels) {
             let residual = packed_like(residual, self);
             self.normalize_channels_into(ch, &moments, weight, bias, (eps, true), Some(&residual))
         } else {
@@ -360,34 +369,61 @@ impl Tensor {
             let dx = dx.map(|d| in_layout_of(Tensor::from_storage(Storage::Cuda(d), x.dims()), x, ch));
             return (dx, dweight.to_dtype(x.dtype()), dbias.to_dtype(x.dtype()));
         }
-        let mean = param(mean, &shape, "mean", op, x);
-        let var = param(var, &shape, "var", op, x);
-        let weight = weight.map(|w| param(w, &shape, "weight", op, x));
-        let (dy, xc) = (self.contiguous(), x.contiguous());
-        let count = (x.elem_count() / ch.channels.max(1)).max(1) as f64;
-        let (sum_dy, sum_dyx) = match (&*dy.storage(), &*xc.storage()) {
-            (Storage::Cpu(g), Storage::Cpu(v)) => with_float_storage!(g, op, gv, T => {
-                backward::channel_grad_sums(gv, v.as_slice::<T>(), ch, &mean)
-            }),
-            _ => unreachable!("checked on the CPU"),
+        let stats = backward::HostStats {
+            mean: param(mean, &shape, "mean", op, x),
+            var: param(var, &shape, "var", op, x),
+            weight: weight.map(|w| param(w, &shape, "weight", op, x)),
+            eps,
         };
-        let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
-        let w = |c: usize| weight.as_ref().map_or(1.0, |w| w[c]);
-        let dweight: Vec<f64> = (0..ch.channels).map(|c| sum_dyx[c] * rstd[c]).collect();
-        let dx = input_grad.then(|| {
-            let scale: Vec<f64> = (0..ch.channels).map(|c| w(c) * rstd[c]).collect();
-            let shift: Vec<f64> = sum_dy.iter().map(|s| s / count).collect();
-            let k: Vec<f64> = (0..ch.channels).map(|c| sum_dyx[c] / count * rstd[c] * rstd[c]).collect();
-            let storage = match (&*dy.storage(), &*xc.storage()) {
-                (Storage::Cpu(g), Storage::Cpu(v)) => with_float_storage!(g, op, gv, T => T::into_storage(
-                    backward::input_grad(gv, v.as_slice::<T>(), ch, (&mean, &scale, &shift, &k))
-                )),
-                _ => unreachable!("checked on the CPU"),
-            };
-            Tensor::from_cpu(storage, x.dims())
-        });
-        let per_channel = |v: Vec<f64>| Tensor::from_cpu(f64::into_storage(v), shape).to_dtype(x.dtype());
-        (dx, per_channel(dweight), per_channel(sum_dy))
+        let (dx, dweight, dbias, _) = backward::cpu_backward(self, None, x, ch, &stats, (input_grad, false));
+        (dx, dweight, dbias)
+    }
+
+    /// [`Tensor::batch_norm_backward`] through the ReLU that followed batch norm (and the
+    /// residual added before that ReLU, if any): `self` is the gradient of the ReLU's output
+    /// `relu_out`, masked with `relu_out > 0` (as [`Tensor::threshold_backward`] with
+    /// threshold 0) before batch norm's backward. Returns `(dx, dweight, dbias, masked)`, the
+    /// masked gradient (the residual's gradient) only when `keep_masked`.
+    ///
+    /// On the CPU the mask is applied as the two passes read the gradient, and the masked
+    /// gradient, when kept, is written by the first; elsewhere the mask is its own pass.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_relu_backward(
+        &self,
+        relu_out: &Tensor,
+        x: &Tensor,
+        (mean, var): (&Tensor, &Tensor),
+        weight: Option<&Tensor>,
+        eps: f64,
+        input_grad: bool,
+        keep_masked: bool,
+    ) -> (Option<Tensor>, Tensor, Tensor, Option<Tensor>) {
+        let op = "batch_norm_relu_backward";
+        let ch = x.channel_view(op);
+        self.same_dtype(x, op);
+        self.same_dtype(relu_out, op);
+        self.same_device(x, op);
+        self.same_device(relu_out, op);
+        assert!(
+            self.dims() == x.dims() && relu_out.dims() == x.dims(),
+            "{op}: the output gradient has shape {:?}, the ReLU's output {:?}, the input {:?}",
+            self.dims(),
+            relu_out.dims(),
+            x.dims()
+        );
+        if x.device().is_cuda() {
+            let masked = self.threshold_backward(relu_out, 0.0);
+            let (dx, dw, db) = masked.batch_norm_backward(x, (mean, var), weight, eps, input_grad);
+            return (dx, dw, db, keep_masked.then_some(masked));
+        }
+        let shape = [ch.channels];
+        let stats = backward::HostStats {
+            mean: param(mean, &shape, "mean", op, x),
+            var: param(var, &shape, "var", op, x),
+            weight: weight.map(|w| param(w, &shape, "weight", op, x)),
+            eps,
+        };
+        backward::cpu_backward(self, Some(relu_out), x, ch, &stats, (input_grad, keep_masked))
     }
 
     /// Layer norm over the trailing dims `normalized_shape`, as `torch.native_layer_norm`:

@@ -245,6 +245,51 @@ device_test! {
 }
 
 device_test! {
+    fn batch_norm_relu_backward_matches_masked_loop(dev: Device) {
+        let eps = 1e-5;
+        // 34848 elements: above the threading threshold; planes of 1089, not a multiple of the
+        // kernels' 8 lanes.
+        let shape = [4, 8, 33, 33];
+        let (x, dy) = (random(&shape, 21, 0.3, 1.5, dev), random(&shape, 22, 0.0, 1.0, dev));
+        let res = random(&shape, 23, 0.0, 1.0, dev);
+        let w: Vec<f64> = (0..8).map(|c| 0.5 + 0.125 * c as f64).collect();
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            let (x, dy, res) = (x.to_dtype(dtype), dy.to_dtype(dtype), res.to_dtype(dtype));
+            let weight = Tensor::from_vec(w.clone(), [8], dev).unwrap().to_dtype(dtype);
+            let as_t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, dev).unwrap().to_dtype(dtype);
+            for residual in [false, true] {
+                let what = format!("batch_norm_relu_backward {dtype} residual {residual}");
+                let (y, mean, var) = if residual {
+                    x.batch_norm_add_relu_training(Some(&weight), None, &res, eps)
+                } else {
+                    x.batch_norm_relu_training(Some(&weight), None, eps)
+                };
+                // The fused forward against its composition.
+                let (out, _, _) = x.batch_norm_training(Some(&weight), None, eps);
+                let composed = if residual { out.add(&res).relu() } else { out.relu() };
+                check(&y, &composed, dtype, &format!("{what}: forward"));
+                let masked = dy.threshold_backward(&y, 0.0);
+                let (want_dx, want_dw, want_db) = batch_norm_backward_loop(&masked, &x, &w, eps);
+                for keep in [false, true] {
+                    let (dx, dw, db, kept) =
+                        dy.batch_norm_relu_backward(&y, &x, (&mean, &var), Some(&weight), eps, true, keep);
+                    check(&dx.expect("input gradient asked for"), &as_t(want_dx.clone(), &shape), dtype, &format!("{what} dx"));
+                    check(&dw, &as_t(want_dw.clone(), &[8]), dtype, &format!("{what} dweight"));
+                    check(&db, &as_t(want_db.clone(), &[8]), dtype, &format!("{what} dbias"));
+                    match kept {
+                        Some(k) => {
+                            assert!(keep, "{what}: masked gradient not asked for");
+                            assert_eq!(k.to_f64_vec(), masked.to_f64_vec(), "{what}: the kept masked gradient");
+                        }
+                        None => assert!(!keep, "{what}: masked gradient asked for"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+device_test! {
     fn batch_norm_channels_last_keeps_its_layout(dev: Device) {
         // 16 channels: the 16-byte vector kernels take f32, bf16 and f64 alike on CUDA.
         let eps = 1e-5;

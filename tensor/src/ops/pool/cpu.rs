@@ -81,12 +81,15 @@ fn max_planes<T: ComputeAs>(src: &[T], layout: &Layout, win: &Windows) -> (Vec<T
                 for h in positions(rw) {
                     let row = base + h * planes.strides[2];
                     if unit_cols {
+                        // Selects, not branches: whether an element beats the best so far
+                        // depends on the data, and a mispredicted branch per element cost more
+                        // than the comparisons.
+                        let at = h * width + cw.start;
                         for (j, &x) in src[row + cw.start..row + cw.end].iter().enumerate() {
                             let v = x.up();
-                            if v > best || v.is_nan() {
-                                best = v;
-                                best_at = h * width + cw.start + j;
-                            }
+                            let take = v > best || v.is_nan();
+                            best = if take { v } else { best };
+                            best_at = if take { at + j } else { best_at };
                         }
                     } else {
                         for w in positions(cw) {

@@ -7,24 +7,6 @@ use oxtrain::config::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// The process's allocator: jemalloc, set to keep the memory it frees for reuse. A training
-/// step frees and allocates the same large buffers every step (a language model's logits and
-/// their gradient are hundreds of MB); glibc's malloc hands each buffer over 32 MB back to the
-/// kernel when it is freed, so the next step pays a page fault and a page cleared by the
-/// kernel for every 4 KiB of it again (on a virtual machine, often a fault in the host too).
-#[cfg(target_os = "linux")]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// jemalloc's options, read at its first allocation: freed pages are never returned to the
-/// kernel (neither purged nor decayed), and large allocations stay in the ordinary arenas
-/// (the dedicated arena it otherwise uses for them returns their pages at once). The resident
-/// memory stays near its peak, which a training loop reaches again every step anyway.
-#[cfg(target_os = "linux")]
-#[allow(non_upper_case_globals)]
-#[export_name = "_rjem_malloc_conf"]
-pub static malloc_conf: &[u8; 57] = b"dirty_decay_ms:-1,muzzy_decay_ms:-1,oversize_threshold:0\0";
-
 #[derive(Parser)]
 #[command(
     name = "oxtrain",
@@ -269,7 +251,29 @@ fn config(args: ConfigArgs) -> ExitCode {
     }
 }
 
+/// Makes glibc's allocator keep the memory a training step frees for the next step. By default
+/// glibc serves every buffer over its mmap threshold (at most 32 MB) with a fresh mapping and
+/// unmaps it on free, and trims freed memory off the heap: every step then faults the same
+/// pages in again (GPT-2's logits and their gradient are 206 MB each), each fault a page the
+/// kernel clears, and with several threads each unmapping a TLB shootdown on every core. One
+/// arena, no mappings and no trimming keep a step's buffers in the heap for the next step; the
+/// resident memory stays at the peak that every step reaches anyway. (jemalloc, tried instead,
+/// gave zeroed allocations back to the kernel with madvise and faulted them in again.)
+/// Settings given in `GLIBC_TUNABLES` are left to rule.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("GLIBC_TUNABLES").is_none() {
+        // SAFETY: mallopt only sets allocator parameters; called before any thread starts.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+            libc::mallopt(libc::M_MMAP_MAX, 0);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     match cli.command {
         None => train(TrainArgs { config: None, resume: None, overrides: vec![] }),

@@ -62,10 +62,19 @@ fn parity(arch: &str, channels_last: bool) {
 
     model.train(true);
     let logits = model.forward(&x);
+    // Train-mode batch norm divides by the statistics of 2 samples (2x2 planes in the last
+    // stage), which magnifies every f32 rounding: PyTorch's own f32 train logits of ResNet-50
+    // are 8.8e-5 of the largest logit away from its f64 ones (resnet18: 4.0e-6), as
+    // `models/fixtures/resnet_train_drift.py` prints. An f32 implementation is held to twice
+    // that distance from PyTorch's f32 values, and never looser than 1e-4.
+    let torch_drift: f64 = match arch {
+        "resnet50" => 8.8e-5,
+        _ => 4.0e-6,
+    };
     assert_rel(
         logits.tensor(),
         &fx.tensor(arch, "train_logits", Device::Cpu),
-        1e-4,
+        (2.0 * torch_drift).max(1e-4),
         &format!("{arch} train logits"),
     );
     let labels = fx.tensor(arch, "labels", Device::Cpu);

@@ -28,6 +28,13 @@ fn sigkill_after_a_checkpoint_then_resume_is_bit_identical() {
     let out = run_ok(d, &resume, &[]);
     assert!(out.contains("resuming from") && out.contains("step-000006 (step 6, epoch 0)"), "{out}");
     assert_same_run(&d.join("reference"), &d.join("killed"));
+
+    // Resumed once more, from the end: nothing to train, said so, and no made-up throughput
+    // (units trained before the stop over this process's seconds) or NaN loss.
+    let out = run_ok(d, &resume, &[]);
+    assert!(out.contains(&format!("the checkpoint of step {STEPS} is the end of this run")), "{out}");
+    assert!(out.contains("nothing left to train (raise train.epochs or train.steps"), "{out}");
+    assert!(!out.contains("NaN") && !out.contains("/s,"), "{out}");
 }
 
 #[test]
@@ -200,6 +207,25 @@ fn export_writes_the_model_of_a_checkpoint_for_pytorch() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&r.stdout);
     assert!(r.status.success() && stdout.contains("step-000006 (step 6)"), "{stdout}");
+
+    // A run's folder is looked into; a model folder and a missing one get a message of their own.
+    let export = |from: &str| {
+        let r = std::process::Command::new(env!("CARGO_BIN_EXE_oxtrain"))
+            .current_dir(d)
+            .args(["export", "--checkpoint", from, "--out", "x.safetensors"])
+            .output()
+            .unwrap();
+        (
+            r.status.success(),
+            String::from_utf8_lossy(&r.stdout).into_owned() + &String::from_utf8_lossy(&r.stderr),
+        )
+    };
+    let (ok, out) = export("run");
+    assert!(ok && out.contains("step-000006 (step 6)"), "{out}");
+    let (ok, out) = export("run/checkpoints/final");
+    assert!(!ok && out.contains("it is a model folder") && !out.contains("--resume"), "{out}");
+    let (ok, out) = export("nowhere");
+    assert!(!ok && out.contains("nowhere") && out.contains("does not exist"), "{out}");
 
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_oxtrain"))
         .args(["export", "--help"])

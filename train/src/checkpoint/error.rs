@@ -33,11 +33,10 @@ pub enum CheckpointError {
     )]
     WorldSize { path: PathBuf, saved: usize, current: usize },
 
-    /// No valid checkpoint where one was asked for.
-    #[error(
-        "no valid checkpoint in {dir}{why}; start without --resume, or point it at a checkpoint directory"
-    )]
-    NotFound { dir: PathBuf, why: String },
+    /// No valid checkpoint where one was asked for: `why` lists what was skipped, `hint` says
+    /// what to do (it depends on who asked: a resume, an export).
+    #[error("no valid checkpoint in {dir}{why}; {hint}")]
+    NotFound { dir: PathBuf, why: String, hint: String },
 
     /// The saved state does not fit the objects it is restored into (another model, other
     /// optimizer groups, a config change).

@@ -29,10 +29,17 @@ pub fn export(checkpoint: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Exp
             .map_err(|problem| CheckpointError::Invalid { path: checkpoint.to_path_buf(), problem })?;
         (checkpoint.to_path_buf(), m)
     } else {
-        let found = latest_valid(checkpoint)?;
+        // A run's folder (`log.dir`) holds its checkpoints in `checkpoints/`.
+        let runs_checkpoints = checkpoint.join("checkpoints");
+        let folder = if runs_checkpoints.is_dir() { runs_checkpoints } else { checkpoint.to_path_buf() };
+        let found = latest_valid(&folder)?;
         let why =
             found.skipped.iter().map(|s| format!("; skipped {}: {}", s.path.display(), s.problem)).collect();
-        found.chosen.ok_or_else(|| CheckpointError::NotFound { dir: checkpoint.to_path_buf(), why })?
+        found.chosen.ok_or_else(|| CheckpointError::NotFound {
+            dir: folder.clone(),
+            why,
+            hint: hint(&folder),
+        })?
     };
     let source = dir.join(MODEL_FILE);
     let folder = match out.parent() {
@@ -53,4 +60,20 @@ pub fn export(checkpoint: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Exp
         let _ = std::fs::remove_file(&temp);
     }
     Ok(Exported { checkpoint: dir, step: manifest.step, out: out.to_path_buf(), bytes: result? })
+}
+
+/// What to do when `--checkpoint` names no checkpoint, by what it names instead.
+fn hint(folder: &Path) -> String {
+    let takes = "--checkpoint takes a checkpoint (a step folder such as runs/NAME/checkpoints/step-000100), \
+                 a run's checkpoints folder, or the run's folder";
+    if !folder.exists() {
+        format!("the folder does not exist; {takes}")
+    } else if folder.join(MODEL_FILE).is_file() {
+        format!(
+            "it is a model folder ({MODEL_FILE} and config.toml, as a run writes at its end), not a checkpoint: \
+             its {MODEL_FILE} already has PyTorch's names and loads as it is"
+        )
+    } else {
+        takes.to_string()
+    }
 }

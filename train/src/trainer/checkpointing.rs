@@ -94,9 +94,8 @@ fn find(config: &Config, rank: usize, say: &dyn Fn(&str)) -> Result<Option<PathB
     if !latest && !folder.is_dir() {
         return Err(CheckpointError::NotFound {
             dir: folder,
-            why: " (checkpoint.resume names no such folder; use \"latest\", a step directory, or a run's \
-                  checkpoints folder)"
-                .into(),
+            why: " (checkpoint.resume names no such folder)".into(),
+            hint: "use \"latest\", a step directory, or a run's checkpoints folder".into(),
         }
         .into());
     }
@@ -121,7 +120,8 @@ fn find(config: &Config, rank: usize, say: &dyn Fn(&str)) -> Result<Option<PathB
     }
     let why =
         found.skipped.iter().map(|s| format!("; skipped {}: {}", s.path.display(), s.problem)).collect();
-    Err(CheckpointError::NotFound { dir: folder, why }.into())
+    let hint = "start without --resume, or point it at a checkpoint directory".into();
+    Err(CheckpointError::NotFound { dir: folder, why, hint }.into())
 }
 
 /// The `section.key`s whose values differ between a checkpoint's config and this run's,

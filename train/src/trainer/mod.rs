@@ -48,6 +48,9 @@ pub struct Summary {
     pub rank: usize,
     /// Set when SIGTERM or SIGINT stopped the run early: what was saved, and how to go on.
     pub interrupted: Option<String>,
+    /// Optimizer steps this process ran: fewer than `steps` after a resume, 0 when the
+    /// checkpoint resumed from was already the end of the run.
+    pub steps_here: usize,
 }
 
 impl Summary {
@@ -56,11 +59,19 @@ impl Summary {
         if let Some(why) = &self.interrupted {
             return format!("stopped after {} steps: {why}", self.steps);
         }
-        let mut s = format!(
-            "done: {} steps ({} epochs) in {:.1} s, {:.1} {}",
-            self.steps, self.epochs, self.seconds, self.throughput, self.unit
-        );
-        s += &format!(", train loss {:.4}", self.train_loss);
+        let mut s = if self.steps_here == 0 {
+            // Resumed from the run's last step: no time or loss of this process to report.
+            format!(
+                "done: the checkpoint resumed from is step {}, the end of this run ({} epochs); nothing \
+                 left to train (raise train.epochs or train.steps to go on)",
+                self.steps, self.epochs
+            )
+        } else {
+            format!(
+                "done: {} steps ({} epochs) in {:.1} s, {:.1} {}, train loss {:.4}",
+                self.steps, self.epochs, self.seconds, self.throughput, self.unit, self.train_loss
+            )
+        };
         if let Some(e) = &self.eval {
             s += &format!(", eval loss {:.4}", e.loss);
             for (k, v) in &e.metrics {
@@ -216,6 +227,9 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
     let (mut window_loss, mut window_steps, mut window_units) =
         (counters.window_loss, counters.window_steps, counters.window_units);
     let (mut run_units, mut last_eval) = (counters.run_units, None);
+    // Throughput counts what this process trained: the restored counters hold units trained
+    // before the stop, in time this process did not measure.
+    let (start_step, start_units, mut timed_units) = (step, run_units, 0usize);
     let first_epoch = start.as_ref().map_or(0, |s| s.epoch);
     // A save at the very end of an epoch resumes with the next one.
     let mut skip_first_epoch = start.as_ref().is_some_and(|s| s.epoch_left == 0);
@@ -264,7 +278,15 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             }
         };
     }
-    let epoch_range = if step >= total { 0..0 } else { first_epoch..epochs };
+    let epoch_range = if step >= total {
+        progress.println(&format!(
+            "the checkpoint of step {step} is the end of this run ({total} steps): evaluating and writing \
+             the final model only"
+        ));
+        0..0
+    } else {
+        first_epoch..epochs
+    };
     'epochs: for epoch in epoch_range {
         progress.start_epoch(epoch);
         last_epoch = epoch;
@@ -315,6 +337,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             let units = task.units(&batch);
             window_units += units;
             run_units += units;
+            timed_units += units;
             if !last {
                 continue;
             }
@@ -355,7 +378,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                     epoch,
                     loss: train_loss,
                     lr: step_lr,
-                    throughput: (window_units * world) as f64 / secs,
+                    throughput: (timed_units * world) as f64 / secs,
                     unit: task.unit(),
                     wall_time: unix_time(),
                     elapsed: log.elapsed(),
@@ -363,7 +386,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                 };
                 progress.record(&r, total);
                 log.log_step(r)?;
-                (window_loss, window_steps, window_units) = (0.0, 0, 0);
+                (window_loss, window_steps, window_units, timed_units) = (0.0, 0, 0, 0);
                 window_start = Instant::now();
             }
             if config.train.eval_every > 0 && step.is_multiple_of(config.train.eval_every) {
@@ -403,13 +426,14 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             seconds,
             train_loss,
             eval: None,
-            throughput: (run_units * world) as f64 / seconds.max(1e-9),
+            throughput: ((run_units - start_units) * world) as f64 / seconds.max(1e-9),
             unit: task.unit(),
             metrics: log.path().to_path_buf(),
             model_dir: None,
             skipped_steps: guard.skipped,
             rank,
             interrupted: Some(why),
+            steps_here: step - start_step,
         });
     }
     let eval = match last_eval {
@@ -436,12 +460,13 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         seconds,
         train_loss,
         eval,
-        throughput: (run_units * world) as f64 / seconds.max(1e-9),
+        throughput: ((run_units - start_units) * world) as f64 / seconds.max(1e-9),
         unit: task.unit(),
         metrics: log.path().to_path_buf(),
         model_dir,
         skipped_steps: guard.skipped,
         rank,
         interrupted: None,
+        steps_here: step - start_step,
     })
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU sitting from what bench/scripts/gpu_pack.sh packed into .gpu/:
 #   bash bench/scripts/gpu_sitting.sh [all|tests|kernels|kprof|parity|bench] [TEST FILTER]
+# TEST_CRATES and PARITY_CASES narrow the tests and parity modes to some crates and models.
 # tests: every CUDA test (--include-ignored) of the packed crates, summarised into
 # $OUT/tests-<crate>.json; kernels: step_kernels; kprof: kernel time per name of one step, ours
 # (ncu) and PyTorch's (torch.profiler); parity: 20 steps' losses, ours against PyTorch's from the
@@ -41,6 +42,8 @@ summary=""
 if [[ $mode == all || $mode == tests ]]; then
   for t in .gpu/tests/*; do
     name=$(basename "$t"); log="/tmp/tests-$name.log"
+    # TEST_CRATES (e.g. "oxtrain_autograd oxtrain_nn") runs some of the packed test binaries.
+    [[ -z "${TEST_CRATES:-}" || " $TEST_CRATES " == *" $name "* ]] || continue
     echo "=== $name"
     timeout "${TEST_TIMEOUT_S:-150}" "$t" --include-ignored $filter > "$log" 2>&1; rc=$?
     grep -E '^test .* FAILED|^failures:|panicked' "$log" | head -n 20
@@ -92,6 +95,8 @@ if [[ $mode == all || $mode == parity ]]; then
   # and batch in oxtrain and in PyTorch (bench/peers/parity.py), one JSON line per case.
   for c in "resnet50 --batch 256 --image 224 --precision bf16 --channels-last" \
            "gpt2-124m --batch 16 --seq 1024 --precision bf16"; do
+    # PARITY_CASES (e.g. "gpt2-124m") picks the models.
+    [[ -z "${PARITY_CASES:-}" || " $PARITY_CASES " == *" ${c%% *} "* ]] || continue
     dir="/tmp/parity-${c%% *}"; rm -rf "$dir"
     echo "=== parity: $c"
     timeout 240 .gpu/bin/oxtrain bench $c --device cuda --steps 20 --parity "$dir" | cut -c1-300

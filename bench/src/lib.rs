@@ -72,6 +72,17 @@ fn median_of(warmup: usize, reps: usize, f: &mut dyn FnMut(), clock: impl Fn() -
     median(&times)
 }
 
+/// The number after `name` on the command line (`--reps 20`), or `default` when absent or
+/// not a number: the benchmark programs' one kind of option.
+pub fn usize_arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The median of `values` (the mean of the middle two for an even count), for programs that
 /// interleave several measurements in one loop.
 pub fn median(values: &[f64]) -> f64 {

@@ -8,17 +8,8 @@
 //! threads), which other processes' load disturbs less.
 
 use oxtrain_autograd::Var;
-use oxtrain_bench::{median_cpu_seconds, median_seconds};
+use oxtrain_bench::{median_cpu_seconds, median_seconds, usize_arg};
 use oxtrain_tensor::{DType, Device, Tensor};
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// One timed op: its name and a closure that runs it once.
 type Case<'a> = (&'static str, Box<dyn FnMut() + 'a>);
@@ -28,8 +19,8 @@ fn randn(shape: &[usize]) -> Tensor {
 }
 
 fn main() {
-    let threads = arg("--threads", 1);
-    let reps = arg("--reps", 5);
+    let threads = usize_arg("--threads", 1);
+    let reps = usize_arg("--reps", 5);
     let filter = std::env::args().skip_while(|a| a != "--only").nth(1).unwrap_or_default();
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     pool.install(|| {

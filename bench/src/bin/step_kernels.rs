@@ -5,24 +5,15 @@
 //!
 //! `cargo run --release -p oxtrain-bench --bin step_kernels` (needs a CUDA GPU).
 
-use oxtrain_bench::time_gpu;
+use oxtrain_bench::{time_gpu, usize_arg};
 use oxtrain_tensor::cuda;
 use oxtrain_tensor::{DType, Device, Tensor};
 
 const GPU: Device = Device::Cuda(0);
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
     assert!(cuda::is_available(0), "step_kernels needs a CUDA GPU");
-    let (n, c, hw) = (arg("--batch", 256), arg("--channels", 256), arg("--hw", 56));
+    let (n, c, hw) = (usize_arg("--batch", 256), usize_arg("--channels", 256), usize_arg("--hw", 56));
     let nhwc = |t: Tensor| t.reshape([n, hw, hw, c]).permute([0, 3, 1, 2]);
     let rand = || {
         nhwc(

@@ -293,6 +293,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The host waits and driver allocations per step over a few steps queued back to back (no
+/// synchronisation between them, as in a training loop): a steady step should have neither.
+fn steady_step_waits(ordinal: usize, step: &mut dyn FnMut() -> Var) -> oxtrain_tensor::Result<(f64, f64)> {
+    const STEPS: usize = 3;
+    cuda::synchronize(ordinal)?;
+    let (waits, mem) = (cuda::host_waits(ordinal)?, cuda::memory_stats(ordinal)?);
+    for _ in 0..STEPS {
+        step();
+    }
+    let (waits_after, mem_after) = (cuda::host_waits(ordinal)?, cuda::memory_stats(ordinal)?);
+    cuda::synchronize(ordinal)?;
+    let per_step = |n: u64| n as f64 / STEPS as f64;
+    Ok((
+        per_step(waits_after.since(&waits).total()),
+        per_step((mem_after.driver_allocs - mem.driver_allocs) as u64),
+    ))
+}
+
 /// Runs the benchmark and prints its JSON line.
 pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     let device = match oxtrain::config::parse_device(&args.device) {
@@ -358,6 +376,10 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             sync()?;
             times.push(t.elapsed().as_secs_f64());
         }
+        let steady = match device {
+            Device::Cuda(n) => Some(steady_step_waits(n, &mut w.step).map_err(err)?),
+            Device::Cpu => None,
+        };
         if let (true, Device::Cuda(n)) = (args.profiler_range, device) {
             cuda::profiler_range(n, || drop((w.step)())).map_err(err)?;
         }
@@ -376,6 +398,9 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             "memory_kind": if device.is_cuda() { "CUDA caching allocator peak" } else { "peak RSS" },
             "threads": threads,
             "precision": format!("{:?}", args.precision).to_lowercase(),
+            // Per step, over steps queued back to back: both should be 0.
+            "steady_step_host_waits": steady.map(|s| s.0),
+            "steady_step_driver_allocs": steady.map(|s| s.1),
         });
         println!("{out}");
         Ok(())

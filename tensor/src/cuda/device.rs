@@ -1,6 +1,7 @@
 //! One GPU: its context, streams, compiled kernels and memory.
 
 use super::alloc::{CachingAllocator, MemoryStats};
+use super::host_waits::{self, ErrorRecordArg, HostWaits, Wait, WaitCounters};
 use super::libs::{self, CudaLib};
 use super::nvrtc::{self, KernelSource};
 use crate::{Error, Result};
@@ -19,6 +20,7 @@ pub struct CudaDevice {
     allocator: Arc<CachingAllocator>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
+    waits: WaitCounters,
 }
 
 pub(crate) fn driver_error(ordinal: usize, what: &str, e: impl std::fmt::Debug) -> Error {
@@ -92,6 +94,7 @@ impl CudaDevice {
             name,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            waits: WaitCounters::default(),
         })
     }
 
@@ -126,7 +129,36 @@ impl CudaDevice {
 
     /// Waits for all work queued on this device.
     pub fn synchronize(&self) -> Result<()> {
-        self.ctx.synchronize().map_err(|e| driver_error(self.ordinal, "synchronizing", e))
+        self.ctx.synchronize().map_err(|e| driver_error(self.ordinal, "synchronizing", e))?;
+        self.waited(Wait::Synchronization);
+        Ok(())
+    }
+
+    /// How often the host has waited for this device (see [`HostWaits`]).
+    pub fn host_waits(&self) -> HostWaits {
+        self.waits.read()
+    }
+
+    /// Counts a wait that just ended, then reports what kernels found meanwhile: every kernel
+    /// queued before the wait has finished, so the error record is complete.
+    pub(crate) fn waited(&self, wait: Wait) {
+        self.waits.count(wait);
+        self.check_device_errors();
+    }
+
+    /// Panics with the first error this thread's kernels recorded since the last check, if
+    /// any: a bad index is a programmer error, as on the CPU, only found later.
+    pub(crate) fn check_device_errors(&self) {
+        if let Some(message) = host_waits::take_thread_error(self.ordinal) {
+            panic!("{message}");
+        }
+    }
+
+    /// This thread's error record, for a checking kernel that `op` launches.
+    pub(crate) fn error_record(&self, op: &'static str) -> Result<ErrorRecordArg> {
+        let record = host_waits::thread_record(self.ordinal, &self.ctx)?;
+        record.note_op(op);
+        Ok(record.arg())
     }
 
     /// A kernel of an op family's source, compiling and loading the module on first use.

@@ -6,6 +6,7 @@
 
 pub mod alloc;
 mod device;
+pub(crate) mod host_waits;
 mod launch;
 pub mod libs;
 pub mod nvrtc;
@@ -15,6 +16,7 @@ mod stream;
 
 pub use alloc::{CudaBuffer, MemoryStats};
 pub use device::{device, device_count, is_available, CudaDevice};
+pub use host_waits::HostWaits;
 pub(crate) use launch::{expect_launch, launch_cfg, source, suffix};
 pub use nvrtc::KernelSource;
 pub use pinned::PinnedBuffer;
@@ -51,6 +53,12 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
 /// Allocated, reserved and peak bytes of device `ordinal` (`torch.cuda.memory_stats`).
 pub fn memory_stats(ordinal: usize) -> crate::Result<MemoryStats> {
     Ok(device(ordinal)?.memory_stats())
+}
+
+/// How often the host has waited for device `ordinal` so far: a steady training step should
+/// add nothing (see [`HostWaits`]).
+pub fn host_waits(ordinal: usize) -> crate::Result<HostWaits> {
+    Ok(device(ordinal)?.host_waits())
 }
 
 /// Blocks until all work queued on device `ordinal` is done (`torch.cuda.synchronize`).

@@ -2,6 +2,7 @@
 
 use super::alloc::CudaBuffer;
 use super::device::CudaDevice;
+use super::host_waits::Wait;
 use super::stream::current_raw;
 use crate::storage::CpuStorage;
 use crate::{DType, Error, Layout, Result};
@@ -71,6 +72,7 @@ impl CudaStorage {
                 .map_err(|e| drv_err("copying to the device", e))?;
         }
         stream.synchronize().map_err(|e| drv_err("copying to the device", e))?;
+        device.waited(Wait::SynchronousUpload);
         Ok(s)
     }
 
@@ -85,6 +87,7 @@ impl CudaStorage {
                 .map_err(|e| drv_err("copying to the host", e))?;
         }
         stream.synchronize().map_err(|e| drv_err("copying to the host", e))?;
+        self.device.waited(Wait::CopyToHost);
         Ok(cpu)
     }
 

@@ -4,6 +4,7 @@
 //! unless a [`StreamGuard`] made another current on this thread (as `torch.cuda.stream(s)`).
 
 use super::device::{device, CudaDevice};
+use super::host_waits::Wait;
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use std::cell::RefCell;
@@ -59,7 +60,7 @@ impl Stream {
             .inner
             .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| err("recording an event", e))?;
-        Ok(Event { inner: ev })
+        Ok(Event { inner: ev, device: self.device.clone() })
     }
 
     /// Makes later work on this stream wait for `event` (without blocking the host).
@@ -74,7 +75,9 @@ impl Stream {
 
     /// Blocks the host until this stream's queued work is done.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize().map_err(|e| err("synchronizing a stream", e))
+        self.inner.synchronize().map_err(|e| err("synchronizing a stream", e))?;
+        self.device.waited(Wait::Synchronization);
+        Ok(())
     }
 
     /// Makes this stream current on this thread until the guard drops.
@@ -113,12 +116,15 @@ pub(crate) fn current_raw(device: &CudaDevice) -> Arc<CudaStream> {
 /// A point in a stream's queue.
 pub struct Event {
     inner: CudaEvent,
+    device: Arc<CudaDevice>,
 }
 
 impl Event {
     /// Blocks the host until the event has happened.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize().map_err(|e| err("synchronizing an event", e))
+        self.inner.synchronize().map_err(|e| err("synchronizing an event", e))?;
+        self.device.waited(Wait::Synchronization);
+        Ok(())
     }
 
     /// Whether the work before the event has finished.

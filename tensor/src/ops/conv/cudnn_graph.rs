@@ -377,5 +377,6 @@ fn time(run: &Run, plan: &Desc, workspace: usize) -> Option<f32> {
     }
     let end = run.stream.record_event(flags).ok()?;
     end.synchronize().ok()?;
+    crate::cuda::host_waits::waited_on_stream(run.stream);
     start.elapsed_ms(&end).ok()
 }

@@ -65,6 +65,17 @@ fn index_values(op: &str, index: &Tensor) -> Vec<i64> {
     }
 }
 
+/// Panics unless `index` holds int64 or uint32 values (what the kernels take); on CUDA the
+/// values themselves are checked by the kernels.
+fn check_index_dtype(op: &str, index: &Tensor) {
+    assert!(
+        matches!(index.dtype(), DType::I64 | DType::U32),
+        "{op}: the index must be an int64 or uint32 tensor, got {} with shape {:?}",
+        index.dtype(),
+        index.dims()
+    );
+}
+
 /// The values of `index`, each checked to lie in `0..size` (`size` is the extent of `dim` in
 /// the tensor of shape `target` that the indices point into).
 fn checked_indices(op: &str, index: &Tensor, dim: usize, size: usize, target: &[usize]) -> Vec<usize> {
@@ -91,13 +102,14 @@ fn checked_indices(op: &str, index: &Tensor, dim: usize, size: usize, target: &[
 /// index[index_view(i)] * dim_stride]`, both views having the output's shape.
 fn gather_on_cuda(
     (src, view, dim_stride): (&Tensor, &Layout, usize),
-    (index, index_view): (&Tensor, &Layout),
-    op: &str,
+    (index, index_view, bound): (&Tensor, &Layout, usize),
+    op: &'static str,
 ) -> Storage {
+    check_index_dtype(op, index);
     let (s, i) = (src.storage(), index.storage());
     match (&*s, &*i) {
         (Storage::Cuda(s), Storage::Cuda(i)) => {
-            Storage::Cuda(cuda::gather((s, view, dim_stride), (i, index_view), op))
+            Storage::Cuda(cuda::gather((s, view, dim_stride), (i, index_view, bound), op))
         }
         _ => unreachable!("{op}: the tensors' devices were checked"),
     }
@@ -136,14 +148,14 @@ impl Tensor {
             indices.dims(),
             self.dims()
         );
-        let idx = checked_indices(op, indices, d, self.dims()[d], self.dims());
         let mut shape = self.dims().to_vec();
-        shape[d] = idx.len();
+        shape[d] = indices.elem_count();
         let storage = if self.device().is_cuda() {
             let view = cpu::without_dim(self.layout(), &shape, d);
-            let stride = self.strides()[d];
-            gather_on_cuda((self, &view, stride), (indices, &along_dim(indices, &shape, d)), op)
+            let (stride, index_view) = (self.strides()[d], along_dim(indices, &shape, d));
+            gather_on_cuda((self, &view, stride), (indices, &index_view, self.dims()[d]), op)
         } else {
+            let idx = checked_indices(op, indices, d, self.dims()[d], self.dims());
             let v = self.with_cpu(
                 op,
                 |s, l| with_cpu_storage!(s, v, T => T::into_storage(cpu::index_select(v, l, d, &idx))),
@@ -166,7 +178,6 @@ impl Tensor {
             self.dims()
         );
         self.same_device(weight, op);
-        let idx = checked_indices(op, self, 0, weight.dims()[0], weight.dims());
         let mut shape = self.dims().to_vec();
         shape.push(weight.dims()[1]);
         let storage = if weight.device().is_cuda() {
@@ -177,8 +188,9 @@ impl Tensor {
             let mut id_strides = self.strides().to_vec();
             id_strides.push(0);
             let id_view = Layout::new(shape.as_slice(), id_strides, self.layout().offset());
-            gather_on_cuda((weight, &view, weight.strides()[0]), (self, &id_view), op)
+            gather_on_cuda((weight, &view, weight.strides()[0]), (self, &id_view, weight.dims()[0]), op)
         } else {
+            let idx = checked_indices(op, self, 0, weight.dims()[0], weight.dims());
             // The rows in ids order are the result's memory, whatever the ids' shape.
             let v = weight.with_cpu(
                 op,
@@ -197,11 +209,12 @@ impl Tensor {
         let d = dim.to_index(self.rank(), op);
         self.same_device(index, op);
         check_index_fits(op, index, d, self, "input", true);
-        let idx = checked_indices(op, index, d, self.dims()[d], self.dims());
         let storage = if self.device().is_cuda() {
             let view = cpu::without_dim(self.layout(), index.dims(), d);
-            gather_on_cuda((self, &view, self.strides()[d]), (index, index.layout()), op)
+            let bound = self.dims()[d];
+            gather_on_cuda((self, &view, self.strides()[d]), (index, index.layout(), bound), op)
         } else {
+            let idx = checked_indices(op, index, d, self.dims()[d], self.dims());
             let v = self.with_cpu(op, |s, l| with_cpu_storage!(s, v, T => T::into_storage(cpu::gather(v, l, d, index.dims(), &idx))));
             Storage::Cpu(v)
         };
@@ -260,12 +273,25 @@ impl Tensor {
         );
         let rows = self.reshape([ids.elem_count(), dim]);
         let flat_ids = ids.flatten_all();
-        if self.device().is_cuda() {
-            let zeros =
-                Tensor::zeros([num_embeddings, dim], self.dtype(), self.device()).expect("the device");
-            return zeros.index_add(0, &flat_ids, &rows, 1.0);
-        }
         self.same_device(ids, op);
+        if self.device().is_cuda() {
+            check_index_dtype(op, ids);
+            let rows = rows.contiguous();
+            assert!(
+                rows.dtype().is_float(),
+                "{op}: the gradient must be a float tensor, got {}",
+                rows.dtype()
+            );
+            let (n, offset) = (flat_ids.elem_count(), rows.layout().offset());
+            let (g, i) = (rows.storage(), flat_ids.storage());
+            let storage = match (&*g, &*i) {
+                (Storage::Cuda(g), Storage::Cuda(i)) => {
+                    cuda::embedding_backward((g, offset), (i, flat_ids.layout()), (n, dim, num_embeddings))
+                }
+                _ => unreachable!("{op}: the tensors' devices were checked"),
+            };
+            return Tensor::from_storage(Storage::Cuda(storage), [num_embeddings, dim]);
+        }
         let idx = checked_indices(op, &flat_ids, 0, num_embeddings, &[num_embeddings, dim]);
         let rows = rows.contiguous();
         let off = rows.layout().offset();

@@ -274,20 +274,24 @@ device_test! {
     }
 }
 
-device_test! {
-    #[should_panic(expected = "index_select: index 5 is out of range for dim 1 with size 5")]
-    fn index_select_out_of_range_panics(dev: Device) {
-        let x = Tensor::zeros([2, 5], DType::F32, dev).unwrap();
-        x.index_select(1, &Tensor::new([0i64, 5], dev).unwrap());
-    }
+/// On the CPU the index is checked before the op (on CUDA the kernel checks it, below).
+#[test]
+#[should_panic(expected = "index_select: index 5 is out of range for dim 1 with size 5")]
+fn index_select_out_of_range_panics() {
+    let dev = Device::Cpu;
+    let x = Tensor::zeros([2, 5], DType::F32, dev).unwrap();
+    x.index_select(1, &Tensor::new([0i64, 5], dev).unwrap());
 }
 
-device_test! {
-    #[should_panic(expected = "gather: index -1 is out of range for dim 0 with size 2 (tensor shape [2, 5]); negative indices are not supported")]
-    fn gather_negative_index_panics(dev: Device) {
-        let x = Tensor::zeros([2, 5], DType::F32, dev).unwrap();
-        x.gather(0, &Tensor::new([[0i64, -1]], dev).unwrap());
-    }
+/// On the CPU the index is checked before the op (on CUDA the kernel checks it, below).
+#[test]
+#[should_panic(
+    expected = "gather: index -1 is out of range for dim 0 with size 2 (tensor shape [2, 5]); negative indices are not supported"
+)]
+fn gather_negative_index_panics() {
+    let dev = Device::Cpu;
+    let x = Tensor::zeros([2, 5], DType::F32, dev).unwrap();
+    x.gather(0, &Tensor::new([[0i64, -1]], dev).unwrap());
 }
 
 device_test! {
@@ -315,12 +319,13 @@ device_test! {
     }
 }
 
-device_test! {
-    #[should_panic(expected = "embedding: index 10 is out of range for dim 0 with size 10")]
-    fn embedding_out_of_range_panics(dev: Device) {
-        let w = Tensor::zeros([10, 2], DType::F32, dev).unwrap();
-        Tensor::new([[10i64]], dev).unwrap().embedding(&w);
-    }
+/// On the CPU the index is checked before the op (on CUDA the kernel checks it, below).
+#[test]
+#[should_panic(expected = "embedding: index 10 is out of range for dim 0 with size 10")]
+fn embedding_out_of_range_panics() {
+    let dev = Device::Cpu;
+    let w = Tensor::zeros([10, 2], DType::F32, dev).unwrap();
+    Tensor::new([[10i64]], dev).unwrap().embedding(&w);
 }
 
 device_test! {
@@ -415,6 +420,76 @@ device_test! {
             // A strided gradient reads the same rows.
             let strided = grad.transpose(0, 1).contiguous().transpose(0, 1);
             assert_close(&strided.embedding_backward(&ids, 5), &want, rtol, atol, "strided gradient");
+        }
+    }
+}
+
+/// On CUDA the gathers and embedding's backward check their indices in the kernel: a bad one
+/// is reported, naming the value, the bound and the op, at this thread's next wait for the
+/// device; the record is cleared after, so the next op runs clean.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_bad_indices_are_reported_at_the_next_wait() {
+    let dev = Device::Cuda(0);
+    let x = Tensor::zeros([2, 5], DType::F32, dev).unwrap();
+    let w = Tensor::zeros([10, 2], DType::F32, dev).unwrap();
+    let cases: Vec<(&str, Box<dyn Fn() -> Tensor>)> = vec![
+        (
+            "index 5 is out of range for a dimension of size 5",
+            Box::new(|| x.index_select(1, &Tensor::new([0i64, 5], dev).unwrap())),
+        ),
+        (
+            "index -1 is out of range for a dimension of size 2",
+            Box::new(|| x.gather(0, &Tensor::new([[0i64, -1]], dev).unwrap())),
+        ),
+        (
+            "index 10 is out of range for a dimension of size 10",
+            Box::new(|| Tensor::new([[10i64]], dev).unwrap().embedding(&w)),
+        ),
+        (
+            "embedding_backward: id 12 is out of range for 10 embeddings",
+            Box::new(|| {
+                Tensor::zeros([3, 2], DType::F32, dev)
+                    .unwrap()
+                    .embedding_backward(&Tensor::new([1i64, 12, 3], dev).unwrap(), 10)
+            }),
+        ),
+    ];
+    for (want, op) in &cases {
+        let queued = op(); // no wait yet: the kernel only queued
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| queued.to_f64_vec())).unwrap_err();
+        let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains(want), "expected `{want}` in: {msg}");
+        // Cleared: a good op after it reads back without a report.
+        assert_eq!(x.index_select(1, &Tensor::new([4i64], dev).unwrap()).to_f64_vec(), vec![0.0; 2]);
+    }
+}
+
+/// The device sort behind embedding's backward gives the CPU's bits: every id's rows summed in
+/// position order. Tables whose size needs 1, 2 and 3 radix passes; ids in more than one sort
+/// tile; heavy repeats (one id in a third of the positions); a strided gradient; one id.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_embedding_backward_equals_the_cpu_bit_for_bit() {
+    let dev = Device::Cuda(0);
+    for (num, n, dim) in [(7usize, 1usize, 3usize), (200, 5000, 33), (50257, 16384, 64), (70000, 4097, 5)] {
+        let mut ids = random_ids(&[n], num, num as u64, Device::Cpu).to_vec::<i64>();
+        ids.iter_mut().step_by(3).for_each(|i| *i = (num / 2) as i64);
+        let ids_cpu = Tensor::from_vec(ids, [n], Device::Cpu).unwrap();
+        for dtype in [DType::F32, DType::BF16, DType::F64] {
+            let grad_cpu = randn_like(&[n, dim], 7, dtype, Device::Cpu);
+            let want = grad_cpu.embedding_backward(&ids_cpu, num).to_f64_vec();
+            let (grad, ids) = (grad_cpu.to_device(dev).unwrap(), ids_cpu.to_device(dev).unwrap());
+            let got = grad.embedding_backward(&ids, num).to_f64_vec();
+            let what = format!("embedding_backward num {num} n {n} dim {dim} {dtype}");
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}");
+            // The same rows seen through a transposed layout (a copy made contiguous first).
+            let strided = grad.reshape([n, dim]).t().contiguous().t();
+            assert_eq!(strided.embedding_backward(&ids, num).to_f64_vec(), want, "{what}: strided gradient");
+            // uint32 ids, and ids of another shape ([1, n]) name the same positions.
+            let ids32 = ids_cpu.to_dtype(DType::U32).reshape([1, n]).to_device(dev).unwrap();
+            let grad3 = grad.reshape([1, n, dim]);
+            assert_eq!(grad3.embedding_backward(&ids32, num).to_f64_vec(), want, "{what}: u32 ids");
         }
     }
 }

@@ -356,6 +356,7 @@ fn choose(
         }
         let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).ok()?;
         end.synchronize().ok()?;
+        crate::cuda::host_waits::waited_on_stream(stream);
         start.elapsed_ms(&end).ok()
     };
     // A warm-up run each, which also proves the candidate runs at all.

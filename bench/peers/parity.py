@@ -2,7 +2,7 @@
 weights and the same batch, and the comparison step by step: so a speed figure is known to come
 from the same arithmetic, not from skipped work.
 
-Usage: python3 bench/peers/parity.py DIR [--device cuda] [--rtol R] [--floor F] [--out FILE]
+Usage: python3 bench/peers/parity.py DIR [--device cuda] [--rtol R] [--floor F] [--no-control] [--out FILE]
        [--results FILE]
 
 DIR holds what oxtrain wrote: init.safetensors (its state dict, PyTorch's names), batch.safetensors
@@ -17,7 +17,10 @@ The bar, step by step: for bf16 or tf32, PyTorch runs the steps twice, at that p
 strict f32 (TF32 off); at every step i, |oxtrain_i - torch_f32_i| must be at most
 2 |torch_reduced_i - torch_f32_i| (what the reduced precision alone moves PyTorch's loss by at
 that step), or at most --floor * |torch_f32_i| where that is larger (default 0: the bar alone).
-For f32, |oxtrain_i - torch_f32_i| <= --rtol * |torch_f32_i|. Prints one JSON line (also to
+For f32, |oxtrain_i - torch_f32_i| <= --rtol * |torch_f32_i|. Unless --no-control, a third
+PyTorch run at the reduced precision through other kernels (ResNet: the other memory layout,
+cudnn.benchmark; GPT-2: memory-efficient attention instead of flash) is judged by the same bar:
+how many steps an equally good implementation keeps within it. Prints one JSON line (also to
 --out) with every step's losses, distance, bar and verdict; --results merges the case's row into
 a bench/results-format file (bench/results/parity-h200.json), replacing a row of the same name.
 """
@@ -44,7 +47,11 @@ NOTES = (
     "50257, unpadded). The bar is step by step, not the maximum over steps: at every step "
     "|oxtrain bf16 - torch f32| <= 2 |torch bf16 - torch f32| at that step. oxtrain = steps within the "
     "bar, peer = steps, ratio = their fraction (goal 1.0); worst_margin = the largest distance/bar over "
-    "the steps; the per-step losses, distances and bars are in each row."
+    "the steps; the per-step losses, distances and bars are in each row. control_steps_within: how many "
+    "steps a second PyTorch bf16 run through other kernels (ResNet: the other memory layout and "
+    "cudnn.benchmark; GPT-2: the memory-efficient attention kernel instead of flash) keeps within the "
+    "same bar, i.e. what an equally good bf16 implementation scores; max_rule_within: the older bar "
+    "(largest relative distance over all steps within twice PyTorch's largest bf16-vs-f32 one)."
 )
 
 
@@ -63,8 +70,10 @@ def gpt2_state(hf, layers):
     return out
 
 
-def build(name, init, batch, dev, channels_last):
-    """train.py's model and optimizer for `name`, from the state dict `init`, and its loss."""
+def build(name, init, batch, dev, channels_last, control=False):
+    """train.py's model and optimizer for `name`, from the state dict `init`, and its loss.
+    `control`: the same arithmetic through other kernels (ResNet: the other memory layout;
+    GPT-2: another attention kernel), an equally good bf16 run to try the bar on."""
     if name.startswith("resnet"):
         import torchvision
 
@@ -73,7 +82,7 @@ def build(name, init, batch, dev, channels_last):
         assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing), (missing, unexpected)
         model = model.to(dev)
         x, y = batch["x"].to(dev), batch["y"].to(dev)
-        if channels_last:
+        if channels_last != control:
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -85,15 +94,26 @@ def build(name, init, batch, dev, channels_last):
         model = model.to(dev)
         ids = batch["ids"].to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
-        return opt, lambda: gpt2_loss(model(ids), ids)
+        if not control:
+            return opt, lambda: gpt2_loss(model(ids), ids)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        other = SDPBackend.EFFICIENT_ATTENTION if dev.type == "cuda" else SDPBackend.MATH
+
+        def loss_of():
+            with sdpa_kernel([other]):
+                return gpt2_loss(model(ids), ids)
+        return opt, loss_of
     raise SystemExit(f"parity: no PyTorch model for {name}")
 
 
-def run(ours, init, batch, dev, precision):
-    """PyTorch's losses for the same steps at `precision` (f32, tf32 or bf16)."""
+def run(ours, init, batch, dev, precision, control=False):
+    """PyTorch's losses for the same steps at `precision` (f32, tf32 or bf16); `control`: through
+    other kernels (build's), with cudnn.benchmark choosing the convolutions."""
     torch.backends.cudnn.allow_tf32 = precision != "f32"
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    opt, loss_of = build(ours["model"], init, batch, dev, ours["channels_last"])
+    torch.backends.cudnn.benchmark = control
+    opt, loss_of = build(ours["model"], init, batch, dev, ours["channels_last"], control)
     losses = []
     for _ in range(len(ours["losses"])):
         opt.zero_grad(set_to_none=True)
@@ -124,13 +144,30 @@ def case_name(ours, steps):
     return f"parity_{ours['model']}_{ours['precision']}_b{ours['batch']}{seq}_{steps}steps"
 
 
-def compare(ours, init, batch, dev, rtol, floor):
-    """The case's result: PyTorch's runs beside oxtrain's losses, step by step."""
+def max_rule(ours, torch_losses, reference):
+    """The older bar, over all steps at once: oxtrain's largest relative distance from PyTorch at
+    the same precision within twice PyTorch's largest relative bf16-vs-f32 distance."""
+    def worst(a, b):
+        return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+    return worst(ours, torch_losses) <= 2 * worst(torch_losses, reference)
+
+
+def compare(ours, init, batch, dev, rtol, floor, control):
+    """The case's result: PyTorch's runs beside oxtrain's losses, step by step; with `control`,
+    also how many steps an equally good PyTorch run through other kernels keeps within the bar."""
     precision = ours["precision"]
     torch_losses = run(ours, init, batch, dev, precision)
     reference = torch_losses if precision == "f32" else run(ours, init, batch, dev, "f32")
     reduced = [None] * len(reference) if precision == "f32" else torch_losses
     steps = per_step(ours["losses"], reduced, reference, rtol, floor)
+    extra = {}
+    if control and precision != "f32":
+        other = run(ours, init, batch, dev, precision, control=True)
+        checked = per_step(other, reduced, reference, rtol, floor)
+        extra = {"control_losses": other, "control_steps_within": sum(s["within"] for s in checked),
+                 "control_failed_steps": [i + 1 for i, s in enumerate(checked) if not s["within"]]}
+    if precision != "f32":
+        extra["max_rule_within"] = max_rule(ours["losses"], torch_losses, reference)
     # distance / bar; a zero bar (PyTorch's two runs agreeing exactly) counts as a tiny one.
     margins = [s["diff"] / max(s["bar"], 1e-12) for s in steps]
     worst = max(range(len(steps)), key=lambda i: margins[i])
@@ -152,6 +189,7 @@ def compare(ours, init, batch, dev, rtol, floor):
         "floor": floor if precision != "f32" else None,
         "rtol": rtol if precision == "f32" else None,
         "torch_version": torch.__version__,
+        **extra,
     }
 
 
@@ -173,7 +211,9 @@ def results_row(r):
         "failed_steps": r["failed_steps"],
         "worst_step": r["worst_step"],
         "worst_margin": round(r["worst_margin"], 3),
-        **{k: r[k] for k in ("oxtrain_losses", "torch_losses", "torch_f32_losses", "diff_vs_torch_f32", "bar")},
+        **{k: r[k] for k in ("max_rule_within", "control_steps_within", "control_failed_steps") if k in r},
+        **{k: r[k] for k in ("oxtrain_losses", "torch_losses", "torch_f32_losses", "diff_vs_torch_f32", "bar",
+                             "control_losses") if k in r},
     }
 
 
@@ -204,6 +244,8 @@ def main():
     p.add_argument("--rtol", type=float, default=1e-4, help="the per-step bar when both sides run f32")
     p.add_argument("--floor", type=float, default=0.0,
                    help="a relative bar under which a step always passes (default 0: the bar alone)")
+    p.add_argument("--no-control", action="store_true",
+                   help="skip the control run (PyTorch bf16 through other kernels, judged by the same bar)")
     p.add_argument("--out", help="also write the JSON line here")
     p.add_argument("--results", help="merge the case's row into this bench/results-format file")
     a = p.parse_args()
@@ -211,13 +253,16 @@ def main():
         ours = json.load(f)
     init = load_file(os.path.join(a.dir, "init.safetensors"))
     batch = load_file(os.path.join(a.dir, "batch.safetensors"))
-    result = compare(ours, init, batch, torch.device(a.device), a.rtol, a.floor)
+    result = compare(ours, init, batch, torch.device(a.device), a.rtol, a.floor, not a.no_control)
     line = json.dumps(result)
     print(line)
     for s, (d, b) in enumerate(zip(result["diff_vs_torch_f32"], result["bar"]), 1):
         print(f"step {s:2}: |oxtrain - torch f32| {d:.3e}  bar {b:.3e}  {'ok' if d <= b else 'FAIL'}", file=sys.stderr)
     print(f"{result['name']}: {result['steps_within']}/{result['steps']} steps within the bar "
           f"({'pass' if result['within'] else 'FAIL'})", file=sys.stderr)
+    if "control_steps_within" in result:
+        print(f"control (PyTorch {result['precision']} through other kernels): {result['control_steps_within']}/"
+              f"{result['steps']} steps within the same bar", file=sys.stderr)
     if a.out:
         with open(a.out, "w") as f:
             f.write(line + "\n")

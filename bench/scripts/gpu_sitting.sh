@@ -24,15 +24,16 @@ for p in pathlib.Path(".gpu").rglob("*.xz"):
     q = p.with_suffix("")
     q.write_bytes(lzma.decompress(p.read_bytes())); q.chmod(0o755); p.unlink()
 PY
-# pip's CUDA libraries on the path (cuDNN's is dropped again below if it breaks cuDNN).
-if [[ "${LD_PATH:-}" == none ]]; then unset LD_LIBRARY_PATH; else
-nv=$(python3 -c 'import nvidia; print(nvidia.__path__[0])' 2>/dev/null)
-lp=""; for d in "$nv"/cudnn/lib "$nv"/cu13/lib "$nv"/*/lib /usr/local/cuda/lib64; do
-  [ -d "$d" ] && case ":$lp:" in *":$d:"*) ;; *) lp="$lp:$d";; esac; done
-export LD_LIBRARY_PATH="${lp#:}:${LD_LIBRARY_PATH:-}"
-# Which cuDNN arrangement works here: pip's cuDNN on the path, or only the system's. One conv
-# test decides; the rest of the sitting runs with the first that passes.
-if [ -x .gpu/tests/oxtrain_tensor ]; then
+library_path() {
+  # pip's CUDA libraries on the path (cuDNN's is dropped again below if it breaks cuDNN).
+  local nv lp d variant lp_try
+  nv=$(python3 -c 'import nvidia; print(nvidia.__path__[0])' 2>/dev/null)
+  lp=""; for d in "$nv"/cudnn/lib "$nv"/cu13/lib "$nv"/*/lib /usr/local/cuda/lib64; do
+    [ -d "$d" ] && case ":$lp:" in *":$d:"*) ;; *) lp="$lp:$d";; esac; done
+  export LD_LIBRARY_PATH="${lp#:}:${LD_LIBRARY_PATH:-}"
+  # Which cuDNN arrangement works here: pip's cuDNN on the path, or only the system's. One conv
+  # test decides; the rest of the sitting runs with the first that passes.
+  [ -x .gpu/tests/oxtrain_tensor ] || return 0
   for variant in with-pip-cudnn without-pip-cudnn; do
     lp_try="$LD_LIBRARY_PATH"
     [ $variant = without-pip-cudnn ] && lp_try=$(echo "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v '/cudnn/' | paste -sd:)
@@ -42,8 +43,8 @@ if [ -x .gpu/tests/oxtrain_tensor ]; then
       echo "cuDNN: $variant fails: $(grep -m1 -E 'failed|Error' /tmp/cudnn-$variant.log)"
     fi
   done
-fi
-fi
+}
+if [[ "${LD_PATH:-}" == none ]]; then unset LD_LIBRARY_PATH; else library_path; fi
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 echo "commit $commit, mode $mode"
@@ -100,7 +101,7 @@ if [[ $mode == kprof ]]; then
   done
 fi
 parity_runs() { # [seconds left]: 20 steps of each PARITY_CASES model, ours then PyTorch's, step by step
-  local c dir left t
+  local c dir left t rc
   for c in "resnet50 --batch 256 --image 224 --precision bf16 --channels-last" \
            "gpt2-124m --batch 16 --seq 1024 --precision bf16"; do
     # PARITY_CASES (e.g. "gpt2-124m") picks the models.
@@ -109,11 +110,13 @@ parity_runs() { # [seconds left]: 20 steps of each PARITY_CASES model, ours then
     left=$(( ${1:-100000} - SECONDS )); t=$(( left < 240 ? left : 240 ))
     (( t < 20 )) && { echo "parity: no time left for ${c%% *}"; continue; }
     echo "=== parity: $c"
-    timeout "$t" .gpu/bin/oxtrain bench $c --device "${DEVICE:-cuda}" --steps 20 --parity "$dir" | cut -c1-300
+    timeout "$t" .gpu/bin/oxtrain bench $c --device "${DEVICE:-cuda}" --steps 20 --parity "$dir" > "$dir.log" 2>&1
+    rc=$?; cut -c1-300 "$dir.log"; (( rc == 0 )) || { echo "parity: oxtrain failed (exit $rc)"; continue; }
     left=$(( ${1:-100000} - SECONDS )); t=$(( left < 240 ? left : 240 ))
     COMMIT="$commit" timeout "$t" python3 bench/peers/parity.py "$dir" --device "${DEVICE:-cuda}" --out "$dir/parity.json" \
-      --results "$OUT/parity-h200.json" 2>&1 | cut -c1-300 | grep -v '^{'
-    cat "$dir/parity.json" >> "$OUT/parity.jsonl" 2>/dev/null
+      --results "$OUT/parity-h200.json" > "$dir.log" 2>&1
+    rc=$?; grep -v '^{' "$dir.log" | cut -c1-300; (( rc == 0 )) || echo "parity: PyTorch failed (exit $rc)"
+    [ -f "$dir/parity.json" ] && cat "$dir/parity.json" >> "$OUT/parity.jsonl"
   done
 }
 bench_runs() { # <phases> [seconds left]: train_h200.sh into /tmp/bench-out, assembled into $OUT
@@ -132,8 +135,9 @@ parity_table() {
   python3 - "$OUT/parity-h200.json" <<'PY' 2>/dev/null
 import json, sys
 for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    control = f"; PyTorch control {b['control_steps_within']}/{b['peer']}" if "control_steps_within" in b else ""
     print(f"{b['name']:40} {b['oxtrain']}/{b['peer']} steps within the bar; worst: step {b['worst_step']}, "
-          f"{b['worst_margin']}x its bar")
+          f"{b['worst_margin']}x its bar{control}")
 PY
 }
 if [[ $mode == all || $mode == parity ]]; then

@@ -11,8 +11,8 @@
 #   rounds  equal rounds, interleaved case by case: ours, [BASE_BIN], torch eager, torch.compile
 #           (bf16 cases); a new round starts only while the last round's duration still fits
 #           before BUDGET_S, so every side gets the same number of rounds.
-#   extras  the plain (older, weaker) peer, eager and compiled, once per bf16 case, while time
-#           allows (PLAIN=0 skips); PROFILE=1 adds one profiled step of ours per model.
+#   extras  the plain (older, weaker) peer, eager and compiled, once per bf16 case (GPT-2 first),
+#           while time allows (PLAIN=0 skips); PROFILE=1 adds one profiled step of ours per model.
 # Every raw JSON line goes to $OUT/<tag>.<side>.jsonl with its round number; the caller
 # assembles them with bench/scripts/train_results.py. Run from the repository root with oxtrain
 # in .gpu/bin/ (BIN overrides); the library path is the caller's (gpu_sitting.sh decides it).
@@ -116,7 +116,10 @@ rounds() {
 extras() {
   rnd=0
   if [[ "${PLAIN:-1}" == 1 ]]; then
-    for c in "${cases[@]}"; do
+    local i c tag theirs kinds
+    # Last case first: GPT-2's compile is the shorter, so it is the one that fits a short end.
+    for (( i = ${#cases[@]} - 1; i >= 0; i-- )); do
+      c=${cases[i]}
       IFS='|' read -r tag _ theirs kinds <<< "$c"
       [[ $kinds == *compile* ]] || continue
       # shellcheck disable=SC2086

@@ -3,6 +3,7 @@
 # tool's 64 MiB: the CUDA test binaries of tensor, autograd and nn, the oxtrain binary and the
 # bench programs. Run here after `cargo build --release`; then on the device:
 #   carry [".gpu"], command "bash bench/scripts/gpu_sitting.sh all 2>&1 | tee $OUT/sitting.log"
+# (or mode tests, then mode final: the figures of a final sitting within one 10-minute command)
 # CRATES overrides the crates whose tests travel; BINS the binaries (names under target/release);
 # BASE_BIN adds an earlier oxtrain binary, run beside this one in the benchmark (A/B).
 set -euo pipefail

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # One GPU sitting from what bench/scripts/gpu_pack.sh packed into .gpu/:
-#   bash bench/scripts/gpu_sitting.sh [all|tests|kernels|kprof|parity|bench] [TEST FILTER]
+#   bash bench/scripts/gpu_sitting.sh [all|final|tests|kernels|kprof|parity|bench] [TEST FILTER]
 # TEST_CRATES and PARITY_CASES narrow the tests and parity modes to some crates and models.
 # tests: every CUDA test (--include-ignored) of the packed crates, summarised into
 # $OUT/tests-<crate>.json; kernels: step_kernels; kprof: kernel time per name of one step, ours
 # (ncu) and PyTorch's (torch.profiler); parity: 20 steps' losses, ours against PyTorch's from the
-# same weights and batch; bench: bench/scripts/train_h200.sh (ours and PyTorch's
-# steps, interleaved). Writes few files into $OUT (the device returns 8 at most).
+# same weights and batch, judged step by step, into $OUT/parity-h200.json; bench:
+# bench/scripts/train_h200.sh (first steps from cold, then ours and the strong PyTorch peer in
+# equal interleaved rounds) into $OUT/train-h200.json.
+# final: the final sitting's figures in one device command of at most SITTING_S seconds (default
+# 540): cold first steps, parity (inductor's cache warmed in the background meanwhile), as many
+# equal rounds as fit, the plain peer if time is left, a short table last. Tests are a
+# separate command (mode tests). LD_PATH=none runs everything with no LD_LIBRARY_PATH; DEVICE=cpu
+# is for a dry run of the parity, bench and final modes on a CPU machine (with the sizes edited).
+# Writes few files into $OUT (the device returns 8 at most).
 set -uo pipefail
 mode="${1:-all}"; filter="${2:-}"
 top=$(pwd); OUT="${OUT:-$top/gpu-out}"; mkdir -p "$OUT"
@@ -17,14 +24,16 @@ for p in pathlib.Path(".gpu").rglob("*.xz"):
     q = p.with_suffix("")
     q.write_bytes(lzma.decompress(p.read_bytes())); q.chmod(0o755); p.unlink()
 PY
-# pip's CUDA libraries on the path (cuDNN's is dropped again below if it breaks cuDNN).
-nv=$(python3 -c 'import nvidia; print(nvidia.__path__[0])' 2>/dev/null)
-lp=""; for d in "$nv"/cudnn/lib "$nv"/cu13/lib "$nv"/*/lib /usr/local/cuda/lib64; do
-  [ -d "$d" ] && case ":$lp:" in *":$d:"*) ;; *) lp="$lp:$d";; esac; done
-export LD_LIBRARY_PATH="${lp#:}:${LD_LIBRARY_PATH:-}"
-# Which cuDNN arrangement works here: pip's cuDNN on the path, or only the system's. One conv
-# test decides; the rest of the sitting runs with the first that passes.
-if [ -x .gpu/tests/oxtrain_tensor ]; then
+library_path() {
+  # pip's CUDA libraries on the path (cuDNN's is dropped again below if it breaks cuDNN).
+  local nv lp d variant lp_try
+  nv=$(python3 -c 'import nvidia; print(nvidia.__path__[0])' 2>/dev/null)
+  lp=""; for d in "$nv"/cudnn/lib "$nv"/cu13/lib "$nv"/*/lib /usr/local/cuda/lib64; do
+    [ -d "$d" ] && case ":$lp:" in *":$d:"*) ;; *) lp="$lp:$d";; esac; done
+  export LD_LIBRARY_PATH="${lp#:}:${LD_LIBRARY_PATH:-}"
+  # Which cuDNN arrangement works here: pip's cuDNN on the path, or only the system's. One conv
+  # test decides; the rest of the sitting runs with the first that passes.
+  [ -x .gpu/tests/oxtrain_tensor ] || return 0
   for variant in with-pip-cudnn without-pip-cudnn; do
     lp_try="$LD_LIBRARY_PATH"
     [ $variant = without-pip-cudnn ] && lp_try=$(echo "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v '/cudnn/' | paste -sd:)
@@ -34,7 +43,8 @@ if [ -x .gpu/tests/oxtrain_tensor ]; then
       echo "cuDNN: $variant fails: $(grep -m1 -E 'failed|Error' /tmp/cudnn-$variant.log)"
     fi
   done
-fi
+}
+if [[ "${LD_PATH:-}" == none ]]; then unset LD_LIBRARY_PATH; else library_path; fi
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 echo "commit $commit, mode $mode"
@@ -90,26 +100,67 @@ if [[ $mode == kprof ]]; then
     grep -v '^\s*$' "/tmp/torch-$m.txt" | cut -c1-200 | head -n 50 | tee -a "$OUT/kprof-$m.txt"
   done
 fi
-if [[ $mode == all || $mode == parity ]]; then
-  # Issue 22's check that speed does not come from skipped work: 20 steps from the same weights
-  # and batch in oxtrain and in PyTorch (bench/peers/parity.py), one JSON line per case.
+parity_runs() { # [seconds left]: 20 steps of each PARITY_CASES model, ours then PyTorch's, step by step
+  local c dir left t rc
   for c in "resnet50 --batch 256 --image 224 --precision bf16 --channels-last" \
            "gpt2-124m --batch 16 --seq 1024 --precision bf16"; do
     # PARITY_CASES (e.g. "gpt2-124m") picks the models.
     [[ -z "${PARITY_CASES:-}" || " $PARITY_CASES " == *" ${c%% *} "* ]] || continue
     dir="/tmp/parity-${c%% *}"; rm -rf "$dir"
+    left=$(( ${1:-100000} - SECONDS )); t=$(( left < 240 ? left : 240 ))
+    (( t < 20 )) && { echo "parity: no time left for ${c%% *}"; continue; }
     echo "=== parity: $c"
-    timeout 240 .gpu/bin/oxtrain bench $c --device cuda --steps 20 --parity "$dir" | cut -c1-300
-    timeout 240 python3 bench/peers/parity.py "$dir" --device cuda --out "$dir/parity.json" | cut -c1-400
-    cat "$dir/parity.json" >> "$OUT/parity.jsonl" 2>/dev/null
+    timeout "$t" .gpu/bin/oxtrain bench $c --device "${DEVICE:-cuda}" --steps 20 --parity "$dir" > "$dir.log" 2>&1
+    rc=$?; cut -c1-300 "$dir.log"; (( rc == 0 )) || { echo "parity: oxtrain failed (exit $rc)"; continue; }
+    left=$(( ${1:-100000} - SECONDS )); t=$(( left < 240 ? left : 240 ))
+    COMMIT="$commit" timeout "$t" python3 bench/peers/parity.py "$dir" --device "${DEVICE:-cuda}" --out "$dir/parity.json" \
+      --results "$OUT/parity-h200.json" > "$dir.log" 2>&1
+    rc=$?; grep -v '^{' "$dir.log" | cut -c1-300; (( rc == 0 )) || echo "parity: PyTorch failed (exit $rc)"
+    [ -f "$dir/parity.json" ] && cat "$dir/parity.json" >> "$OUT/parity.jsonl"
   done
-fi
-if [[ $mode == all || $mode == bench ]]; then
+}
+bench_runs() { # <phases> [seconds left]: train_h200.sh into /tmp/bench-out, assembled into $OUT
+  local left=$(( ${2:-100000} - SECONDS - 20 ))
   mkdir -p /tmp/bench-out
   [ -x .gpu/bin/oxtrain-base ] && export BASE_BIN="$top/.gpu/bin/oxtrain-base"
-  COMMIT="$commit" BASE_COMMIT="$(cat .gpu/base-commit 2>/dev/null)" OUT=/tmp/bench-out BIN="$top/.gpu/bin/oxtrain" BUDGET_S="${BUDGET_S:-300}" bash bench/scripts/train_h200.sh
-  cp /tmp/bench-out/train-h200.json "$OUT/" 2>/dev/null
+  COMMIT="$commit" BASE_COMMIT="$(cat .gpu/base-commit 2>/dev/null)" OUT=/tmp/bench-out BIN="$top/.gpu/bin/oxtrain" \
+    BUDGET_S="$(( left < ${BUDGET_S:-480} ? left : ${BUDGET_S:-480} ))" bash bench/scripts/train_h200.sh $1
+}
+bench_results() {
+  COMMIT="$commit" python3 bench/scripts/train_results.py /tmp/bench-out --out "$OUT/train-h200.json" --table \
+    > "$OUT/train-table.txt"
   tar -C /tmp/bench-out -czf "$OUT/bench-raw.tgz" .
+}
+parity_table() {
+  python3 - "$OUT/parity-h200.json" <<'PY' 2>/dev/null
+import json, sys
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    control = f"; PyTorch control {b['control_steps_within']}/{b['peer']}" if "control_steps_within" in b else ""
+    print(f"{b['name']:40} {b['oxtrain']}/{b['peer']} steps within the bar; worst: step {b['worst_step']}, "
+          f"{b['worst_margin']}x its bar{control}")
+PY
+}
+if [[ $mode == all || $mode == parity ]]; then
+  parity_runs
+  summary+=$(parity_table)$'\n'
+fi
+if [[ $mode == all || $mode == bench ]]; then
+  bench_runs "cold rounds extras"; bench_results
+  summary+=$(cat "$OUT/train-table.txt")$'\n'
+fi
+if [[ $mode == final ]]; then
+  # The order: cold first steps (nothing is warm yet), parity with inductor's cache filled in the
+  # background (parity is not timed), then the equal rounds with what time is left.
+  end=$(( ${SITTING_S:-540} ))
+  bench_runs cold $(( SECONDS + 200 < end - 240 ? SECONDS + 200 : end - 240 ))
+  bench_runs warm $(( end - 200 )) > /tmp/bench-warm.log 2>&1 &
+  warm_pid=$!
+  parity_runs $(( end - 240 ))
+  wait "$warm_pid"; tail -n 4 /tmp/bench-warm.log
+  bench_runs "rounds extras" "$end"
+  bench_results
+  summary+=$(parity_table)$'\n'$(cat "$OUT/train-table.txt")$'\n'
+  echo "final: ${SECONDS}s of ${end}s"
 fi
 [ -d /tmp/test-logs ] && tar -C /tmp/test-logs -czf "$OUT/test-logs.tgz" .
 echo "=== summary"; printf '%s' "$summary"

@@ -1,54 +1,145 @@
 #!/usr/bin/env bash
-# Issue 22's measurement on one H200: the whole training step of `oxtrain bench` against the
-# same step in PyTorch (bench/peers/train.py), eager and under torch.compile, interleaved
-# (ours, then theirs, case by case), then a second round while time allows. Writes every raw
-# JSON line and the assembled bench/results-format file to $OUT/train-h200.json. Run from the
-# repository root with oxtrain in .gpu/bin/ (BIN overrides). BASE_BIN, when set, is an earlier
-# oxtrain run beside ours in every round (rows in <tag>.base.jsonl), to measure a change.
-# PyTorch's f32 case keeps its defaults: TF32 in cuDNN convolutions, as ours with tf32.
+# Issue 32's measurement on one H200: the whole training step of `oxtrain bench` against the
+# same step in PyTorch (bench/peers/train.py, the strong peer), and the first step from cold.
+#   bash bench/scripts/train_h200.sh [PHASE...]    (default: cold rounds extras)
+# Phases:
+#   cold    first_step_cold_{resnet50,gpt2}: ours with OXTRAIN_KERNEL_CACHE a new empty folder,
+#           then PyTorch eager in a fresh process, `--warmup 1 --steps 3` each; then the
+#           cold folders' cubins are copied into the kernel cache the rounds use.
+#   warm    one short torch.compile process per bf16 case, to fill inductor's disk cache (the
+#           sitting runs it in the background while the untimed parity runs).
+#   rounds  equal rounds, interleaved case by case: ours, [BASE_BIN], torch eager, torch.compile
+#           (bf16 cases); a new round starts only while the last round's duration still fits
+#           before BUDGET_S, so every side gets the same number of rounds.
+#   extras  the plain (older, weaker) peer, eager and compiled, once per bf16 case (GPT-2 first),
+#           while time allows (PLAIN=0 skips); PROFILE=1 adds one profiled step of ours per model.
+# Every raw JSON line goes to $OUT/<tag>.<side>.jsonl with its round number; the caller
+# assembles them with bench/scripts/train_results.py. Run from the repository root with oxtrain
+# in .gpu/bin/ (BIN overrides); the library path is the caller's (gpu_sitting.sh decides it).
+# CASES (a regular expression) keeps only the matching case tags; STEPS/WARMUP per process
+# (default 20 after 5), MAX_ROUNDS (default 3); BUDGET_S: seconds from this script's start by
+# which every run has ended (default 480; run timeouts are cut to it).
 set -uo pipefail
 bin="${BIN:-$(pwd)/.gpu/bin/oxtrain}"
 OUT="${OUT:-./gpu-out}"; mkdir -p "$OUT"
-nv=$(python3 -c 'import nvidia; print(nvidia.__path__[0])' 2>/dev/null)
-for d in "$nv"/*/lib /usr/local/cuda/lib64; do [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
-export LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-budget="${BUDGET_S:-420}"   # stop starting new runs after this many seconds
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+budget="${BUDGET_S:-480}"
+dev="${DEVICE:-cuda}"  # cpu: a dry run of the scripts at small sizes
+steps=(--steps "${STEPS:-20}" --warmup "${WARMUP:-5}")
+phases="${*:-cold rounds extras}"
+export PYTHONUNBUFFERED=1
 
-# case: <tag> <oxtrain args> | <peer args>
+# case: <tag>|<oxtrain args>|<peer args>|<peer kinds run in each round>
 cases=(
-  "resnet50_bf16_b256|resnet50 --batch 256 --image 224 --precision bf16 --channels-last|resnet50 --batch 256 --image 224 --precision bf16 --channels-last"
-  "gpt2_124m_bf16_b16_t1024|gpt2-124m --batch 16 --seq 1024 --precision bf16|gpt2-124m --batch 16 --seq 1024 --precision bf16"
-  "resnet50_tf32_b256|resnet50 --batch 256 --image 224 --precision tf32 --channels-last|resnet50 --batch 256 --image 224 --precision f32 --channels-last"
+  "resnet50_bf16_b256|resnet50 --batch 256 --image 224 --precision bf16 --channels-last|resnet50 --batch 256 --image 224 --precision bf16 --channels-last|eager compile"
+  "gpt2_124m_bf16_b16_t1024|gpt2-124m --batch 16 --seq 1024 --precision bf16|gpt2-124m --batch 16 --seq 1024 --precision bf16|eager compile"
+  "resnet50_tf32_b256|resnet50 --batch 256 --image 224 --precision tf32 --channels-last|resnet50 --batch 256 --image 224 --precision tf32 --channels-last|eager"
 )
-# CASES (a regular expression) keeps only the matching case tags.
 filtered=(); for c in "${cases[@]}"; do [[ ${c%%|*} =~ ${CASES:-.} ]] && filtered+=("$c"); done
 cases=("${filtered[@]}")
-run() { # <file> <timeout> <cmd...>
-  local f=$1 t=$2; shift 2
-  if (( SECONDS > budget )); then echo "skip (time): $*"; return; fi
-  echo "== $*"
-  timeout "$t" "$@" >> "$f.jsonl" 2>> "$f.err" || echo "   failed (exit $?): $(tail -n 3 "$f.err")"
-  tail -n 1 "$f.jsonl" | cut -c1-160
+declare -A peer_flags=([eager]="" [compile]="--compile" [plain_eager]="--plain" [plain_compile]="--plain --compile")
+rnd=0
+
+run() { # <file stem> <timeout> <cmd...>: one process, its last JSON line tagged with the round
+  local f=$1 t=$2 left=$((budget - SECONDS)) line rc; shift 2
+  (( left < 10 )) && { echo "skip (time): $*"; return 1; }
+  (( t > left )) && t=$left
+  echo "== [r$rnd ${SECONDS}s] $*"
+  timeout "$t" "$@" > "$f.stdout" 2>> "$f.err"; rc=$?
+  line=$(grep '^{' "$f.stdout" | tail -n 1); rm -f "$f.stdout"
+  if (( rc != 0 )) || [ -z "$line" ]; then
+    echo "   failed (exit $rc$( (( rc == 124 )) && echo ", timed out after ${t}s")): $(tail -n 3 "$f.err" | cut -c1-300)"
+    return 1
+  fi
+  echo "${line/#\{/\{\"round\": $rnd, }" >> "$f.jsonl"
+  echo "   $(cut -c1-170 <<< "$line")"
 }
-round() { # ours then eager torch, case by case
-  for c in "${cases[@]}"; do
-    IFS='|' read -r tag ours peer <<< "$c"
-    run "$OUT/$tag.oxtrain" 150 "$bin" bench $ours --device cuda --steps 10 --warmup 3
-    [ -n "${BASE_BIN:-}" ] && run "$OUT/$tag.base" 150 "$BASE_BIN" bench $ours --device cuda --steps 10 --warmup 3
-    run "$OUT/$tag.eager" 120 python3 bench/peers/train.py $peer --device cuda --steps 10 --warmup 3
+
+peer() { # <file stem> <timeout> <kind> <peer args...>
+  local f=$1 t=$2 kind=$3; shift 3
+  # shellcheck disable=SC2086  # the flags are words
+  run "$f" "$t" python3 bench/peers/train.py "$@" ${peer_flags[$kind]} --device "$dev"
+}
+
+cold() {
+  local warm_cache="${OXTRAIN_KERNEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/oxtrain/kernels}" m c
+  mkdir -p "$warm_cache"
+  for m in resnet50 gpt2; do
+    for c in "${cases[@]}" ""; do [[ $c == "$m"*_bf16_* ]] && break; done
+    [ -z "$c" ] && continue  # CASES left this model's bf16 case out
+    IFS='|' read -r _ ours theirs _ <<< "$c"
+    local empty; empty=$(mktemp -d /tmp/oxtrain-cold-kernels.XXXX)
+    # shellcheck disable=SC2086
+    OXTRAIN_KERNEL_CACHE="$empty" run "$OUT/cold_$m.oxtrain" 240 "$bin" bench $ours --device "$dev" --warmup 1 --steps 3
+    # shellcheck disable=SC2086
+    peer "$OUT/cold_$m.eager" 150 eager $theirs --warmup 1 --steps 3
+    cp -n "$empty"/* "$warm_cache"/ 2>/dev/null; rm -rf "$empty"
   done
 }
-round
-# One profiled step of ours, for where the time goes (PROFILE=0 skips it).
-[[ "${PROFILE:-1}" == 1 && resnet50_bf16 =~ ${CASES:-.} ]] && run "$OUT/profile_resnet50" 120 "$bin" bench resnet50 --batch 256 \
-  --image 224 --precision bf16 --channels-last --device cuda --steps 1 --warmup 2 --profile
-[[ "${PROFILE:-1}" == 1 && gpt2 =~ ${CASES:-.} ]] && run "$OUT/profile_gpt2" 120 "$bin" bench gpt2-124m --batch 16 --seq 1024 \
-  --precision bf16 --device cuda --steps 1 --warmup 2 --profile
-for c in "${cases[@]}"; do  # torch.compile, the bf16 cases' named peer (compiling takes a minute)
-  IFS='|' read -r tag ours peer <<< "$c"
-  [[ $tag == *tf32* ]] || run "$OUT/$tag.compile" 200 python3 bench/peers/train.py $peer --device cuda \
-    --steps 10 --warmup 3 --compile
+
+warm() {
+  for c in "${cases[@]}"; do
+    IFS='|' read -r tag _ theirs kinds <<< "$c"
+    # shellcheck disable=SC2086
+    [[ $kinds == *compile* ]] && peer "$OUT/warm_$tag" 300 compile $theirs --warmup 1 --steps 1
+  done
+}
+
+one_round() {
+  local c tag ours theirs kinds k
+  for c in "${cases[@]}"; do
+    IFS='|' read -r tag ours theirs kinds <<< "$c"
+    # shellcheck disable=SC2086
+    run "$OUT/$tag.oxtrain" 150 "$bin" bench $ours --device "$dev" "${steps[@]}"
+    # shellcheck disable=SC2086
+    [ -n "${BASE_BIN:-}" ] && run "$OUT/$tag.base" 150 "$BASE_BIN" bench $ours --device "$dev" "${steps[@]}"
+    for k in $kinds; do
+      # shellcheck disable=SC2086
+      peer "$OUT/$tag.$k" 300 "$k" $theirs "${steps[@]}"
+    done
+  done
+}
+
+rounds() {
+  local last=0 start
+  while (( rnd < ${MAX_ROUNDS:-3} )); do
+    # The first round always runs; a later one only if one more like the last still fits.
+    if (( rnd > 0 && SECONDS + last * 11 / 10 > budget )); then
+      echo "rounds: stop after $rnd (the last took ${last}s, ${SECONDS}s of ${budget}s used)"; break
+    fi
+    rnd=$((rnd + 1)); start=$SECONDS
+    one_round
+    last=$((SECONDS - start))
+  done
+  echo "rounds: $rnd"
+}
+
+extras() {
+  rnd=0
+  if [[ "${PLAIN:-1}" == 1 ]]; then
+    local i c tag theirs kinds
+    # Last case first: GPT-2's compile is the shorter, so it is the one that fits a short end.
+    for (( i = ${#cases[@]} - 1; i >= 0; i-- )); do
+      c=${cases[i]}
+      IFS='|' read -r tag _ theirs kinds <<< "$c"
+      [[ $kinds == *compile* ]] || continue
+      # shellcheck disable=SC2086
+      peer "$OUT/$tag.plain_eager" 150 plain_eager $theirs "${steps[@]}"
+      # shellcheck disable=SC2086
+      peer "$OUT/$tag.plain_compile" 300 plain_compile $theirs "${steps[@]}"
+    done
+  fi
+  if [[ "${PROFILE:-0}" == 1 ]]; then
+    [[ resnet50_bf16 =~ ${CASES:-.} ]] && run "$OUT/profile_resnet50" 120 "$bin" bench resnet50 --batch 256 \
+      --image 224 --precision bf16 --channels-last --device "$dev" --steps 1 --warmup 2 --profile
+    [[ gpt2 =~ ${CASES:-.} ]] && run "$OUT/profile_gpt2" 120 "$bin" bench gpt2-124m --batch 16 --seq 1024 \
+      --precision bf16 --device "$dev" --steps 1 --warmup 2 --profile
+  fi
+}
+
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+for phase in $phases; do
+  case $phase in
+    cold|warm|rounds|extras) echo "=== train_h200: $phase (${SECONDS}s of ${budget}s)"; $phase ;;
+    *) echo "train_h200: unknown phase $phase (cold, warm, rounds, extras)"; exit 2 ;;
+  esac
 done
-round
-python3 bench/scripts/train_results.py "$OUT" > "$OUT/train-h200.json" && cat "$OUT/train-h200.json"

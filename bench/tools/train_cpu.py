@@ -63,7 +63,9 @@ def main():
                 env = dict(os.environ, RAYON_NUM_THREADS=str(t))
                 ox.append(run_json([oxtrain, "bench", model, "--device", "cpu", "--threads", str(t), *extra, *steps], env))
                 penv = dict(os.environ, OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t))
-                pe.append(run_json([python, "bench/peers/train.py", model, "--threads", str(t), *extra, *steps], penv))
+                # --plain: the CPU rows keep the peer they were measured against (eager, torch defaults).
+                pe.append(run_json([python, "bench/peers/train.py", model, "--plain", "--threads", str(t), *extra, *steps],
+                                   penv))
                 print(f"{name.format(t=t)}: oxtrain {ox[-1]['step_seconds']:.3f} s, torch {pe[-1]['step_seconds']:.3f} s",
                       file=sys.stderr)
             o = min(ox, key=lambda r: r["step_seconds"])

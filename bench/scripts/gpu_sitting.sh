@@ -66,6 +66,8 @@ fi
 if [[ $mode == all || $mode == kernels ]]; then
   # One file for every kernel diagnostic: the device returns 8 files at most.
   echo "=== step_kernels"; timeout 120 .gpu/bin/step_kernels 2>&1 | tee "$OUT/kernels.txt"
+  echo "=== attention (torch, beside step_kernels' attention rows)"
+  timeout 90 python3 bench/peers/attention.py 2>&1 | tee -a "$OUT/kernels.txt"
   if [ -x .gpu/bin/gpt2_matmuls ]; then
     echo "=== gpt2_matmuls (ours, torch)"
     { timeout 90 .gpu/bin/gpt2_matmuls; timeout 90 python3 bench/peers/gpt2_matmuls.py; } 2>&1 | tee -a "$OUT/kernels.txt"

@@ -2,17 +2,25 @@
 //! (`[256, 256, 56, 56]` bf16, NHWC), timed alone with CUDA events: achieved bandwidth (bytes
 //! that must move, read plus written) against a device-to-device copy in the same run. Tells
 //! which kernel is far from the memory system's rate. `--channels C --hw HW` pick the shape.
+//! Then GPT-2 124M's fused attention, forward and backward, with each kernel version
+//! (`--attn-batch B --attn-seq T` pick the shape); `bench/peers/attention.py` times PyTorch's
+//! `scaled_dot_product_attention` the same way.
 //!
 //! `cargo run --release -p oxtrain-bench --bin step_kernels` (needs a CUDA GPU).
 
 use oxtrain_bench::{time_gpu, usize_arg};
 use oxtrain_tensor::cuda;
-use oxtrain_tensor::{DType, Device, Tensor};
+use oxtrain_tensor::{DType, Device, FlashAttention, Tensor};
 
 const GPU: Device = Device::Cuda(0);
 
 fn main() {
     assert!(cuda::is_available(0), "step_kernels needs a CUDA GPU");
+    memory_bound_rows();
+    attention_rows();
+}
+
+fn memory_bound_rows() {
     let (n, c, hw) = (usize_arg("--batch", 256), usize_arg("--channels", 256), usize_arg("--hw", 56));
     let nhwc = |t: Tensor| t.reshape([n, hw, hw, c]).permute([0, 3, 1, 2]);
     let rand = || {
@@ -60,4 +68,38 @@ fn main() {
     for (name, passes, s) in rows {
         println!("{name:<32} {:>10.1} {:>10.0} {:>8.2}", s * 1e6, gb(passes, s), gb(passes, s) / copy_gbs);
     }
+}
+
+/// Fused attention at GPT-2 124M's shape (H12, D64, causal, bf16; q, k, v as views of one
+/// `[B, T, 3, H, D]` projection and the output gradient as a view of `[B, T, H, D]`, as the
+/// model passes them), forward and backward of each kernel version. TFLOP/s count the products
+/// causal attention needs, as FlashAttention counts them (the backward 2.5 times the forward);
+/// "ms/step" is the time of GPT-2's 12 layers.
+fn attention_rows() {
+    let (b, t, h, d) = (usize_arg("--attn-batch", 16), usize_arg("--attn-seq", 1024), 12, 64);
+    let rand = |n: usize| Tensor::rand([n], DType::F32, GPU).unwrap().affine(2.0, -1.0).to_dtype(DType::BF16);
+    let qkv = rand(b * t * 3 * h * d).reshape([b, t, 3, h, d]);
+    let part = |i: usize| qkv.narrow(2, i, 1).squeeze(2).permute([0, 2, 1, 3]);
+    let (q, k, v) = (part(0), part(1), part(2));
+    let dout = rand(b * t * h * d).reshape([b, t, h, d]).permute([0, 2, 1, 3]);
+    let opts = FlashAttention { causal: true, ..Default::default() };
+    let forward_flop = 2.0 * (b * h * t * t * d) as f64;
+    println!();
+    println!("attention B{b} H{h} T{t} D{d} causal bf16");
+    println!("{:<32} {:>10} {:>10} {:>8}", "kernel", "us", "TFLOP/s", "ms/step");
+    let default = cuda::attention_v2();
+    for (version, v2) in [("v1", false), ("v2", true)] {
+        cuda::set_attention_v2(v2);
+        let (out, lse) = q.flash_attention(&k, &v, &opts);
+        let forward = time_gpu(20, &mut || drop(q.flash_attention(&k, &v, &opts)));
+        let backward =
+            time_gpu(20, &mut || drop(dout.flash_attention_backward((&q, &k, &v), (&out, &lse), &opts)));
+        for (pass, flop, s) in
+            [("forward", forward_flop, forward), ("backward", 2.5 * forward_flop, backward)]
+        {
+            let name = format!("attention {pass} {version}");
+            println!("{name:<32} {:>10.1} {:>10.1} {:>8.2}", s * 1e6, flop / s / 1e12, s * 12.0 * 1e3);
+        }
+    }
+    cuda::set_attention_v2(default);
 }

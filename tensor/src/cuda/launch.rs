@@ -12,16 +12,15 @@ pub(crate) fn launch_cfg(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// A family's kernel source: the shared header followed by the family's `.cu` file (a path
-/// from the crate root), embedded at build time.
+/// A family's kernel source: the shared header followed by the family's `.cu` file, or files in
+/// order (paths from the crate root), embedded at build time.
 macro_rules! source {
-    ($name:literal, $file:literal) => {
+    ($name:literal, $($file:literal),+) => {
         $crate::cuda::KernelSource {
             name: $name,
             code: concat!(
                 include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/cuda/common.cuh")),
-                "\n",
-                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $file))
+                $("\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $file))),+
             ),
         }
     };

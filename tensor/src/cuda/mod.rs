@@ -24,6 +24,7 @@ pub use storage::{CudaStorage, StridedArg, MAX_DIMS};
 pub use stream::{Event, Stream, StreamGuard};
 
 /// Backend switches, as `torch.backends.cuda.matmul.allow_tf32` and `torch.backends.cudnn.enabled`.
+pub use crate::ops::attention::cuda::{attention_v2, set_attention_v2};
 pub use crate::ops::conv::cuda::{cudnn_enabled, set_cudnn_enabled};
 pub use crate::ops::conv::cudnn_plan::{cudnn_benchmark, set_cudnn_benchmark};
 pub use crate::ops::matmul::cuda::{allow_tf32, set_allow_tf32};
@@ -32,6 +33,7 @@ pub use crate::ops::matmul::cuda::{allow_tf32, set_allow_tf32};
 pub fn all_kernel_sources() -> Vec<KernelSource> {
     vec![
         crate::ops::attention::cuda::SOURCE,
+        crate::ops::attention::cuda_v2::SOURCE,
         crate::ops::unary::cuda::SOURCE,
         crate::ops::binary::cuda::SOURCE,
         crate::ops::convert::cuda::SOURCE,

@@ -1,20 +1,27 @@
-//! CUDA dispatch for fused attention (kernels in `attention.cu`).
+//! CUDA dispatch for fused attention: the second kernels (`attention_v2.cu`, launched from
+//! `cuda_v2.rs`) by default, the first (`attention.cu`, launched here) when
+//! `OXTRAIN_ATTENTION=v1` is set or where the second cannot run (before sm_80, too little shared
+//! memory, a scale that is not positive).
 
+use super::cuda_v2;
 use crate::cuda::{self, expect_launch, CudaStorage, KernelSource};
 use crate::storage::Storage;
 use crate::{DType, Tensor};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 pub(crate) const SOURCE: KernelSource = cuda::source!("attention", "src/ops/attention/attention.cu");
 
-/// Rows of q (forward, dq) or of k (dk, dv) one block takes (`ATT_ROWS`), and its threads.
+/// Rows of q (forward, dq) or of k (dk, dv) one block of the first kernels takes (`ATT_ROWS`),
+/// and its threads.
 const ROWS: usize = 64;
 const THREADS: u32 = 128;
 
 /// Element strides of a `[B, H, T, D]` view whose last dim is contiguous (`struct Bhtd`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct Bhtd {
+pub(super) struct Bhtd {
     b: i64,
     h: i64,
     t: i64,
@@ -26,6 +33,74 @@ unsafe impl DeviceRepr for Bhtd {}
 /// Whether the kernels take this dtype and head dim.
 pub(super) fn supported(dtype: DType, head_dim: usize) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) && matches!(head_dim, 32 | 64 | 128)
+}
+
+/// Which kernels run attention on CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernels {
+    /// `attention.cu`: 64-row tiles loaded synchronously, fragments by scalar shared loads.
+    V1,
+    /// `attention_v2.cu`: ldmatrix, cp.async double buffering, masks on edge tiles only.
+    V2,
+}
+
+fn v2_flag() -> &'static AtomicBool {
+    static V2: OnceLock<AtomicBool> = OnceLock::new();
+    V2.get_or_init(|| {
+        let v1 = std::env::var("OXTRAIN_ATTENTION").is_ok_and(|v| v.eq_ignore_ascii_case("v1"));
+        AtomicBool::new(!v1)
+    })
+}
+
+/// Lets fused attention on CUDA run the second kernels (`attention_v2.cu`) where they can
+/// (sm_80 and later). On by default; `OXTRAIN_ATTENTION=v1` in the environment turns them off
+/// at start, which runs the first kernels (`attention.cu`) everywhere: for comparisons, or as a
+/// fallback with no rebuild. Process-wide.
+pub fn set_attention_v2(enabled: bool) {
+    v2_flag().store(enabled, Ordering::Relaxed);
+}
+
+/// Whether fused attention on CUDA may run the second kernels (see [`set_attention_v2`]).
+pub fn attention_v2() -> bool {
+    v2_flag().load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests pick the kernels per thread, since the process-wide switch is shared by tests that
+    /// run in parallel.
+    static FORCED: std::cell::Cell<Option<Kernels>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with `kernels` forced on this thread (tests compare both versions in one process).
+#[cfg(test)]
+pub(super) fn with_kernels<R>(kernels: Kernels, f: impl FnOnce() -> R) -> R {
+    let before = FORCED.with(|c| c.replace(Some(kernels)));
+    let r = f();
+    FORCED.with(|c| c.set(before));
+    r
+}
+
+/// The kernels asked for: the test override, else the process-wide switch.
+fn requested() -> Kernels {
+    #[cfg(test)]
+    if let Some(k) = FORCED.with(|c| c.get()) {
+        return k;
+    }
+    if attention_v2() {
+        Kernels::V2
+    } else {
+        Kernels::V1
+    }
+}
+
+/// The kernels that run for this device, head dim and scale: the requested ones, unless the
+/// second cannot run here.
+fn chosen(dev: &cuda::CudaDevice, d: usize, scale: f64) -> Kernels {
+    match requested() {
+        Kernels::V2 if cuda_v2::runs_on(dev, d, scale) => Kernels::V2,
+        _ => Kernels::V1,
+    }
 }
 
 /// `t` as the kernels read it: last dim contiguous, every row starting on 16 bytes (the tile
@@ -41,12 +116,14 @@ pub(super) fn prepared(t: &Tensor) -> Tensor {
 }
 
 /// The device address of `t`'s first element and its strides (`t` prepared).
-fn operand(t: &Tensor) -> (u64, Bhtd) {
+pub(super) fn operand(t: &Tensor) -> (u64, Bhtd) {
     let st = t.layout().strides();
     (operand_flat(t), Bhtd { b: st[0] as i64, h: st[1] as i64, t: st[2] as i64 })
 }
 
-fn device_of(t: &Tensor) -> (std::sync::Arc<cuda::CudaDevice>, std::sync::Arc<cudarc::driver::CudaStream>) {
+pub(super) fn device_of(
+    t: &Tensor,
+) -> (std::sync::Arc<cuda::CudaDevice>, std::sync::Arc<cudarc::driver::CudaStream>) {
     match &*t.storage() {
         Storage::Cuda(s) => (s.device().clone(), s.stream()),
         Storage::Cpu(_) => unreachable!("checked to be on one CUDA device"),
@@ -62,22 +139,39 @@ fn grid(rows: usize, bh: usize, op: &str) -> LaunchConfig {
     }
 }
 
-fn key_lens_ptr(lens: Option<&Tensor>) -> u64 {
+pub(super) fn key_lens_ptr(lens: Option<&Tensor>) -> u64 {
     lens.map_or(0, operand_flat)
 }
 
-fn operand_flat(t: &Tensor) -> u64 {
+pub(super) fn operand_flat(t: &Tensor) -> u64 {
     match &*t.storage() {
         Storage::Cuda(s) => s.ptr() + (t.layout().offset() * t.dtype().size_in_bytes()) as u64,
         Storage::Cpu(_) => unreachable!("checked to be on one CUDA device"),
     }
 }
 
+/// `(B, H, L, S, D)`: batch, heads, queries, keys, head dim.
+pub(super) type Dims = (usize, usize, usize, usize, usize);
+
 /// `(out as [B, L, H, D], lse as [B, H, L] f32)`.
 pub(super) fn forward(
+    qkv: (&Tensor, &Tensor, &Tensor),
+    lens: Option<&Tensor>,
+    dims: Dims,
+    scale: f64,
+    causal: bool,
+    op: &str,
+) -> (CudaStorage, CudaStorage) {
+    match chosen(&device_of(qkv.0).0, dims.4, scale) {
+        Kernels::V2 => cuda_v2::forward(qkv, lens, dims, scale, causal, op),
+        Kernels::V1 => forward_v1(qkv, lens, dims, scale, causal, op),
+    }
+}
+
+fn forward_v1(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     lens: Option<&Tensor>,
-    (b, h, l, s, d): (usize, usize, usize, usize, usize),
+    (b, h, l, s, d): Dims,
     scale: f64,
     causal: bool,
     op: &str,
@@ -107,10 +201,31 @@ pub(super) fn forward(
 
 /// `(dq as [B, L, H, D], dk and dv as [B, S, H, D])`.
 pub(super) fn backward(
+    qkv: (&Tensor, &Tensor, &Tensor),
+    saved: (&Tensor, &Tensor, &Tensor),
+    lens: Option<&Tensor>,
+    dims @ (b, h, l, s, d): Dims,
+    scale: f64,
+    causal: bool,
+    op: &str,
+) -> (CudaStorage, CudaStorage, CudaStorage) {
+    let dev = device_of(qkv.0).0;
+    if b * h * l == 0 || s == 0 {
+        // Nothing attends: every gradient is zero.
+        let zeros = |n| expect_launch(CudaStorage::zeros(&dev, qkv.0.dtype(), n), op);
+        return (zeros(b * l * h * d), zeros(b * s * h * d), zeros(b * s * h * d));
+    }
+    match chosen(&dev, d, scale) {
+        Kernels::V2 => cuda_v2::backward(qkv, saved, lens, dims, scale, causal, op),
+        Kernels::V1 => backward_v1(qkv, saved, lens, dims, scale, causal, op),
+    }
+}
+
+fn backward_v1(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (dout, out, lse): (&Tensor, &Tensor, &Tensor),
     lens: Option<&Tensor>,
-    (b, h, l, s, d): (usize, usize, usize, usize, usize),
+    (b, h, l, s, d): Dims,
     scale: f64,
     causal: bool,
     op: &str,
@@ -118,11 +233,6 @@ pub(super) fn backward(
     let (dev, stream) = device_of(q);
     let dtype = q.dtype();
     let alloc = |dtype, n| expect_launch(CudaStorage::alloc(&dev, dtype, n), op);
-    if b * h * l == 0 || s == 0 {
-        // Nothing attends: every gradient is zero.
-        let zeros = |n| expect_launch(CudaStorage::zeros(&dev, dtype, n), op);
-        return (zeros(b * l * h * d), zeros(b * s * h * d), zeros(b * s * h * d));
-    }
     let (dq, dk, dv) =
         (alloc(dtype, b * l * h * d), alloc(dtype, b * s * h * d), alloc(dtype, b * s * h * d));
     let sfx = cuda::suffix(dtype);

@@ -1,13 +1,18 @@
 //! Fused scaled-dot-product attention (FlashAttention-2): `softmax(q k^T * scale + mask) v`
 //! without the `[L, S]` score matrix in memory, and its backward from the saved log-sum-exp.
 //!
-//! On CUDA, bf16 and f16 with head dims 32, 64 and 128 run on tensor cores (`attention.cu`:
-//! one forward kernel, two backward kernels, no atomics, so gradients are the same on every
-//! run). On the CPU a direct loop in f64 computes the same thing for any float dtype: the
-//! reference the CUDA kernels are tested against.
+//! On CUDA, bf16 and f16 with head dims 32, 64 and 128 run on tensor cores: one forward kernel
+//! and two backward kernels, no atomics, so gradients are the same on every run. Two versions:
+//! `attention_v2.cu` (the default on sm_80 and later: ldmatrix, cp.async double buffering,
+//! masks only on edge tiles) and `attention.cu`, which `OXTRAIN_ATTENTION=v1` in the
+//! environment selects (read once per process). On the CPU a direct loop in f64 computes the
+//! same thing for any float dtype: the reference the CUDA kernels are tested against.
 
 mod cpu;
 pub(crate) mod cuda;
+#[cfg(test)]
+mod cuda_tests;
+pub(crate) mod cuda_v2;
 #[cfg(test)]
 mod tests;
 

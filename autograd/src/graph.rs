@@ -17,6 +17,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// not needed). Gradients may have the broadcast shape: the engine sums them down.
 pub(crate) type BackwardFn = Box<dyn Fn(&Tensor, &[bool]) -> Vec<Option<Tensor>> + Send + Sync>;
 
+/// A [`BackwardFn`] that takes the gradient of its output in the parts that arrived (at least
+/// one, in arrival order) instead of their sum: an op that can add them as it reads them saves
+/// the pass that adds them (a ResNet block's end, whose output feeds two branches).
+pub(crate) type PartsBackwardFn = Box<dyn Fn(Vec<Tensor>, &[bool]) -> Vec<Option<Tensor>> + Send + Sync>;
+
+/// How an op's backward takes its output's gradient.
+pub(crate) enum Backward {
+    Sum(BackwardFn),
+    Parts(PartsBackwardFn),
+}
+
 /// A gradient-ready hook of a leaf.
 pub(crate) type Hook = Box<dyn FnMut(&Tensor) + Send>;
 
@@ -27,6 +38,8 @@ static NEXT_HOOK_ID: AtomicU64 = AtomicU64::new(0);
 
 pub(crate) struct Node {
     seq: u64,
+    /// An op whose backward takes its gradient in parts ([`Backward::Parts`]).
+    takes_parts: bool,
     pub(crate) name: &'static str,
     pub(crate) dims: Vec<usize>,
     pub(crate) dtype: DType,
@@ -46,7 +59,7 @@ pub(crate) enum NodeKind {
 }
 
 pub(crate) struct OpState {
-    backward: BackwardFn,
+    backward: Backward,
     inputs: Vec<Option<Arc<Node>>>,
 }
 
@@ -58,6 +71,7 @@ impl Node {
     pub(crate) fn leaf(tensor: &Tensor) -> Arc<Node> {
         Arc::new(Node {
             seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
+            takes_parts: false,
             name: "leaf",
             dims: tensor.dims().to_vec(),
             dtype: tensor.dtype(),
@@ -73,10 +87,11 @@ impl Node {
         name: &'static str,
         output: &Tensor,
         inputs: Vec<Option<Arc<Node>>>,
-        backward: BackwardFn,
+        backward: Backward,
     ) -> Arc<Node> {
         Arc::new(Node {
             seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
+            takes_parts: matches!(backward, Backward::Parts(_)),
             name,
             dims: output.dims().to_vec(),
             dtype: output.dtype(),
@@ -268,6 +283,48 @@ fn accumulate(prev: Tensor, g: &Tensor) -> Tensor {
     }
 }
 
+/// The sum of gradient parts, in their order, as the walk sums the parts of other nodes.
+pub(crate) fn sum_parts(parts: Vec<Tensor>) -> Tensor {
+    let mut parts = parts.into_iter();
+    let first = parts.next().expect("a gradient has at least one part");
+    parts.fold(first, |acc, g| profile::region("backward", "(gradient sum)", || accumulate(acc, &g)))
+}
+
+/// A node's gradient so far: the sum of the parts that arrived, or for an op that takes its
+/// gradient in parts, the parts themselves.
+enum Pending {
+    Sum(Tensor),
+    Parts(Vec<Tensor>),
+}
+
+impl Pending {
+    fn first(node: &Node, g: Tensor) -> Pending {
+        if node.takes_parts {
+            Pending::Parts(vec![g])
+        } else {
+            Pending::Sum(g)
+        }
+    }
+
+    fn add(self, g: Tensor) -> Pending {
+        match self {
+            Pending::Sum(prev) => Pending::Sum(sum_parts(vec![prev, g])),
+            Pending::Parts(mut parts) => {
+                parts.push(g);
+                Pending::Parts(parts)
+            }
+        }
+    }
+
+    /// The sum (leaves take only sums).
+    fn into_sum(self) -> Tensor {
+        match self {
+            Pending::Sum(g) => g,
+            Pending::Parts(_) => unreachable!("only ops take their gradient in parts"),
+        }
+    }
+}
+
 /// Orders ready ops by creation, newest first.
 struct Ready(Arc<Node>);
 impl PartialEq for Ready {
@@ -322,13 +379,13 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
     drop(seen);
 
     // Pass 2: Kahn's walk. Partial gradients wait in `grads` until their node is ready.
-    let mut grads: HashMap<usize, Tensor> = HashMap::new();
+    let mut grads: HashMap<usize, Pending> = HashMap::new();
     let grad = conform(grad, root);
     if root.is_leaf() {
         root.finish_leaf(grad);
         return;
     }
-    grads.insert(key(root), grad);
+    grads.insert(key(root), Pending::first(root, grad));
     let mut ready = BinaryHeap::from([Ready(root.clone())]);
     while let Some(Ready(node)) = ready.pop() {
         let NodeKind::Op(state) = &node.kind else { unreachable!("leaves are finished when ready") };
@@ -337,9 +394,11 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
         let (inputs, input_grads) = {
             let s = guard.as_ref().unwrap_or_else(|| panic!("{}", freed_message(node.name)));
             let needs: Vec<bool> = s.inputs.iter().map(Option::is_some).collect();
-            let input_grads = match &grad {
-                Some(g) => (s.backward)(g, &needs),
-                None => vec![None; needs.len()],
+            let input_grads = match (grad, &s.backward) {
+                (Some(Pending::Sum(g)), Backward::Sum(f)) => f(&g, &needs),
+                (Some(Pending::Parts(parts)), Backward::Parts(f)) => f(parts, &needs),
+                (Some(_), _) => unreachable!("a node's pending gradient matches its backward"),
+                (None, _) => vec![None; needs.len()],
             };
             assert_eq!(
                 input_grads.len(),
@@ -354,15 +413,14 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
             *guard = None;
         }
         drop(guard);
-        drop(grad);
         for (input, g) in inputs.into_iter().zip(input_grads) {
             let Some(input) = input else { continue };
             let k = key(&input);
             if let Some(g) = g {
                 let g = profile::region("backward", "(gradient to input shape/dtype)", || conform(g, &input));
                 let acc = match grads.remove(&k) {
-                    Some(prev) => profile::region("backward", "(gradient sum)", || accumulate(prev, &g)),
-                    None => g,
+                    Some(prev) => prev.add(g),
+                    None => Pending::first(&input, g),
                 };
                 grads.insert(k, acc);
             }
@@ -372,7 +430,9 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
                 pending.remove(&k);
                 if input.is_leaf() {
                     if let Some(g) = grads.remove(&k) {
-                        profile::region("backward", "(gradient into .grad)", || input.finish_leaf(g));
+                        profile::region("backward", "(gradient into .grad)", || {
+                            input.finish_leaf(g.into_sum())
+                        });
                     }
                 } else {
                     ready.push(Ready(input));

@@ -1,7 +1,7 @@
 //! `Var`: a tensor plus its place in the recorded graph, and the `no_grad` scope.
 
 use crate::callback::BackwardError;
-use crate::graph::{self, BackwardFn, Node};
+use crate::graph::{self, Backward, BackwardFn, Node, PartsBackwardFn};
 use oxtrain_tensor::Tensor;
 use std::cell::Cell;
 use std::sync::{Arc, Weak};
@@ -240,7 +240,28 @@ impl Var {
         let boxed: BackwardFn = Box::new(move |g: &Tensor, needs: &[bool]| {
             crate::ops::profile::timed(name, || backward(g, needs))
         });
-        let node = Node::op(name, &output, edges, boxed);
+        let node = Node::op(name, &output, edges, Backward::Sum(boxed));
+        Var { tensor: output, node: Some(node) }
+    }
+
+    /// [`Var::from_op`] for an op whose backward takes the gradient of its output in the parts
+    /// that arrived (one or more, in arrival order) rather than their sum, so it can add them
+    /// as it reads them instead of a pass of their own.
+    pub fn from_op_parts(
+        name: &'static str,
+        output: Tensor,
+        inputs: &[&Var],
+        backward: impl Fn(Vec<Tensor>, &[bool]) -> Vec<Option<Tensor>> + Send + Sync + 'static,
+    ) -> Var {
+        crate::ops::profile::forward_done(name);
+        if !is_grad_enabled() || inputs.iter().all(|v| v.node.is_none()) {
+            return Var::constant(output);
+        }
+        let edges = inputs.iter().map(|v| v.node.clone()).collect();
+        let boxed: PartsBackwardFn = Box::new(move |parts: Vec<Tensor>, needs: &[bool]| {
+            crate::ops::profile::timed(name, || backward(parts, needs))
+        });
+        let node = Node::op(name, &output, edges, Backward::Parts(boxed));
         Var { tensor: output, node: Some(node) }
     }
 }

@@ -46,17 +46,23 @@ fn input() -> Tensor {
 }
 
 fn parity(arch: &str, channels_last: bool) {
+    parity_on(arch, channels_last, Device::Cpu, 1.0);
+}
+
+/// [`parity`] with the model and batch on `dev`, every tolerance times `slack`.
+fn parity_on(arch: &str, channels_last: bool, dev: Device, slack: f64) {
     let fx = Fixtures::parse(FIXTURES, "resnet.json");
     let model = ResNet::new(&ResNetConfig { channels_last, ..config(arch) }, Device::Cpu).unwrap();
     fill(&model);
-    let x = Var::constant(input());
+    model.to_device(dev).unwrap();
+    let x = Var::constant(input().to_device(dev).unwrap());
 
     model.eval();
     let logits = oxtrain_autograd::no_grad(|| model.forward(&x));
     assert_rel(
         logits.tensor(),
         &fx.tensor(arch, "eval_logits", Device::Cpu),
-        1e-4,
+        1e-4 * slack,
         &format!("{arch} eval logits"),
     );
 
@@ -74,12 +80,12 @@ fn parity(arch: &str, channels_last: bool) {
     assert_rel(
         logits.tensor(),
         &fx.tensor(arch, "train_logits", Device::Cpu),
-        (2.0 * torch_drift).max(1e-4),
+        (2.0 * torch_drift).max(1e-4) * slack,
         &format!("{arch} train logits"),
     );
-    let labels = fx.tensor(arch, "labels", Device::Cpu);
+    let labels = fx.tensor(arch, "labels", dev);
     let loss = cross_entropy(&logits, &labels);
-    assert_scalar(loss.tensor().item(), fx.scalar(arch, "loss"), 1e-4, &format!("{arch} loss"));
+    assert_scalar(loss.tensor().item(), fx.scalar(arch, "loss"), 1e-4 * slack, &format!("{arch} loss"));
     let train_mode_grads = fx.scalar(arch, "grads_in_train_mode") != 0.0;
     if !train_mode_grads {
         // ResNet-50's train-mode gradients are ill-conditioned at this size (see
@@ -87,7 +93,12 @@ fn parity(arch: &str, channels_last: bool) {
         model.zero_grad();
         model.eval();
         let loss = cross_entropy(&model.forward(&x), &labels);
-        assert_scalar(loss.tensor().item(), fx.scalar(arch, "eval_loss"), 1e-4, &format!("{arch} eval loss"));
+        assert_scalar(
+            loss.tensor().item(),
+            fx.scalar(arch, "eval_loss"),
+            1e-4 * slack,
+            &format!("{arch} eval loss"),
+        );
         loss.backward();
         model.train(true);
     } else {
@@ -101,7 +112,7 @@ fn parity(arch: &str, channels_last: bool) {
         2,
         // Fifty layers down, torch's own f32 gradient of conv1 is 1e-4 (of its largest value)
         // from the float64 reference, and ours 8e-4: f32 sums in another order.
-        if train_mode_grads { 1e-4 } else { 2e-3 },
+        if train_mode_grads { 1e-4 * slack } else { 2e-3 * slack },
     );
     for stat in ["running_mean", "running_var"] {
         let running = model.bn1.running.as_ref().unwrap();
@@ -109,7 +120,7 @@ fn parity(arch: &str, channels_last: bool) {
         assert_rel(
             &ours,
             &fx.tensor(arch, &format!("bn1_{stat}"), Device::Cpu),
-            1e-4,
+            1e-4 * slack,
             &format!("{arch} bn1.{stat}"),
         );
     }
@@ -129,6 +140,22 @@ fn resnet50_matches_torchvision() {
 #[test]
 fn resnet18_channels_last_matches_torchvision() {
     parity("resnet18", true);
+}
+
+/// On CUDA, channels-last: the stem's max pooling with window offsets, batch norm's backward
+/// with the ReLU's mask recomputed and the blocks' output gradients read in two parts, against
+/// torchvision's numbers. cuDNN and the CUDA batch-norm statistics sum f32 in other orders
+/// than the CPU, hence the slack.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn resnet18_channels_last_on_cuda_matches_torchvision() {
+    parity_on("resnet18", true, Device::Cuda(0), 5.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn resnet50_channels_last_on_cuda_matches_torchvision() {
+    parity_on("resnet50", true, Device::Cuda(0), 5.0);
 }
 
 #[test]

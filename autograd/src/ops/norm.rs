@@ -2,6 +2,7 @@
 //! Both training backwards are the tensor crate's fused kernels (`layer_norm_backward`,
 //! `batch_norm_backward`) on either device; batch norm in eval mode composes tensor ops.
 
+use crate::graph::sum_parts;
 use crate::Var;
 use oxtrain_tensor::{Shape, Tensor};
 
@@ -55,8 +56,9 @@ impl Var {
     }
 
     /// `relu(batch_norm_training(x))` as one op: the ReLU is fused into batch norm's output
-    /// pass, and the backward masks the gradient with the output as batch norm's fused
-    /// backward reads it (a separate pass on CUDA). Same values as the two ops.
+    /// pass, and the backward masks the gradient as batch norm's fused backward reads it (on
+    /// CUDA for a channels-last input with the mask recomputed from x, so the output is not
+    /// kept; for other CUDA inputs a separate pass). Same values as the two ops.
     pub fn batch_norm_relu_training(
         &self,
         weight: Option<&Var>,
@@ -68,8 +70,8 @@ impl Var {
 
     /// `relu(batch_norm_training(x) + residual)` as one op, the end of a ResNet bottleneck:
     /// one pass over the output on the CPU, and on CUDA for channels-last inputs. The backward
-    /// masks the gradient with the output once; the residual's gradient is that masked
-    /// gradient.
+    /// masks the gradient with the output in batch norm's first backward pass, which writes
+    /// the masked gradient: the residual's gradient.
     pub fn batch_norm_add_relu_training(
         &self,
         weight: Option<&Var>,
@@ -88,17 +90,27 @@ impl Var {
         let (saved_mean, saved_var) = (mean.clone(), var.clone());
         let w = weight.map(|w| w.tensor().clone());
         let y = out.clone();
-        let var_out = Var::from_op("batch_norm_add_relu", out, &inputs, move |g, needs| {
+        // The output feeds the next block twice (its first convolution and its identity), so
+        // its gradient comes in two parts: the first pass adds them as it reads them.
+        let var_out = Var::from_op_parts("batch_norm_add_relu", out, &inputs, move |mut parts, needs| {
             let residual_needs = needs[needs.len() - 1];
-            let (dx, dw, db, masked) = g.batch_norm_relu_backward(
-                &y,
-                &x,
-                (&saved_mean, &saved_var),
-                w.as_ref(),
-                eps,
-                needs[0],
-                residual_needs,
-            );
+            let stats = (&saved_mean, &saved_var);
+            let (dx, dw, db, masked) = if parts.len() == 2 && x.batch_norm_relu_fuses_addend() {
+                let addend = parts.pop().expect("two parts");
+                parts[0].batch_norm_relu_backward_plus(
+                    &addend,
+                    &y,
+                    &x,
+                    stats,
+                    w.as_ref(),
+                    eps,
+                    needs[0],
+                    residual_needs,
+                )
+            } else {
+                let g = sum_parts(parts);
+                g.batch_norm_relu_backward(&y, &x, stats, w.as_ref(), eps, needs[0], residual_needs)
+            };
             let mut grads = vec![dx];
             if has_weight {
                 grads.push(needs[1].then_some(dw));
@@ -121,10 +133,15 @@ impl Var {
     ) -> (Var, Tensor, Tensor) {
         let x = self.tensor().clone();
         let (w_t, b_t) = (weight.map(Var::tensor), bias.map(Var::tensor));
-        let (out, mean, var) = if relu {
-            x.batch_norm_relu_training(w_t, b_t, eps)
+        // With ReLU, what its backward needs of the forward: the output, or on CUDA for a
+        // channels-last input only batch norm's per-channel factors (the mask is recomputed
+        // from x, so the output is freed once the next layer is done with it).
+        let (out, mean, var, mask) = if relu {
+            let (out, mean, var, mask) = x.batch_norm_relu_training_with_mask(w_t, b_t, eps);
+            (out, mean, var, Some(mask))
         } else {
-            x.batch_norm_training(w_t, b_t, eps)
+            let (out, mean, var) = x.batch_norm_training(w_t, b_t, eps);
+            (out, mean, var, None)
         };
         let has_weight = weight.is_some();
         let mut inputs = vec![self];
@@ -134,15 +151,14 @@ impl Var {
         // it reads the statistics forward computed, not a recomputed x_hat.
         let (saved_mean, saved_var) = (mean.clone(), var.clone());
         let w = weight.map(|w| w.tensor().clone());
-        let y = relu.then(|| out.clone());
         let name = if relu { "batch_norm_relu" } else { "batch_norm" };
         let var_out = Var::from_op(name, out, &inputs, move |g, needs| {
             let stats = (&saved_mean, &saved_var);
-            let (dx, dw, db) = match &y {
+            let (dx, dw, db) = match &mask {
                 // The ReLU's mask is applied as batch norm's backward reads the gradient.
-                Some(y) => {
+                Some(mask) => {
                     let (dx, dw, db, _) =
-                        g.batch_norm_relu_backward(y, &x, stats, w.as_ref(), eps, needs[0], false);
+                        g.batch_norm_relu_backward_with(mask, &x, stats, w.as_ref(), eps, needs[0], false);
                     (dx, dw, db)
                 }
                 None => g.batch_norm_backward(&x, stats, w.as_ref(), eps, needs[0]),

@@ -2,10 +2,23 @@
 //! `ops/pool`): each uses the tensor crate's backward kernel of its op.
 
 use crate::Var;
+use oxtrain_tensor::ops::pool::MAX_OFFSET_TAPS;
 use oxtrain_tensor::{Shape, Tensor};
+use std::sync::OnceLock;
+
+/// Whether CUDA max pooling keeps window offsets for its backward: on unless
+/// `OXTRAIN_DISABLE_POOL_OFFSETS=1` (then the flat i64 indices, as before).
+fn pool_offsets_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !std::env::var("OXTRAIN_DISABLE_POOL_OFFSETS").is_ok_and(|v| !v.is_empty() && v != "0")
+    })
+}
 
 impl Var {
     /// Max pooling, as `F.max_pool2d`; the gradient goes to each window's (first) maximum.
+    /// On CUDA the backward keeps each maximum's offset in its window (one byte) rather than
+    /// its flat index (eight), unless `OXTRAIN_DISABLE_POOL_OFFSETS=1`.
     pub fn max_pool2d(
         &self,
         kernel: [usize; 2],
@@ -14,8 +27,19 @@ impl Var {
         dilation: [usize; 2],
         ceil_mode: bool,
     ) -> Var {
-        let (out, indices) = self.tensor().max_pool2d(kernel, stride, padding, dilation, ceil_mode);
+        let x = self.tensor();
         let input = Shape::from(self.dims());
+        let offsets =
+            x.device().is_cuda() && kernel[0] * kernel[1] <= MAX_OFFSET_TAPS && pool_offsets_enabled();
+        if offsets {
+            let (out, offsets) = x.max_pool2d_with_offsets(kernel, stride, padding, dilation, ceil_mode);
+            return Var::from_op("max_pool2d", out, &[self], move |g, _| {
+                vec![Some(g.max_pool2d_with_offsets_backward(
+                    &offsets, &input, kernel, stride, padding, dilation, ceil_mode,
+                ))]
+            });
+        }
+        let (out, indices) = x.max_pool2d(kernel, stride, padding, dilation, ceil_mode);
         Var::from_op("max_pool2d", out, &[self], move |g, _| {
             vec![Some(g.max_pool2d_with_indices_backward(
                 &indices, &input, kernel, stride, padding, dilation, ceil_mode,

@@ -251,3 +251,51 @@ device_test! {
         }
     }
 }
+
+device_test! {
+    fn an_op_taking_parts_gets_each_part_that_arrived(dev: Device) {
+        // y feeds three consumers: its backward sees three parts, in arrival order (newest
+        // consumer first), whose sum is the gradient the engine would have summed.
+        let x = Var::parameter(randn(&[5], 50, dev));
+        let seen: Arc<Mutex<Vec<Vec<f64>>>> = Arc::default();
+        let log = seen.clone();
+        let y = Var::from_op_parts("identity_parts", x.tensor().clone(), &[&x], move |parts, _| {
+            log.lock().unwrap().extend(parts.iter().map(|p| p.to_f64_vec()));
+            let mut sum = parts[0].clone();
+            for p in &parts[1..] {
+                sum = sum.add(p);
+            }
+            vec![Some(sum)]
+        });
+        let loss = y.mul_scalar(2.0).sum_all() + y.square().sum_all() + y.mul_scalar(-0.5).sum_all();
+        loss.backward();
+        let xs = x.tensor().to_f64_vec();
+        let parts = seen.lock().unwrap().clone();
+        assert_eq!(parts.len(), 3, "one call with three parts");
+        let mut want: Vec<Vec<f64>> = vec![vec![2.0; 5], xs.iter().map(|v| 2.0 * v).collect(), vec![-0.5; 5]];
+        let mut got = parts.clone();
+        let key = |v: &Vec<f64>| v.iter().map(|x| (x * 1e6).round() as i64).collect::<Vec<_>>();
+        want.sort_by_key(key);
+        got.sort_by_key(key);
+        assert_eq!(got, want, "the parts");
+        let grad = x.grad().unwrap().to_f64_vec();
+        for (g, v) in grad.iter().zip(&xs) {
+            assert!((g - (1.5 + 2.0 * v)).abs() < 1e-12, "gradient {g} at {v}");
+        }
+    }
+}
+
+device_test! {
+    fn an_op_taking_parts_with_one_consumer_gets_one_part(dev: Device) {
+        let x = Var::parameter(randn(&[3], 51, dev));
+        let calls: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let log = calls.clone();
+        let y = Var::from_op_parts("identity_parts", x.tensor().clone(), &[&x], move |parts, _| {
+            log.lock().unwrap().push(parts.len());
+            vec![Some(parts[0].clone())]
+        });
+        y.mul_scalar(3.0).sum_all().backward();
+        assert_eq!(*calls.lock().unwrap(), vec![1]);
+        assert_eq!(x.grad().unwrap().to_f64_vec(), vec![3.0; 3]);
+    }
+}

@@ -62,6 +62,22 @@ device_test! {
             |v| v[0].batch_norm_add_relu_training(Some(&v[1]), Some(&v[2]), &v[3], 1e-5).0,
             &[randn(&[3, 2, 2, 2], 25, dev), positive(&[2], 26, dev), randn(&[2], 27, dev), randn(&[3, 2, 2, 2], 28, dev)],
         );
+        // Channels-last (on CUDA the tile kernels: the ReLU's mask recomputed from x, and the
+        // gradient of an output used twice read in two parts).
+        let cl = |seed: u64| randn(&[3, 2, 3, 8], seed, dev).permute([0, 3, 1, 2]);
+        check(
+            "batch_norm relu training channels-last",
+            |v| v[0].batch_norm_relu_training(Some(&v[1]), Some(&v[2]), 1e-5).0,
+            &[cl(40), positive(&[8], 41, dev), randn(&[8], 42, dev)],
+        );
+        check(
+            "batch_norm add relu channels-last, output used twice",
+            |v| {
+                let y = v[0].batch_norm_add_relu_training(Some(&v[1]), Some(&v[2]), &v[3], 1e-5).0;
+                y.mul_scalar(0.5).add(&y.tanh())
+            },
+            &[cl(43), positive(&[8], 44, dev), randn(&[8], 45, dev), cl(46)],
+        );
         check(
             "batch_norm training [N, C]",
             |v| v[0].batch_norm_training(None, None, 1e-5).0,

@@ -51,6 +51,65 @@ template <typename C> struct Centre {
     __device__ __forceinline__ C centered(C x) const { return (x - hi) - lo; }
 };
 
+// a * b + c rounded once: the forward's output and the backward's recomputed ReLU input both
+// use it, so the two agree bit for bit (an implicit contraction might differ between them).
+__device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
+
+// How the backward kernels mask dy with the ReLU that followed batch norm (the kernels' MASK):
+// not at all (MASK_NONE), by the ReLU's output relu_out, packed like x (MASK_OUTPUT), or by
+// recomputing it from x with the forward's factors mean, scale and shift (MASK_RECOMPUTE).
+#define MASK_NONE 0
+#define MASK_OUTPUT 1
+#define MASK_RECOMPUTE 2
+// With MASK_OUTPUT, addend (when set, packed like x) is a second part of dy: pass 1 reads
+// dy + addend, rounded to the storage type as `add` rounds it (the sum of the two gradients
+// of a ResNet block's input, read where it would otherwise be added up first).
+template <class D> struct ReluMaskArgs {
+    const typename D::T* relu_out;
+    const double *mean, *scale, *shift;
+    const typename D::T* addend;
+};
+
+// Where the ReLU after batch norm passed the gradient, recomputed from batch norm's input x
+// with the forward's own factors of one channel: y = fma(x - mean, scale, shift) exactly as
+// affine_tile computes it, and the ReLU's stored output is > 0 exactly where y rounded to the
+// storage type is (NaN: no), which is threshold_backward's mask on that output.
+template <class D> struct alignas(4 * sizeof(typename D::C)) ReluRecompute {
+    typedef typename D::C C;
+    C hi, lo, s, b;
+    __device__ __forceinline__ void set(const ReluMaskArgs<D>& f, int c) {
+        Centre<C> m;
+        m.set(f.mean[c]);
+        hi = m.hi;
+        lo = m.lo;
+        s = (C)f.scale[c];
+        b = (C)f.shift[c];
+    }
+    __device__ __forceinline__ bool passes(C x) const {
+        return D::load(D::store(fma_rn((x - hi) - lo, s, b))) > (C)0;
+    }
+};
+
+// The forward's factors of the block's channels, table[j][threadIdx.x] for channel
+// slot * V + j, in shared memory: registers already hold the backward's own factors, and a
+// thread holding both would halve the threads an SM keeps in flight. Every thread calls this.
+// The loops reading the table start each row with RELOAD_TABLE, which stops the compiler
+// from hoisting the (loop-invariant) reads back into registers.
+#define RELOAD_TABLE() \
+    if (MASK == MASK_RECOMPUTE) asm volatile("" ::: "memory")
+template <class D, int V>
+__device__ __forceinline__ void load_relu_table(ReluRecompute<D> (*table)[32], const ReluMaskArgs<D>& mask,
+                                                int nvr) {
+    const int threads = blockDim.x * blockDim.y;
+    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < V * (int)blockDim.x; i += threads) {
+        const int j = i / blockDim.x, tx = i - j * blockDim.x;
+        const int slot = blockIdx.x * blockDim.x + tx;
+        if (slot < nvr) table[j][tx].set(mask, slot * V + j);
+    }
+    __syncthreads();
+}
+
 // Sums the V values of every thread over threadIdx.y into f64 and writes each channel's
 // partial; every thread of the block calls it (it synchronises). sh holds TILE_THREADS * V.
 template <typename C, int V>
@@ -128,7 +187,7 @@ __device__ void affine_tile(const typename D::T* x, const typename D::T* res, ty
         P o;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            C y = m[j].centered(D::load(p.v[j])) * s[j] + b[j];
+            C y = fma_rn(m[j].centered(D::load(p.v[j])), s[j], b[j]);
             if (res) y += D::load(add.v[j]);
             o.v[j] = D::store(relu && y < (C)0 ? (C)0 : y);
         }
@@ -136,13 +195,27 @@ __device__ void affine_tile(const typename D::T* x, const typename D::T* res, ty
     }
 }
 
-// Backward pass 1: per channel the sums of dy and dy * (x - mean).
-template <class D, int V>
+// dy of channel slot * V + j, masked as `mask` says (threshold_backward's value: the compute
+// type's 0 where the ReLU did not pass); with MASK_OUTPUT and an addend, dy + addend.
+#define MASKED_GRAD(gj, g, g2, y, v, j)                                                           \
+    C gj = D::load(g.v[j]);                                                                       \
+    if (MASK == MASK_OUTPUT && mask.addend) gj = D::load(D::store(gj + D::load(g2.v[j])));        \
+    if ((MASK == MASK_OUTPUT && !(D::load(y.v[j]) > (C)0)) ||                                     \
+        (MASK == MASK_RECOMPUTE && !table[j][threadIdx.x].passes(D::load(v.v[j]))))               \
+        gj = (C)0;
+
+// Backward pass 1: per channel the sums of dy and dy * (x - mean), dy masked by the ReLU that
+// followed batch norm as MASK says; with MASK_OUTPUT the masked dy is written to `masked` too
+// (the residual's gradient of a ResNet block, and pass 2's dy).
+template <class D, int V, int MASK>
 __device__ void grad_sums_tile(const typename D::T* dy, const typename D::T* x, const double* mean,
-                               double* partial_dy, double* partial_dyx, i64 rows, int nvr, int channels) {
+                               ReluMaskArgs<D> mask, typename D::T* masked, double* partial_dy,
+                               double* partial_dyx, i64 rows, int nvr, int channels) {
     typedef typename D::C C;
     typedef Pack<typename D::T, V> P;
     __shared__ C sh[TILE_THREADS * V];
+    __shared__ ReluRecompute<D> table[MASK == MASK_RECOMPUTE ? V : 1][32];
+    if (MASK == MASK_RECOMPUTE) load_relu_table<D, V>(table, mask, nvr);
     const int slot = blockIdx.x * blockDim.x + threadIdx.x;
     C a[V], ax[V];
 #pragma unroll
@@ -152,26 +225,37 @@ __device__ void grad_sums_tile(const typename D::T* dy, const typename D::T* x, 
 #pragma unroll
         for (int j = 0; j < V; ++j) m[j].set(mean[slot * V + j]);
         TILE_LOOP(r, rows) {
-            const P g = ((const P*)dy)[r * nvr + slot], v = ((const P*)x)[r * nvr + slot];
+            RELOAD_TABLE();
+            const i64 at = r * nvr + slot;
+            const P g = ((const P*)dy)[at], v = ((const P*)x)[at];
+            P y, g2, kept;
+            if (MASK == MASK_OUTPUT) y = ((const P*)mask.relu_out)[at];
+            if (MASK == MASK_OUTPUT && mask.addend) g2 = ((const P*)mask.addend)[at];
 #pragma unroll
             for (int j = 0; j < V; ++j) {
-                const C gj = D::load(g.v[j]);
+                MASKED_GRAD(gj, g, g2, y, v, j)
+                kept.v[j] = D::store(gj);
                 a[j] += gj;
                 ax[j] += gj * m[j].centered(D::load(v.v[j]));
             }
+            if (MASK == MASK_OUTPUT) ((P*)masked)[at] = kept;
         }
     }
     tile_partials<C, V>(a, sh, partial_dy, channels);
     tile_partials<C, V>(ax, sh, partial_dyx, channels);
 }
 
-// Backward pass 2: dx = scale * (dy - shift - (x - mean) * k), the factors of bn_grad_prepare.
-template <class D, int V>
-__device__ void input_grad_tile(const typename D::T* dy, const typename D::T* x, typename D::T* out, i64 rows,
-                                int nvr, const double* mean, const double* scale, const double* shift,
-                                const double* k) {
+// Backward pass 2: dx = scale * (dy - shift - (x - mean) * k), the factors of bn_grad_prepare,
+// dy masked as MASK says: MASK_NONE or MASK_RECOMPUTE (after a MASK_OUTPUT pass 1 this pass
+// reads the masked dy that pass 1 wrote, unmasked).
+template <class D, int V, int MASK>
+__device__ void input_grad_tile(const typename D::T* dy, const typename D::T* x, ReluMaskArgs<D> mask,
+                                typename D::T* out, i64 rows, int nvr, const double* mean,
+                                const double* scale, const double* shift, const double* k) {
     typedef typename D::C C;
     typedef Pack<typename D::T, V> P;
+    __shared__ ReluRecompute<D> table[MASK == MASK_RECOMPUTE ? V : 1][32];
+    if (MASK == MASK_RECOMPUTE) load_relu_table<D, V>(table, mask, nvr);
     const int slot = blockIdx.x * blockDim.x + threadIdx.x;
     if (slot >= nvr) return;
     Centre<C> m[V];
@@ -185,12 +269,16 @@ __device__ void input_grad_tile(const typename D::T* dy, const typename D::T* x,
         kk[j] = (C)k[c];
     }
     TILE_LOOP(r, rows) {
-        const P g = ((const P*)dy)[r * nvr + slot], v = ((const P*)x)[r * nvr + slot];
+        RELOAD_TABLE();
+        const i64 at = r * nvr + slot;
+        const P g = ((const P*)dy)[at], v = ((const P*)x)[at];
         P o;
 #pragma unroll
-        for (int j = 0; j < V; ++j)
-            o.v[j] = D::store(s[j] * ((D::load(g.v[j]) - z[j]) - m[j].centered(D::load(v.v[j])) * kk[j]));
-        ((P*)out)[r * nvr + slot] = o;
+        for (int j = 0; j < V; ++j) {
+            MASKED_GRAD(gj, g, g, g, v, j)  // no addend or ReLU output with these masks
+            o.v[j] = D::store(s[j] * ((gj - z[j]) - m[j].centered(D::load(v.v[j])) * kk[j]));
+        }
+        ((P*)out)[at] = o;
     }
 }
 
@@ -208,12 +296,33 @@ __device__ void input_grad_tile(const typename D::T* dy, const typename D::T* x,
     extern "C" __global__ void __launch_bounds__(TILE_THREADS) bn_grad_sums_cl_##SUFFIX##_v##V(            \
         const D::T* dy, const D::T* x, const double* mean, double* pd, double* pdx, i64 rows, int nvr,     \
         int channels) {                                                                                    \
-        grad_sums_tile<D, V>(dy, x, mean, pd, pdx, rows, nvr, channels);                                   \
+        const ReluMaskArgs<D> none = {0, 0, 0, 0, 0};                                                         \
+        grad_sums_tile<D, V, MASK_NONE>(dy, x, mean, none, 0, pd, pdx, rows, nvr, channels);               \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 4) bn_grad_sums_masked_cl_##SUFFIX##_v##V(     \
+        const D::T* dy, const D::T* addend, const D::T* x, const double* mean, const D::T* relu_out,       \
+        D::T* masked, double* pd, double* pdx, i64 rows, int nvr, int channels) {                          \
+        const ReluMaskArgs<D> mask = {relu_out, 0, 0, 0, addend};                                          \
+        grad_sums_tile<D, V, MASK_OUTPUT>(dy, x, mean, mask, masked, pd, pdx, rows, nvr, channels);        \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) bn_grad_sums_recomputed_cl_##SUFFIX##_v##V( \
+        const D::T* dy, const D::T* x, const double* mean, const double* f_mean, const double* f_scale,    \
+        const double* f_shift, double* pd, double* pdx, i64 rows, int nvr, int channels) {                 \
+        const ReluMaskArgs<D> mask = {0, f_mean, f_scale, f_shift, 0};                                        \
+        grad_sums_tile<D, V, MASK_RECOMPUTE>(dy, x, mean, mask, 0, pd, pdx, rows, nvr, channels);          \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS) bn_input_grad_cl_##SUFFIX##_v##V(           \
         const D::T* dy, const D::T* x, D::T* out, i64 rows, int nvr, const double* mean,                   \
         const double* scale, const double* shift, const double* k) {                                       \
-        input_grad_tile<D, V>(dy, x, out, rows, nvr, mean, scale, shift, k);                               \
+        const ReluMaskArgs<D> none = {0, 0, 0, 0, 0};                                                         \
+        input_grad_tile<D, V, MASK_NONE>(dy, x, none, out, rows, nvr, mean, scale, shift, k);              \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS, 4) bn_input_grad_recomputed_cl_##SUFFIX##_v##V( \
+        const D::T* dy, const D::T* x, const double* f_mean, const double* f_scale, const double* f_shift, \
+        D::T* out, i64 rows, int nvr, const double* mean, const double* scale, const double* shift,        \
+        const double* k) {                                                                                 \
+        const ReluMaskArgs<D> mask = {0, f_mean, f_scale, f_shift, 0};                                        \
+        input_grad_tile<D, V, MASK_RECOMPUTE>(dy, x, mask, out, rows, nvr, mean, scale, shift, k);         \
     }
 BN_CL_TILES(f32, F32, 1)
 BN_CL_TILES(f32, F32, 4)

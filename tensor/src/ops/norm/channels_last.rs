@@ -89,39 +89,100 @@ impl Tiles {
         expect_launch(unsafe { b.launch(self.cfg) }, op);
     }
 
-    /// Partial sums of dy and of dy * (x - mean) per channel, into `pd` and `pdx`.
+    /// Partial sums of dy and of dy * (x - mean) per channel, into `pd` and `pdx`, dy masked
+    /// as `mask` says (and with [`TileMask::Output`] written masked to its `masked`).
     pub(super) fn grad_sums(
         &self,
         s: &CudaStorage,
         (dy, x, mean): (u64, u64, u64),
+        mask: TileMask,
         (pd, pdx): (u64, u64),
         op: &str,
     ) {
-        let f = self.function(s, "bn_grad_sums_cl", op);
+        let kernel = match mask {
+            TileMask::None => "bn_grad_sums_cl",
+            TileMask::Output { .. } => "bn_grad_sums_masked_cl",
+            TileMask::Recompute { .. } => "bn_grad_sums_recomputed_cl",
+        };
+        let f = self.function(s, kernel, op);
         let (rows, nvr, c) = (self.rows as i64, self.nvr as i32, self.channels as i32);
         let stream = s.stream();
         let mut b = stream.launch_builder(&f);
-        b.arg(&dy).arg(&x).arg(&mean).arg(&pd).arg(&pdx).arg(&rows).arg(&nvr).arg(&c);
-        // SAFETY: dy and x are packed alike (rows * channels elements, aligned as checked);
-        // `mean` holds `channels` values, the partial buffers channels * splits.
+        b.arg(&dy);
+        if let TileMask::Output { addend, .. } = &mask {
+            b.arg(addend);
+        }
+        b.arg(&x).arg(&mean);
+        match &mask {
+            TileMask::None => {}
+            TileMask::Output { relu_out, masked, .. } => {
+                b.arg(relu_out).arg(masked);
+            }
+            TileMask::Recompute { mean, scale, shift } => {
+                b.arg(mean).arg(scale).arg(shift);
+            }
+        }
+        b.arg(&pd).arg(&pdx).arg(&rows).arg(&nvr).arg(&c);
+        // SAFETY: dy and x (and the mask's relu_out, masked and addend) are packed alike (rows *
+        // channels elements, aligned as checked in `new`); `mean` and the mask's factors hold
+        // `channels` values, the partial buffers channels * splits.
         expect_launch(unsafe { b.launch(self.cfg) }, op);
     }
 
-    /// `dx = scale * (dy - shift - (x - mean) * k)` per channel.
+    /// `dx = scale * (dy - shift - (x - mean) * k)` per channel, dy masked as `mask` says: with
+    /// [`TileMask::Output`] the masked dy that [`Tiles::grad_sums`] wrote is read instead of dy.
     pub(super) fn input_grad(
         &self,
         s: &CudaStorage,
         (dy, x, out): (u64, u64, u64),
+        mask: TileMask,
         (mean, scale, shift, k): (u64, u64, u64, u64),
         op: &str,
     ) {
-        let f = self.function(s, "bn_input_grad_cl", op);
         let (rows, nvr) = (self.rows as i64, self.nvr as i32);
         let stream = s.stream();
-        let mut b = stream.launch_builder(&f);
-        b.arg(&dy).arg(&x).arg(&out).arg(&rows).arg(&nvr).arg(&mean).arg(&scale).arg(&shift).arg(&k);
-        // SAFETY: dy, x and out hold rows * channels packed elements, aligned as checked;
-        // the factors `channels` f64 values each.
+        let f;
+        let mut b = match &mask {
+            TileMask::Recompute { mean: fm, scale: fs, shift: fz } => {
+                f = self.function(s, "bn_input_grad_recomputed_cl", op);
+                let mut b = stream.launch_builder(&f);
+                b.arg(&dy).arg(&x).arg(fm).arg(fs).arg(fz);
+                b
+            }
+            TileMask::None | TileMask::Output { .. } => {
+                f = self.function(s, "bn_input_grad_cl", op);
+                let mut b = stream.launch_builder(&f);
+                match &mask {
+                    TileMask::Output { masked, .. } => b.arg(masked),
+                    _ => b.arg(&dy),
+                };
+                b.arg(&x);
+                b
+            }
+        };
+        b.arg(&out).arg(&rows).arg(&nvr).arg(&mean).arg(&scale).arg(&shift).arg(&k);
+        // SAFETY: dy (or the masked dy), x and out hold rows * channels packed elements,
+        // aligned as checked; the factors (and the mask's) `channels` f64 values each.
         expect_launch(unsafe { b.launch(self.cfg) }, op);
     }
+}
+
+/// How the backward's tile kernels mask dy with the ReLU that followed batch norm.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum TileMask {
+    None,
+    /// By the ReLU's output `relu_out`, packed like x; the sums' pass writes the masked dy to
+    /// `masked` (same size and packing), and the input gradient's pass reads it. An `addend`
+    /// (0: none; packed like x) is added to dy first, rounded as `add` rounds.
+    Output {
+        relu_out: u64,
+        masked: u64,
+        addend: u64,
+    },
+    /// Recomputed from x with the forward's per-channel `mean`, `scale` and `shift` (f64).
+    Recompute {
+        mean: u64,
+        scale: u64,
+        shift: u64,
+    },
 }

@@ -1,12 +1,14 @@
 //! CUDA dispatch for normalisation (kernels in `norm.cu`). Statistics stay on the device as
 //! f64 buffers; weights, biases and given statistics arrive as contiguous f64 tensors.
 
-use super::channels_last::Tiles;
+use super::channels_last::{TileMask, Tiles};
 use super::cpu::Channels;
+use super::relu::BatchNormFactors;
 use crate::cuda::{self, expect_launch, launch_cfg, CudaStorage, KernelSource, StridedArg};
 use crate::storage::Storage;
 use crate::{DType, Layout, Tensor};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::sync::Arc;
 
 pub(crate) const SOURCE: KernelSource = cuda::source!("norm", "src/ops/norm/norm.cu");
 
@@ -123,16 +125,41 @@ pub(super) fn channel_moments(s: &CudaStorage, layout: &Layout, ch: Channels, op
     (f64_tensor(mean, &[channels]), f64_tensor(var, &[channels]))
 }
 
-/// `(x - mean[c]) * weight[c] / sqrt(var[c] + eps) + bias[c]` in the input's dtype (then ReLU
-/// with `relu`): packed like
-/// the input when that is channels-last (see [`channels_last`]), else contiguous.
-/// `stats` are (mean, var, weight, bias) as contiguous f64 tensors on the input's device.
+/// Batch norm's per-channel factors of the output: `scale = weight / sqrt(var + eps)` and
+/// `shift = bias`, as `[C]` f64 tensors. `var`, `weight` and `bias` are contiguous f64
+/// tensors on `dev`.
+pub(super) fn affine_factors(
+    dev: &Arc<cuda::CudaDevice>,
+    channels: usize,
+    (var, weight, bias): (&Tensor, Option<&Tensor>, Option<&Tensor>),
+    eps: f64,
+    op: &str,
+) -> (Tensor, Tensor) {
+    let scale = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
+    let shift = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
+    if channels > 0 {
+        let prepare = expect_launch(dev.function(&SOURCE, "bn_prepare"), op);
+        let (c64, pv, pw, pb, ps, pz) =
+            (channels as i64, f64_ptr(Some(var)), f64_ptr(weight), f64_ptr(bias), scale.ptr(), shift.ptr());
+        let stream = scale.stream();
+        let mut b = stream.launch_builder(&prepare);
+        b.arg(&c64).arg(&pv).arg(&pw).arg(&pb).arg(&eps).arg(&ps).arg(&pz);
+        // SAFETY: types match; every per-channel buffer holds `channels` f64 values (checked shapes).
+        expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
+    }
+    (f64_tensor(scale, &[channels]), f64_tensor(shift, &[channels]))
+}
+
+/// `(x - mean[c]) * scale[c] + shift[c]` in the input's dtype (then ReLU with `relu`), the
+/// factors of [`affine_factors`]: packed like the input when that is channels-last (see
+/// [`channels_last`]), else contiguous. `mean`, `scale` and `shift` are contiguous f64 tensors
+/// on the input's device.
 pub(super) fn channel_affine(
     s: &CudaStorage,
     layout: &Layout,
     ch: Channels,
-    (mean, var, weight, bias): (&Tensor, &Tensor, Option<&Tensor>, Option<&Tensor>),
-    (eps, relu, residual): (f64, bool, Option<(&CudaStorage, &Layout)>),
+    (mean, scale, shift): (&Tensor, &Tensor, &Tensor),
+    (relu, residual): (bool, Option<(&CudaStorage, &Layout)>),
     op: &str,
 ) -> CudaStorage {
     let relu = relu as i32;
@@ -143,17 +170,9 @@ pub(super) fn channel_affine(
         return out;
     }
     let channels = ch.channels;
-    let scale = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
-    let shift = expect_launch(CudaStorage::alloc(dev, DType::F64, channels), op);
     let stream = out.stream();
-    let prepare = expect_launch(dev.function(&SOURCE, "bn_prepare"), op);
     let (c64, sp64, n64) = (channels as i64, ch.spatial as i64, n as i64);
-    let (pm, pv, pw, pb, ps, pz) =
-        (f64_ptr(Some(mean)), f64_ptr(Some(var)), f64_ptr(weight), f64_ptr(bias), scale.ptr(), shift.ptr());
-    let mut b = stream.launch_builder(&prepare);
-    b.arg(&c64).arg(&pv).arg(&pw).arg(&pb).arg(&eps).arg(&ps).arg(&pz);
-    // SAFETY: types match; every per-channel buffer holds `channels` f64 values (checked shapes).
-    expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
+    let (pm, ps, pz) = (f64_ptr(Some(mean)), f64_ptr(Some(scale)), f64_ptr(Some(shift)));
     // A residual comes packed like the input, which is then channels-last (the caller's rule).
     let res = residual.map(|(r, l)| first_element(r, l));
     if channels_last(layout, channels) {
@@ -169,7 +188,8 @@ pub(super) fn channel_affine(
     let (sx, x, po) = (StridedArg::new(layout), s.ptr(), out.ptr());
     let mut b = stream.launch_builder(&affine);
     b.arg(&sx).arg(&x).arg(&po).arg(&n64).arg(&c64).arg(&sp64).arg(&pm).arg(&ps).arg(&pz).arg(&relu);
-    // SAFETY: as above; `out` holds n elements and the layout lies inside `s`.
+    // SAFETY: types match; `out` holds n elements and the layout lies inside `s`; the factors
+    // hold `channels` f64 values each.
     expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
     out
 }
@@ -204,9 +224,23 @@ pub(super) fn layer_norm(
     (out, f64_tensor(mean, stats_shape), f64_tensor(rstd, stats_shape))
 }
 
-/// Batch norm's training-mode gradients on the device: `(dx, dweight, dbias)`, dx in the
-/// input's dtype, packed like the input when that is channels-last, else contiguous (None unless `input_grad`), dweight and dbias `[C]` f64 tensors. `mean`,
-/// `var` and `weight` are contiguous f64 tensors. Two passes over dy and x, as on the CPU.
+/// How batch norm's backward on the device masks dy with the ReLU that followed it (only for
+/// channels-last inputs, which the tile kernels take).
+#[derive(Clone, Copy)]
+pub(super) enum DeviceMask<'a> {
+    None,
+    /// By the ReLU's output, packed like x; the masked dy is returned too. The addend (packed
+    /// like x), when given, is a second part of dy, added as the first pass reads it.
+    Output(&'a CudaStorage, &'a Layout, Option<(&'a CudaStorage, &'a Layout)>),
+    /// Recomputed from x with the forward's factors.
+    Recompute(&'a BatchNormFactors),
+}
+
+/// Batch norm's training-mode gradients on the device: `(dx, dweight, dbias, masked)`, dx in
+/// the input's dtype, packed like the input when that is channels-last, else contiguous (None
+/// unless `input_grad`), dweight and dbias `[C]` f64 tensors, and with [`DeviceMask::Output`]
+/// the masked dy (packed like the input). `mean`, `var` and `weight` are contiguous f64
+/// tensors. Two passes over dy and x, as on the CPU.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn batch_norm_backward(
     (g, g_layout): (&CudaStorage, &Layout),
@@ -214,9 +248,9 @@ pub(super) fn batch_norm_backward(
     ch: Channels,
     (mean, var, weight): (&Tensor, &Tensor, Option<&Tensor>),
     eps: f64,
-    input_grad: bool,
+    (input_grad, mask): (bool, DeviceMask<'_>),
     op: &str,
-) -> (Option<CudaStorage>, Tensor, Tensor) {
+) -> (Option<CudaStorage>, Tensor, Tensor, Option<CudaStorage>) {
     let dev = s.device();
     let channels = ch.channels;
     let n = layout.elem_count();
@@ -225,16 +259,28 @@ pub(super) fn batch_norm_backward(
     let (sum_dy, sum_dyx, dweight) = (alloc(channels), alloc(channels), alloc(channels));
     let (scale, shift, k) = (alloc(channels), alloc(channels), alloc(channels));
     let dx = input_grad.then(|| expect_launch(CudaStorage::alloc(dev, s.dtype(), n), op));
+    let masked = matches!(mask, DeviceMask::Output(..))
+        .then(|| expect_launch(CudaStorage::alloc(dev, s.dtype(), n), op));
+    // Both packed alike as channels-last rows (the caller copies dy into x's order).
+    let cl = channels_last(layout, channels) && g_layout.dense_order() == layout.dense_order();
+    let (relu_out, addend) = match mask {
+        DeviceMask::Output(y, y_layout, addend) => {
+            (Some(first_element(y, y_layout)), addend.map(|(a, a_layout)| first_element(a, a_layout)))
+        }
+        _ => (None, None),
+    };
+    assert!(
+        cl || matches!(mask, DeviceMask::None),
+        "{op}: a fused ReLU mask needs dy, x and the ReLU's output packed alike channels-last"
+    );
     if channels == 0 || count == 0 {
-        // No element: every sum is zero.
+        // No element: every sum is zero, and so is the (empty) masked gradient.
         let zeros =
             || f64_tensor(expect_launch(CudaStorage::zeros(dev, DType::F64, channels), op), &[channels]);
-        return (dx, zeros(), zeros());
+        return (dx, zeros(), zeros(), masked);
     }
     let suffix = cuda::suffix(s.dtype());
     let stream = sum_dy.stream();
-    // Both packed alike as channels-last rows (the caller copies dy into x's order).
-    let cl = channels_last(layout, channels) && g_layout.dense_order() == layout.dense_order();
     let (sdy, sx) = (StridedArg::new(g_layout), StridedArg::new(layout));
     let (pg, px, pm) = (g.ptr(), s.ptr(), f64_ptr(Some(mean)));
     let c64 = channels as i64;
@@ -242,12 +288,28 @@ pub(super) fn batch_norm_backward(
     let tiles = cl.then(|| {
         let mut ptrs = vec![fg, fx];
         ptrs.extend(dx.as_ref().map(CudaStorage::ptr));
+        ptrs.extend(masked.as_ref().map(CudaStorage::ptr));
+        ptrs.extend(relu_out);
+        ptrs.extend(addend);
         Tiles::new(s.dtype(), channels, count, &ptrs)
     });
+    let tile_mask = match mask {
+        DeviceMask::None => TileMask::None,
+        DeviceMask::Output(..) => TileMask::Output {
+            relu_out: relu_out.unwrap_or(0),
+            masked: masked.as_ref().map_or(0, CudaStorage::ptr),
+            addend: addend.unwrap_or(0),
+        },
+        DeviceMask::Recompute(f) => TileMask::Recompute {
+            mean: f64_ptr(Some(&f.mean)),
+            scale: f64_ptr(Some(&f.scale)),
+            shift: f64_ptr(Some(&f.shift)),
+        },
+    };
     let (part_dy, part_dyx, splits) = if let Some(tiles) = &tiles {
         let splits = tiles.splits();
         let (part_dy, part_dyx) = (alloc(channels * splits), alloc(channels * splits));
-        tiles.grad_sums(s, (fg, fx, pm), (part_dy.ptr(), part_dyx.ptr()), op);
+        tiles.grad_sums(s, (fg, fx, pm), tile_mask, (part_dy.ptr(), part_dyx.ptr()), op);
         (part_dy, part_dyx, splits)
     } else {
         let splits = count.div_ceil(MOMENT_CHUNK).clamp(1, MAX_SPLITS);
@@ -301,7 +363,7 @@ pub(super) fn batch_norm_backward(
     // SAFETY: every per-channel buffer holds `channels` f64 values (checked shapes).
     expect_launch(unsafe { b.launch(launch_cfg(channels)) }, op);
     match (&dx, &tiles) {
-        (Some(out), Some(tiles)) => tiles.input_grad(s, (fg, fx, out.ptr()), (pm, ps, pz, pk), op),
+        (Some(out), Some(tiles)) => tiles.input_grad(s, (fg, fx, out.ptr()), tile_mask, (pm, ps, pz, pk), op),
         (Some(out), None) => {
             let (po, n64, sp64) = (out.ptr(), n as i64, ch.spatial as i64);
             let f = expect_launch(dev.function(&SOURCE, &format!("bn_input_grad_{suffix}")), op);
@@ -324,7 +386,7 @@ pub(super) fn batch_norm_backward(
         }
         (None, _) => {}
     }
-    (dx, f64_tensor(dweight, &[channels]), f64_tensor(sum_dy, &[channels]))
+    (dx, f64_tensor(dweight, &[channels]), f64_tensor(sum_dy, &[channels]), masked)
 }
 
 /// Layer norm's gradients on the device for contiguous `dy` and `x` of `rows` x `len`:

@@ -13,14 +13,20 @@ mod cpu;
 pub(crate) mod cuda;
 mod layer_backward;
 mod planes;
+mod relu;
+#[cfg(test)]
+mod relu_tests;
 #[cfg(test)]
 mod tests;
 
+use crate::cuda::CudaStorage;
 use crate::memory_order::MemoryOrder;
 use crate::shape::Shape;
 use crate::storage::Storage;
 use crate::{DType, Element, Layout, Tensor};
 use cpu::Channels;
+use relu::FusedMask;
+pub use relu::{BatchNormFactors, ReluMask};
 
 /// The dtype statistics of an input of `dtype` are returned in.
 fn stats_dtype(dtype: DType) -> DType {
@@ -184,12 +190,12 @@ impl Tensor {
         bias: Option<&Tensor>,
         (eps, relu): (f64, bool),
     ) -> Tensor {
-        self.normalize_channels_into(ch, moments, weight, bias, (eps, relu), None)
+        self.normalize_channels_into(ch, moments, weight, bias, (eps, relu), None).0
     }
 
     /// `normalize_channels` plus `residual` before the ReLU: on the CPU any residual of `self`'s
     /// shape and dtype, on CUDA only for channels-last inputs, packed like `self` (the tile
-    /// kernel adds it).
+    /// kernel adds it). On CUDA also returns the per-channel factors the kernel normalised with.
     fn normalize_channels_into(
         &self,
         ch: Channels,
@@ -198,7 +204,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         (eps, relu): (f64, bool),
         residual: Option<&Tensor>,
-    ) -> Tensor {
+    ) -> (Tensor, Option<BatchNormFactors>) {
         let (op, shape) = ("batch_norm", [ch.channels]);
         let (mean, var) = match moments {
             Moments::Host(mean, var) => (mean, var),
@@ -210,18 +216,14 @@ impl Tensor {
                     (Some(r), Some(Storage::Cuda(rs))) => Some((rs, r.layout())),
                     _ => None,
                 };
-                let storage = match &*self.storage() {
-                    Storage::Cuda(s) => Storage::Cuda(cuda::channel_affine(
-                        s,
-                        self.layout(),
-                        ch,
-                        (mean, var, weight.as_ref(), bias.as_ref()),
-                        (eps, relu, res),
-                        op,
-                    )),
-                    Storage::Cpu(_) => unreachable!("device moments of a CPU tensor"),
+                let Storage::Cuda(s) = &*self.storage() else {
+                    unreachable!("device moments of a CPU tensor")
                 };
-                return in_layout_of(Tensor::from_storage(storage, self.dims()), self, ch);
+                let factors = (var, weight.as_ref(), bias.as_ref());
+                let (scale, shift) = cuda::affine_factors(s.device(), ch.channels, factors, eps, op);
+                let out = cuda::channel_affine(s, self.layout(), ch, (mean, &scale, &shift), (relu, res), op);
+                let out = in_layout_of(Tensor::from_storage(Storage::Cuda(out), self.dims()), self, ch);
+                return (out, Some(BatchNormFactors { mean: mean.clone(), scale, shift }));
             }
         };
         let weight = weight.map(|w| param(w, &shape, "weight", op, self));
@@ -241,7 +243,7 @@ impl Tensor {
             }),
             Storage::Cuda(_) => unreachable!("host moments of a CUDA tensor"),
         };
-        Tensor::from_cpu(storage, self.dims())
+        (Tensor::from_cpu(storage, self.dims()), None)
     }
 
     /// Batch norm in training mode: the batch's statistics, then `batch_norm_normalize` with
@@ -289,10 +291,10 @@ impl Tensor {
         self.same_device(residual, op);
         let (ch, moments) = self.channel_moments("batch_norm");
         let out = if !self.device().is_cuda() {
-            self.normalize_channels_into(ch, &moments, weight, bias, (eps, true), Some(residual))
+            self.normalize_channels_into(ch, &moments, weight, bias, (eps, true), Some(residual)).0
         } else if cuda::channels_last(self.layout(), ch.channels) {
             let residual = packed_like(residual, self);
-            self.normalize_channels_into(ch, &moments, weight, bias, (eps, true), Some(&residual))
+            self.normalize_channels_into(ch, &moments, weight, bias, (eps, true), Some(&residual)).0
         } else {
             self.normalize_channels(ch, &moments, weight, bias, (eps, false)).add(residual).relu()
         };
@@ -344,30 +346,9 @@ impl Tensor {
         self.same_device(x, op);
         let shape = [ch.channels];
         if x.device().is_cuda() {
-            // A channels-last x wants dy packed the same way (one flat pass over both).
-            let dy = if cuda::channels_last(x.layout(), ch.channels) {
-                packed_like(self, x)
-            } else {
-                self.clone()
-            };
-            let (dy_storage, x_storage) = (dy.storage(), x.storage());
-            let (Storage::Cuda(g), Storage::Cuda(s)) = (&*dy_storage, &*x_storage) else {
-                unreachable!("{op}: checked to be on one device")
-            };
-            let mean = device_param(mean, &shape, "mean", op, x);
-            let var = device_param(var, &shape, "var", op, x);
-            let weight = weight.map(|w| device_param(w, &shape, "weight", op, x));
-            let (dx, dweight, dbias) = cuda::batch_norm_backward(
-                (g, dy.layout()),
-                (s, x.layout()),
-                ch,
-                (&mean, &var, weight.as_ref()),
-                eps,
-                input_grad,
-                op,
-            );
-            let dx = dx.map(|d| in_layout_of(Tensor::from_storage(Storage::Cuda(d), x.dims()), x, ch));
-            return (dx, dweight.to_dtype(x.dtype()), dbias.to_dtype(x.dtype()));
+            let (dx, dweight, dbias, _) =
+                self.device_backward(x, (mean, var), weight, eps, (input_grad, FusedMask::None), op);
+            return (dx, dweight, dbias);
         }
         let stats = backward::HostStats {
             mean: param(mean, &shape, "mean", op, x),
@@ -379,51 +360,70 @@ impl Tensor {
         (dx, dweight, dbias)
     }
 
-    /// [`Tensor::batch_norm_backward`] through the ReLU that followed batch norm (and the
-    /// residual added before that ReLU, if any): `self` is the gradient of the ReLU's output
-    /// `relu_out`, masked with `relu_out > 0` (as [`Tensor::threshold_backward`] with
-    /// threshold 0) before batch norm's backward. Returns `(dx, dweight, dbias, masked)`, the
-    /// masked gradient (the residual's gradient) only when `keep_masked`.
-    ///
-    /// On the CPU the mask is applied as the two passes read the gradient, and the masked
-    /// gradient, when kept, is written by the first; elsewhere the mask is its own pass.
-    #[allow(clippy::too_many_arguments)]
-    pub fn batch_norm_relu_backward(
+    /// The CUDA side of [`Tensor::batch_norm_backward`], `self` being dy, with the gradient
+    /// masked by the ReLU that followed batch norm as `mask` says (a channels-last `x` only):
+    /// `(dx, dweight, dbias, masked)`, the masked gradient with [`FusedMask::Output`].
+    fn device_backward(
         &self,
-        relu_out: &Tensor,
         x: &Tensor,
         (mean, var): (&Tensor, &Tensor),
         weight: Option<&Tensor>,
         eps: f64,
-        input_grad: bool,
-        keep_masked: bool,
+        (input_grad, mask): (bool, FusedMask<'_>),
+        op: &str,
     ) -> (Option<Tensor>, Tensor, Tensor, Option<Tensor>) {
-        let op = "batch_norm_relu_backward";
         let ch = x.channel_view(op);
-        self.same_dtype(x, op);
-        self.same_dtype(relu_out, op);
-        self.same_device(x, op);
-        self.same_device(relu_out, op);
-        assert!(
-            self.dims() == x.dims() && relu_out.dims() == x.dims(),
-            "{op}: the output gradient has shape {:?}, the ReLU's output {:?}, the input {:?}",
-            self.dims(),
-            relu_out.dims(),
-            x.dims()
-        );
-        if x.device().is_cuda() {
-            let masked = self.threshold_backward(relu_out, 0.0);
-            let (dx, dw, db) = masked.batch_norm_backward(x, (mean, var), weight, eps, input_grad);
-            return (dx, dw, db, keep_masked.then_some(masked));
-        }
         let shape = [ch.channels];
-        let stats = backward::HostStats {
-            mean: param(mean, &shape, "mean", op, x),
-            var: param(var, &shape, "var", op, x),
-            weight: weight.map(|w| param(w, &shape, "weight", op, x)),
-            eps,
+        // A channels-last x wants dy (and the ReLU's output) packed the same way: one flat
+        // pass over all of them.
+        let cl = cuda::channels_last(x.layout(), ch.channels);
+        let dy = if cl { packed_like(self, x) } else { self.clone() };
+        let (relu_out, addend) = match mask {
+            FusedMask::Output { relu_out, addend } => {
+                (Some(packed_like(relu_out, x)), addend.map(|a| packed_like(a, x)))
+            }
+            _ => (None, None),
         };
-        backward::cpu_backward(self, Some(relu_out), x, ch, &stats, (input_grad, keep_masked))
+        let (dy_storage, x_storage) = (dy.storage(), x.storage());
+        let y_storage = relu_out.as_ref().map(|y| y.storage());
+        let a_storage = addend.as_ref().map(|a| a.storage());
+        let (Storage::Cuda(g), Storage::Cuda(s)) = (&*dy_storage, &*x_storage) else {
+            unreachable!("{op}: checked to be on one device")
+        };
+        // The ReLU's output and the addend were checked to be on the input's device.
+        fn on_device<'a>(
+            st: Option<&'a Storage>,
+            t: Option<&'a Tensor>,
+        ) -> Option<(&'a CudaStorage, &'a Layout)> {
+            match (st, t) {
+                (Some(Storage::Cuda(st)), Some(t)) => Some((st, t.layout())),
+                _ => None,
+            }
+        }
+        let device_mask = match mask {
+            FusedMask::None => cuda::DeviceMask::None,
+            FusedMask::Output { .. } => {
+                let Some((y, y_layout)) = on_device(y_storage.as_deref(), relu_out.as_ref()) else {
+                    unreachable!("{op}: an output mask has the ReLU's output")
+                };
+                cuda::DeviceMask::Output(y, y_layout, on_device(a_storage.as_deref(), addend.as_ref()))
+            }
+            FusedMask::Recompute(f) => cuda::DeviceMask::Recompute(f),
+        };
+        let mean = device_param(mean, &shape, "mean", op, x);
+        let var = device_param(var, &shape, "var", op, x);
+        let weight = weight.map(|w| device_param(w, &shape, "weight", op, x));
+        let (dx, dweight, dbias, masked) = cuda::batch_norm_backward(
+            (g, dy.layout()),
+            (s, x.layout()),
+            ch,
+            (&mean, &var, weight.as_ref()),
+            eps,
+            (input_grad, device_mask),
+            op,
+        );
+        let as_input = |d| in_layout_of(Tensor::from_storage(Storage::Cuda(d), x.dims()), x, ch);
+        (dx.map(as_input), dweight.to_dtype(x.dtype()), dbias.to_dtype(x.dtype()), masked.map(as_input))
     }
 
     /// Layer norm over the trailing dims `normalized_shape`, as `torch.native_layer_norm`:

@@ -9,7 +9,7 @@ fn fixtures() -> Fixtures {
 }
 
 /// Pseudo-random values `offset + spread * u`, `u` uniform in [-1, 1) (a fixed LCG).
-fn random(shape: &[usize], seed: u64, offset: f64, spread: f64, dev: Device) -> Tensor {
+pub(super) fn random(shape: &[usize], seed: u64, offset: f64, spread: f64, dev: Device) -> Tensor {
     let n: usize = shape.iter().product();
     let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
     let v: Vec<f64> = (0..n)
@@ -21,7 +21,7 @@ fn random(shape: &[usize], seed: u64, offset: f64, spread: f64, dev: Device) -> 
     Tensor::from_vec(v, shape, dev).unwrap()
 }
 
-fn check(got: &Tensor, expected: &Tensor, dtype: DType, what: &str) {
+pub(super) fn check(got: &Tensor, expected: &Tensor, dtype: DType, what: &str) {
     let (rtol, atol) = tolerance(dtype);
     assert_eq!(got.dtype(), dtype, "{what}: dtype");
     assert_close(got, expected, rtol, atol, what);
@@ -191,7 +191,12 @@ device_test! {
 }
 
 /// Batch norm's gradients from their definition in f64: `(dx, dweight, dbias)`.
-fn batch_norm_backward_loop(dy: &Tensor, x: &Tensor, w: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+pub(super) fn batch_norm_backward_loop(
+    dy: &Tensor,
+    x: &Tensor,
+    w: &[f64],
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (c, spatial) = (x.dims()[1], x.dims()[2..].iter().product::<usize>());
     let (xs, gs) = (x.to_f64_vec(), dy.to_f64_vec());
     let (mean, var) = channel_moments_loop(x);

@@ -196,8 +196,7 @@ fn avg_backward_planes<T: ComputeAs>(grad: &[T], layout: &Layout, win: &Windows)
 fn max_backward_planes<T: ComputeAs>(
     grad: &[T],
     grad_layout: &Layout,
-    indices: &[i64],
-    index_layout: &Layout,
+    (indices, index_layout, none): (&[i64], &Layout, Option<i64>),
     input: [usize; 2],
     op: &str,
 ) -> Vec<T> {
@@ -211,6 +210,9 @@ fn max_backward_planes<T: ComputeAs>(
         for r in 0..oh {
             for c in 0..ow {
                 let at = indices[ip.at(ib, r, c)];
+                if Some(at) == none {
+                    continue;
+                }
                 let slot = usize::try_from(at).ok().filter(|&i| i < plane).unwrap_or_else(|| {
                     panic!("{op}: index {at} is out of range for an input plane of {}x{}", input[0], input[1])
                 });
@@ -239,16 +241,17 @@ pub(super) fn avg_pool_backward(grad: &CpuStorage, layout: &Layout, win: &Window
     with_float_storage!(grad, op, g, T => T::into_storage(avg_backward_planes::<T>(g, layout, win)))
 }
 
+/// The max-pooling gradient scattered to the indices; an index equal to `none` (a window with
+/// no element) passes nothing.
 pub(super) fn max_pool_backward(
     grad: &CpuStorage,
     grad_layout: &Layout,
-    indices: &CpuStorage,
-    index_layout: &Layout,
+    (indices, index_layout, none): (&CpuStorage, &Layout, Option<i64>),
     input: [usize; 2],
     op: &str,
 ) -> CpuStorage {
     let indices = indices.as_slice::<i64>();
     with_float_storage!(grad, op, g, T => T::into_storage(
-        max_backward_planes::<T>(g, grad_layout, indices, index_layout, input, op)
+        max_backward_planes::<T>(g, grad_layout, (indices, index_layout, none), input, op)
     ))
 }

@@ -89,12 +89,20 @@ fn planes(layout: &Layout) -> usize {
     layout.dims()[0] * layout.dims()[1]
 }
 
+/// What max pooling records of each window's maximum: its flat index into the H*W plane (i64)
+/// or its offset inside the window (u8, see `window_offset` in `pool.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Argmax {
+    Index,
+    Offset,
+}
+
 /// Max pooling; with `nhwc` both results are written channels-last (the caller's layout).
 pub(super) fn max_pool(
     s: &CudaStorage,
     layout: &Layout,
     win: &Windows,
-    nhwc: bool,
+    (nhwc, argmax): (bool, Argmax),
     op: &str,
 ) -> (CudaStorage, CudaStorage) {
     let kernel = float_kernel(op, "max_pool", s.dtype());
@@ -102,21 +110,67 @@ pub(super) fn max_pool(
     let n = planes(layout) * oh * ow;
     let dev = s.device();
     let values = expect_launch(CudaStorage::alloc(dev, s.dtype(), n), op);
-    let indices = expect_launch(CudaStorage::alloc(dev, DType::I64, n), op);
+    let index_dtype = if argmax == Argmax::Offset { DType::U8 } else { DType::I64 };
+    let indices = expect_launch(CudaStorage::alloc(dev, index_dtype, n), op);
     if n == 0 {
+        return (values, indices);
+    }
+    if nhwc && argmax == Argmax::Offset && max_pool_offsets_cl(s, layout, win, (&values, &indices), op) {
         return (values, indices);
     }
     let f = expect_launch(dev.function(&SOURCE, &kernel), op);
     let ((rows, cols), lx) = (axes(win), PlaneLayout::new(layout));
-    let (x, pv, pi, n64) = (s.ptr(), values.ptr(), indices.ptr(), n as i64);
+    let (x, pv, n64) = (s.ptr(), values.ptr(), n as i64);
+    let (pi, po) = match argmax {
+        Argmax::Index => (indices.ptr(), 0u64),
+        Argmax::Offset => (0u64, indices.ptr()),
+    };
     let stream = values.stream();
     let mut b = stream.launch_builder(&f);
     let nhwc = nhwc as i32;
-    b.arg(&rows).arg(&cols).arg(&lx).arg(&x).arg(&pv).arg(&pi).arg(&n64).arg(&nhwc);
+    b.arg(&rows).arg(&cols).arg(&lx).arg(&x).arg(&pv).arg(&pi).arg(&po).arg(&n64).arg(&nhwc);
     // SAFETY: types match the kernel; every window lies inside the input plane, which the
-    // layout places inside `s`; `values` and `indices` hold n elements.
+    // layout places inside `s`; `values` and `indices` hold n elements (the one of idx and off
+    // that is not 0 is written).
     expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
     (values, indices)
+}
+
+/// Whether 16-byte vectors of `channels` (`dtype`) fit a dense channels-last `layout` whose
+/// element counts fit 32-bit arithmetic (`counts`): the vector kernels' preconditions.
+fn vector_case(layout: &Layout, dtype: DType, counts: &[usize]) -> Option<usize> {
+    let vec = 16 / dtype.size_in_bytes();
+    let fits = counts.iter().all(|&c| i32::try_from(c).is_ok());
+    (dense_channels_last(layout) && layout.dims()[1].is_multiple_of(vec) && fits).then_some(vec)
+}
+
+/// Max pooling with window offsets of a dense channels-last input with whole 16-byte channel
+/// vectors (`max_pool_offsets_cl`); `false` when the case is not that one.
+fn max_pool_offsets_cl(
+    s: &CudaStorage,
+    layout: &Layout,
+    win: &Windows,
+    (values, offsets): (&CudaStorage, &CudaStorage),
+    op: &str,
+) -> bool {
+    let dtype = s.dtype();
+    let [oh, ow] = win.output();
+    let n_out = planes(layout) * oh * ow;
+    let Some(vec) = vector_case(layout, dtype, &[layout.elem_count(), n_out]) else { return false };
+    let dev = s.device();
+    let f = expect_launch(dev.function(&SOURCE, &format!("max_pool_offsets_cl_{}", cuda::suffix(dtype))), op);
+    let (rows, cols) = axes(win);
+    let channels = layout.dims()[1];
+    let (x, pv, po) = (s.ptr(), values.ptr(), offsets.ptr());
+    let (n, groups, ch) = ((n_out / vec) as i32, (channels / vec) as i32, channels as i32);
+    let stream = values.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&rows).arg(&cols).arg(&x).arg(&pv).arg(&po).arg(&n).arg(&groups).arg(&ch);
+    // SAFETY: types match; x is dense channels-last [N, C, H, W] from offset 0 (16-byte aligned
+    // as every allocation) and the kernel reads only inside its windows; `values` and `offsets`
+    // hold N * C * OH * OW elements, written channels-last, one vector of channels per thread.
+    expect_launch(unsafe { b.launch(launch_cfg(n_out / vec)) }, op);
+    true
 }
 
 /// The divisor override as the kernels take it: 0 for none (an override of 0 is rejected).
@@ -229,13 +283,14 @@ pub(super) fn max_pool_backward(
 }
 
 /// The max-pooling gradient gathered per input element (kernel `max_pool_backward_gather`):
-/// each element adds, in row-major order, the gradients of the covering windows whose index
-/// names it. `nhwc` numbers the threads (and lays out the result) channels-last.
+/// each element adds, in row-major order, the gradients of the covering windows whose argmax
+/// (`indices`, as `argmax` says) names it. `nhwc` numbers the threads (and lays out the result)
+/// channels-last.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn max_pool_backward_gather(
     grad: &CudaStorage,
     grad_layout: &Layout,
-    indices: &CudaStorage,
-    index_layout: &Layout,
+    (indices, index_layout, argmax): (&CudaStorage, &Layout, Argmax),
     win: &Windows,
     nhwc: bool,
     op: &str,
@@ -248,15 +303,19 @@ pub(super) fn max_pool_backward_gather(
     if n == 0 {
         return out;
     }
-    if nhwc && max_pool_backward_cl(grad, grad_layout, indices, index_layout, win, &out, op) {
+    if nhwc && max_pool_backward_cl(grad, grad_layout, (indices, index_layout, argmax), win, &out, op) {
         return out;
     }
     let f = expect_launch(dev.function(&SOURCE, &kernel), op);
     let ((rows, cols), lg, li) = (axes(win), PlaneLayout::new(grad_layout), PlaneLayout::new(index_layout));
-    let (g, i, po, n64, nhwc) = (grad.ptr(), indices.ptr(), out.ptr(), n as i64, nhwc as i32);
+    let (pi, po) = match argmax {
+        Argmax::Index => (indices.ptr(), 0u64),
+        Argmax::Offset => (0u64, indices.ptr()),
+    };
+    let (g, out_ptr, n64, nhwc) = (grad.ptr(), out.ptr(), n as i64, nhwc as i32);
     let stream = out.stream();
     let mut b = stream.launch_builder(&f);
-    b.arg(&rows).arg(&cols).arg(&lg).arg(&li).arg(&g).arg(&i).arg(&po).arg(&n64).arg(&nhwc);
+    b.arg(&rows).arg(&cols).arg(&lg).arg(&li).arg(&g).arg(&pi).arg(&po).arg(&out_ptr).arg(&n64).arg(&nhwc);
     // SAFETY: types match; the kernel reads only the covering outputs 0..oh, 0..ow of each
     // plane, which the layouts place inside `grad` and `indices`; `out` holds n elements.
     expect_launch(unsafe { b.launch(launch_cfg(n)) }, op);
@@ -269,44 +328,41 @@ fn dense_channels_last(l: &Layout) -> bool {
     l.offset() == 0 && s == [d[2] * d[3] * d[1], 1, d[3] * d[1], d[1]]
 }
 
-/// The gather for dense channels-last gradients and indices with whole 16-byte channel
-/// vectors and 32-bit sizes (`max_pool_backward_cl`: a vector of channels per thread); `false`
-/// when the case is not that one (the general kernel then runs).
+/// The gather for dense channels-last gradients and argmaxes with whole 16-byte channel
+/// vectors and 32-bit sizes (`max_pool_backward_cl`, `max_pool_offsets_backward_cl`: a vector
+/// of channels per thread); `false` when the case is not that one (the general kernel then
+/// runs).
 fn max_pool_backward_cl(
     grad: &CudaStorage,
     grad_layout: &Layout,
-    indices: &CudaStorage,
-    index_layout: &Layout,
+    (indices, index_layout, argmax): (&CudaStorage, &Layout, Argmax),
     win: &Windows,
     out: &CudaStorage,
     op: &str,
 ) -> bool {
     let dtype = grad.dtype();
-    let vec = 16 / dtype.size_in_bytes();
     let channels = grad_layout.dims()[1];
     let [h, w] = win.input;
     let n_in = grad_layout.dims()[0] * channels * h * w;
-    let fits = |v: usize| i32::try_from(v).is_ok();
-    let vector_case = dense_channels_last(grad_layout)
-        && dense_channels_last(index_layout)
-        && channels.is_multiple_of(vec)
-        && fits(n_in)
-        && fits(grad_layout.elem_count());
-    if !vector_case {
+    let Some(vec) = vector_case(grad_layout, dtype, &[n_in, grad_layout.elem_count()]) else { return false };
+    if !dense_channels_last(index_layout) {
         return false;
     }
     let dev = grad.device();
-    let f =
-        expect_launch(dev.function(&SOURCE, &format!("max_pool_backward_cl_{}", cuda::suffix(dtype))), op);
+    let base = match argmax {
+        Argmax::Index => "max_pool_backward_cl",
+        Argmax::Offset => "max_pool_offsets_backward_cl",
+    };
+    let f = expect_launch(dev.function(&SOURCE, &format!("{base}_{}", cuda::suffix(dtype))), op);
     let (rows, cols) = axes(win);
     let (g, i, po) = (grad.ptr(), indices.ptr(), out.ptr());
     let (n, groups, ch) = ((n_in / vec) as i32, (channels / vec) as i32, channels as i32);
     let stream = out.stream();
     let mut b = stream.launch_builder(&f);
     b.arg(&rows).arg(&cols).arg(&g).arg(&i).arg(&po).arg(&n).arg(&groups).arg(&ch);
-    // SAFETY: types match; g and idx are dense channels-last [N, C, OH, OW] from offset 0 and
-    // the kernel reads only their covering outputs; `out` holds N * C * H * W elements, written
-    // channels-last, one vector of channels per thread.
+    // SAFETY: types match; g and the argmaxes are dense channels-last [N, C, OH, OW] from
+    // offset 0 and the kernel reads only their covering outputs; `out` holds N * C * H * W
+    // elements, written channels-last, one vector of channels per thread.
     expect_launch(unsafe { b.launch(launch_cfg(n_in / vec)) }, op);
     true
 }

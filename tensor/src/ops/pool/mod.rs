@@ -9,6 +9,10 @@
 
 pub(crate) mod cpu;
 pub(crate) mod cuda;
+mod offsets;
+#[cfg(test)]
+mod offsets_tests;
+pub use offsets::{MAX_OFFSET_TAPS, NO_OFFSET};
 #[cfg(test)]
 mod tests;
 
@@ -293,7 +297,8 @@ impl Tensor {
                 (Storage::Cpu(v), Storage::Cpu(i))
             }
             Storage::Cuda(s) => {
-                let (v, i) = cuda::max_pool(s, &nchw(self.layout()), windows, nhwc_on_cuda(self), op);
+                let how = (nhwc_on_cuda(self), cuda::Argmax::Index);
+                let (v, i) = cuda::max_pool(s, &nchw(self.layout()), windows, how, op);
                 (Storage::Cuda(v), Storage::Cuda(i))
             }
         };
@@ -385,14 +390,16 @@ impl Tensor {
         let (g_layout, i_layout) = (nchw(self.layout()), nchw(indices.layout()));
         match (&*self.storage(), &*indices.storage(), windows) {
             (Storage::Cpu(g), Storage::Cpu(i), _) => {
-                let out = cpu::max_pool_backward(g, &g_layout, i, &i_layout, spatial(&input_shape), op);
+                let out =
+                    cpu::max_pool_backward(g, &g_layout, (i, &i_layout, None), spatial(&input_shape), op);
                 Tensor::from_storage(Storage::Cpu(out), input_shape)
             }
             (Storage::Cuda(g), Storage::Cuda(i), Some(w)) => {
                 // Channels-last in, channels-last out, so the convolution before the pooling
                 // gets its gradient in the order it computes in.
                 let nhwc = nhwc_on_cuda(self);
-                let out = cuda::max_pool_backward_gather(g, &g_layout, i, &i_layout, w, nhwc, op);
+                let argmax = (i, &i_layout, cuda::Argmax::Index);
+                let out = cuda::max_pool_backward_gather(g, &g_layout, argmax, w, nhwc, op);
                 let t = Tensor::from_storage(Storage::Cuda(out), input_shape.clone());
                 if nhwc {
                     channels_last_view(&t)

@@ -72,12 +72,35 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
     *hi = pmin(*hi, a.output - 1);
 }
 
+// Max pooling's compact argmax: the position of the maximum inside its window, row-major over
+// the kernel's taps, ki * kernel_w + kj for the element at (o_h * stride_h - padding_h +
+// ki * dilation_h, likewise for w); NO_OFFSET for a window with no element. It needs a
+// kernel of at most 255 taps (the host checks), and 32-bit positions.
+#define NO_OFFSET 255
+__device__ __forceinline__ u8 window_offset(const PoolAxis& rows, const PoolAxis& cols, int r, int c, int h,
+                                            int w) {
+    const int ki = (h - (r * (int)rows.stride - (int)rows.padding)) / (int)rows.dilation;
+    const int kj = (w - (c * (int)cols.stride - (int)cols.padding)) / (int)cols.dilation;
+    return (u8)(ki * (int)cols.kernel + kj);
+}
+
+// The tap of window o (along a max axis) that lands on input position pos, or -1 when none
+// does (pos outside the window or between its dilated taps).
+__device__ __forceinline__ int window_tap(const PoolAxis& a, int o, int pos) {
+    const int into = pos - (o * (int)a.stride - (int)a.padding), d = (int)a.dilation;
+    if (into < 0 || into % d != 0 || into / d >= (int)a.kernel) return -1;
+    return into / d;
+}
+
 #define ID(x) (x)
 #define POOL(SUFFIX, T, C, LOAD, STORE)                                                          \
-    /* Max and its flat index into the H*W plane; NaN wins, a later NaN over an earlier one. */  \
-    /* nhwc: thread i is output element (n, r, c, channel) of a channels-last result.          */ \
+    /* Max and its flat index into the H*W plane (idx), or its offset in the window (off,    */ \
+    /* see window_offset; 255 for a window with no element), whichever is set; NaN wins, a     */ \
+    /* later NaN over an earlier one. nhwc: thread i is output element (n, r, c, channel) of   */ \
+    /* a channels-last result.                                                                  */ \
     extern "C" __global__ void max_pool_##SUFFIX(PoolAxis rows, PoolAxis cols, PlaneLayout lx,   \
-                                                 const T* x, T* out, i64* idx, i64 n, int nhwc) { \
+                                                 const T* x, T* out, i64* idx, u8* off, i64 n,   \
+                                                 int nhwc) {                                     \
         const i64 oh = rows.output, ow = cols.output, width = cols.input;                        \
         FOR_EACH(i, n) {                                                                         \
             i64 p, r, c;                                                                         \
@@ -95,18 +118,24 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
             const Win rw = pool_window(rows, r), cw = pool_window(cols, c);                      \
             const i64 base = plane_base(lx, p);                                                  \
             C best = (C)__longlong_as_double(0xfff0000000000000ull); /* -inf */                  \
-            i64 best_at = rw.start * width + cw.start;                                           \
+            i64 best_h = rw.start, best_w = cw.start;                                            \
             for (i64 h = rw.start; h < rw.end; h += rw.step) {                                   \
                 for (i64 w = cw.start; w < cw.end; w += cw.step) {                               \
                     const C v = LOAD(x[base + h * lx.s2 + w * lx.s3]);                           \
                     if (v > best || v != v) {                                                    \
                         best = v;                                                                \
-                        best_at = h * width + w;                                                 \
+                        best_h = h;                                                              \
+                        best_w = w;                                                              \
                     }                                                                            \
                 }                                                                                \
             }                                                                                    \
             out[i] = STORE(best);                                                                \
-            idx[i] = best_at;                                                                    \
+            if (idx) idx[i] = best_h * width + best_w;                                           \
+            if (off) {                                                                           \
+                const bool empty = rw.start >= rw.end || cw.start >= cw.end;                     \
+                off[i] = empty ? NO_OFFSET                                                       \
+                               : window_offset(rows, cols, r, c, (int)best_h, (int)best_w);      \
+            }                                                                                    \
         }                                                                                        \
     }                                                                                            \
     /* Window means; an empty window (all padding) gives 0. divisor 0: the windows' counts. */   \
@@ -181,12 +210,13 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
         }                                                                                        \
     }                                                                                            \
     /* Gradient of the max, one thread per input element: it adds the gradients of the        */ \
-    /* covering windows whose index names it, in row-major order as the per-plane kernel       */ \
-    /* does, so both give the same bits. nhwc: thread i is element (n, h, w, c) of a           */ \
-    /* channels-last result (coalesced for channels-last inputs), else (n, c, h, w).            */ \
+    /* covering windows whose index (idx) or window offset (off, whichever is set) names it,  */ \
+    /* in row-major order as the per-plane kernel does, so both give the same bits. nhwc:     */ \
+    /* thread i is element (n, h, w, c) of a channels-last result (coalesced for              */ \
+    /* channels-last inputs), else (n, c, h, w).                                               */ \
     extern "C" __global__ void max_pool_backward_gather_##SUFFIX(                                \
         PoolAxis rows, PoolAxis cols, PlaneLayout lg, PlaneLayout li, const T* g,                \
-        const i64* idx, T* out, i64 n, int nhwc) {                                               \
+        const i64* idx, const u8* off, T* out, i64 n, int nhwc) {                                \
         const i64 ih_len = rows.input, iw_len = cols.input, ch = lg.channels;                    \
         FOR_EACH(i, n) {                                                                         \
             i64 p, ih, iw;                                                                       \
@@ -207,9 +237,20 @@ __device__ void covering_outputs(const PoolAxis& a, i64 pos, i64* lo, i64* hi) {
             covering_outputs(cols, iw, &c_lo, &c_hi);                                            \
             const i64 gb = plane_base(lg, p), ib = plane_base(li, p);                            \
             C acc = 0;                                                                           \
-            for (i64 r = r_lo; r <= r_hi; ++r)                                                   \
-                for (i64 c = c_lo; c <= c_hi; ++c)                                               \
-                    if (idx[ib + r * li.s2 + c * li.s3] == at) acc += LOAD(g[gb + r * lg.s2 + c * lg.s3]); \
+            for (i64 r = r_lo; r <= r_hi; ++r) {                                                 \
+                const int ki = off ? window_tap(rows, (int)r, (int)ih) : 0;                      \
+                for (i64 c = c_lo; c <= c_hi; ++c) {                                             \
+                    const i64 k = ib + r * li.s2 + c * li.s3;                                    \
+                    bool chosen;                                                                 \
+                    if (off) {                                                                   \
+                        const int kj = window_tap(cols, (int)c, (int)iw);                        \
+                        chosen = ki >= 0 && kj >= 0 && off[k] == ki * (int)cols.kernel + kj;     \
+                    } else {                                                                     \
+                        chosen = idx[k] == at;                                                   \
+                    }                                                                            \
+                    if (chosen) acc += LOAD(g[gb + r * lg.s2 + c * lg.s3]);                      \
+                }                                                                                \
+            }                                                                                    \
             out[i] = STORE(acc);                                                                 \
         }                                                                                        \
     }
@@ -274,3 +315,127 @@ POOL_BACKWARD_CL(f32, PF32)
 POOL_BACKWARD_CL(f64, PF64)
 POOL_BACKWARD_CL(bf16, PBF16)
 POOL_BACKWARD_CL(f16, PF16)
+
+// Max pooling of a dense channels-last input with window offsets (see window_offset), E::V
+// channels per thread: 16-byte loads of x and stores of the maxima, one V-byte store of the
+// offsets, 32-bit index arithmetic. Same maxima, ties and NaN rule as max_pool (the window in
+// row-major order, the first maximum wins, NaN wins and a later NaN over an earlier one).
+// Thread t is (n, oh, ow, channel group); `groups` = channels / V.
+template <class E>
+__device__ void max_pool_offsets_cl(const PoolAxis& rows, const PoolAxis& cols, const typename E::T* x,
+                                    typename E::T* out, u8* offsets, int n, int groups, int channels) {
+    typedef typename E::T T;
+    typedef typename E::C C;
+    const int ih_len = (int)rows.input, iw_len = (int)cols.input, oh = (int)rows.output, ow = (int)cols.output;
+    const int kw = (int)cols.kernel, dh = (int)rows.dilation, dw = (int)cols.dilation;
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
+        const int cg = t % groups, pos = t / groups;
+        const int c = pos % ow, q = pos / ow, r = q % oh, img = q / oh;
+        // The window's first tap (maybe in the padding), its first tap inside the input, the
+        // end, and how many taps the padding skipped, per axis (as pool_window).
+        const int fh = r * (int)rows.stride - (int)rows.padding, fw = c * (int)cols.stride - (int)cols.padding;
+        const int skip_h = fh < 0 ? (-fh + dh - 1) / dh : 0, skip_w = fw < 0 ? (-fw + dw - 1) / dw : 0;
+        const int h0 = fh + skip_h * dh, w0 = fw + skip_w * dw;
+        const int h_end = min(fh + ((int)rows.kernel - 1) * dh + 1, ih_len);
+        const int w_end = min(fw + (kw - 1) * dw + 1, iw_len);
+        const bool empty = h0 >= h_end || w0 >= w_end;
+        C best[E::V];
+        int at[E::V];
+#pragma unroll
+        for (int e = 0; e < E::V; ++e) {
+            best[e] = (C)__longlong_as_double(0xfff0000000000000ull);  // -inf
+            at[e] = empty ? NO_OFFSET : skip_h * kw + skip_w;
+        }
+        for (int h = h0, ki = skip_h; h < h_end; h += dh, ++ki) {
+            for (int w = w0, kj = skip_w; w < w_end; w += dw, ++kj) {
+                const int base = ((img * ih_len + h) * iw_len + w) * channels + cg * E::V;
+                const PoolVec<T, E::V> xv = *(const PoolVec<T, E::V>*)(x + base);
+#pragma unroll
+                for (int e = 0; e < E::V; ++e) {
+                    const C v = E::up(xv.v[e]);
+                    if (v > best[e] || v != v) {
+                        best[e] = v;
+                        at[e] = ki * kw + kj;
+                    }
+                }
+            }
+        }
+        PoolVec<T, E::V> o;
+        PoolVec<u8, E::V> k;
+#pragma unroll
+        for (int e = 0; e < E::V; ++e) {
+            o.v[e] = E::down(best[e]);
+            k.v[e] = (u8)at[e];
+        }
+        *(PoolVec<T, E::V>*)(out + (i64)t * E::V) = o;
+        *(PoolVec<u8, E::V>*)(offsets + (i64)t * E::V) = k;
+    }
+}
+
+// The output positions o (along a max axis) whose window may hold input position pos: o * stride -
+// padding <= pos <= o * stride - padding + span - 1, clipped to the output.
+__device__ __forceinline__ void covering_windows(const PoolAxis& a, int pos, int* lo, int* hi) {
+    const int s = (int)a.stride, span = ((int)a.kernel - 1) * (int)a.dilation + 1;
+    const int from = pos + (int)a.padding - span + 1;
+    *lo = from <= 0 ? 0 : (from + s - 1) / s;
+    *hi = min((pos + (int)a.padding) / s, (int)a.output - 1);
+}
+
+// The gradient of max_pool_offsets_cl for dense channels-last g, offsets and out, E::V
+// channels per thread: each input element adds the gradients of the windows covering it whose
+// offset names it, in (row, column) order as max_pool_backward_gather does, so the same bits.
+// Thread t is (n, ih, iw, channel group).
+template <class E>
+__device__ void max_pool_offsets_backward_cl(const PoolAxis& rows, const PoolAxis& cols, const typename E::T* g,
+                                             const u8* offsets, typename E::T* out, int n, int groups,
+                                             int channels) {
+    typedef typename E::T T;
+    typedef typename E::C C;
+    const int ih_len = (int)rows.input, iw_len = (int)cols.input, oh = (int)rows.output, ow = (int)cols.output;
+    const int kw = (int)cols.kernel;
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
+        const int cg = t % groups, pos = t / groups;
+        const int iw = pos % iw_len, q = pos / iw_len, ih = q % ih_len, img = q / ih_len;
+        int r_lo, r_hi, c_lo, c_hi;
+        covering_windows(rows, ih, &r_lo, &r_hi);
+        covering_windows(cols, iw, &c_lo, &c_hi);
+        C acc[E::V];
+#pragma unroll
+        for (int e = 0; e < E::V; ++e) acc[e] = 0;
+        for (int r = r_lo; r <= r_hi; ++r) {
+            const int ki = window_tap(rows, r, ih);
+            if (ki < 0) continue;
+            for (int c = c_lo; c <= c_hi; ++c) {
+                const int kj = window_tap(cols, c, iw);
+                if (kj < 0) continue;
+                const int tap = ki * kw + kj;
+                const int base = ((img * oh + r) * ow + c) * channels + cg * E::V;
+                const PoolVec<u8, E::V> k = *(const PoolVec<u8, E::V>*)(offsets + base);
+                const PoolVec<T, E::V> gv = *(const PoolVec<T, E::V>*)(g + base);
+#pragma unroll
+                for (int e = 0; e < E::V; ++e)
+                    if (k.v[e] == tap) acc[e] += E::up(gv.v[e]);
+            }
+        }
+        PoolVec<T, E::V> o;
+#pragma unroll
+        for (int e = 0; e < E::V; ++e) o.v[e] = E::down(acc[e]);
+        *(PoolVec<T, E::V>*)(out + (i64)t * E::V) = o;
+    }
+}
+
+#define POOL_OFFSETS_CL(SUFFIX, E)                                                                       \
+    extern "C" __global__ void max_pool_offsets_cl_##SUFFIX(PoolAxis rows, PoolAxis cols, const E::T* x, \
+                                                            E::T* out, u8* offsets, int n, int groups,   \
+                                                            int channels) {                              \
+        max_pool_offsets_cl<E>(rows, cols, x, out, offsets, n, groups, channels);                        \
+    }                                                                                                    \
+    extern "C" __global__ void max_pool_offsets_backward_cl_##SUFFIX(                                    \
+        PoolAxis rows, PoolAxis cols, const E::T* g, const u8* offsets, E::T* out, int n, int groups,    \
+        int channels) {                                                                                  \
+        max_pool_offsets_backward_cl<E>(rows, cols, g, offsets, out, n, groups, channels);               \
+    }
+POOL_OFFSETS_CL(f32, PF32)
+POOL_OFFSETS_CL(f64, PF64)
+POOL_OFFSETS_CL(bf16, PBF16)
+POOL_OFFSETS_CL(f16, PF16)

@@ -18,7 +18,7 @@ fn flag(f: &Fixtures, case: &str, name: &str) -> bool {
 }
 
 /// The same values as a strided NCHW (or CHW) view of channels-last storage.
-fn channels_last(x: &Tensor) -> Tensor {
+pub(super) fn channels_last(x: &Tensor) -> Tensor {
     let v = if x.rank() == 4 {
         x.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])
     } else {
@@ -191,7 +191,7 @@ device_test! {
 }
 
 /// Deterministic pseudo-random values in [-1, 1) with few ties.
-fn random(n: usize, seed: u64) -> Vec<f64> {
+pub(super) fn random(n: usize, seed: u64) -> Vec<f64> {
     let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
@@ -218,16 +218,21 @@ fn naive_len(input: usize, k: usize, s: usize, p: usize, d: usize, ceil: bool) -
         .count()
 }
 
-struct Params {
-    kernel: [usize; 2],
-    stride: [usize; 2],
-    padding: [usize; 2],
-    dilation: [usize; 2],
-    ceil: bool,
+pub(super) struct Params {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ceil: bool,
 }
 
 /// Max pooling from the definition over a contiguous `[planes, h, w]` f64 buffer.
-fn naive_max(x: &[f64], planes: usize, [h, w]: [usize; 2], p: &Params) -> (Vec<f64>, Vec<i64>, [usize; 2]) {
+pub(super) fn naive_max(
+    x: &[f64],
+    planes: usize,
+    [h, w]: [usize; 2],
+    p: &Params,
+) -> (Vec<f64>, Vec<i64>, [usize; 2]) {
     let out: [usize; 2] = std::array::from_fn(|a| {
         naive_len([h, w][a], p.kernel[a], p.stride[a], p.padding[a], p.dilation[a], p.ceil)
     });
@@ -295,7 +300,7 @@ fn naive_avg(
     values
 }
 
-fn as_tensor(values: Vec<f64>, dims: Vec<usize>, dev: Device) -> Tensor {
+pub(super) fn as_tensor(values: Vec<f64>, dims: Vec<usize>, dev: Device) -> Tensor {
     Tensor::from_vec(values, dims, dev).unwrap()
 }
 

@@ -122,6 +122,46 @@ fn binary_vectorized(
     Some(out)
 }
 
+/// `a = a op b` in `a`'s own memory with the 16-byte-vector kernel, when both are contiguous,
+/// of one length and dtype (a float) and 16-byte aligned; false (nothing done) otherwise. Each
+/// thread reads a vector of `a` before it writes that vector back, so the output may be `a`;
+/// the arithmetic is the out-of-place kernel's, so the bits are `a.op(b)`'s.
+pub(crate) fn binary_in_place(
+    a: &mut CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    op: BinaryOp,
+) -> bool {
+    let size = a.dtype().size_in_bytes() as u64;
+    let pa = a.ptr() + la.offset() as u64 * size;
+    let pb = b.ptr() + lb.offset() as u64 * size;
+    let aligned = pa.is_multiple_of(16) && pb.is_multiple_of(16);
+    if !(a.dtype().is_float()
+        && a.dtype() == b.dtype()
+        && la.is_contiguous()
+        && lb.is_contiguous()
+        && aligned)
+    {
+        return false;
+    }
+    let n = la.elem_count();
+    if n == 0 {
+        return true;
+    }
+    let dev = a.device().clone();
+    let f =
+        expect_launch(dev.function(&SOURCE, &format!("binary_vec_{}", cuda::suffix(a.dtype()))), op.name());
+    let (code, n64) = (binary_code(op), n as i64);
+    let stream = a.stream();
+    let mut builder = stream.launch_builder(&f);
+    builder.arg(&code).arg(&pa).arg(&pb).arg(&pa).arg(&n64);
+    // SAFETY: both operands hold n contiguous elements from 16-byte-aligned addresses, and the
+    // kernel reads each element of `a` before writing it (see above).
+    expect_launch(unsafe { builder.launch(launch_cfg(n.div_ceil(16 / size as usize))) }, op.name());
+    true
+}
+
 /// The length of the contiguous block that `l` repeats along its leading dims (strides 0
 /// there, row-major contiguous after), if it repeats one at all: `[N]` broadcast to `[M, N]`
 /// gives N.

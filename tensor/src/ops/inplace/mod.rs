@@ -4,14 +4,16 @@
 //! else refers to it) while its values change.
 //!
 //! The arithmetic forms compute out of place and copy the result back, which costs one extra
-//! pass over memory; hot loops that need better (optimizer steps) have fused kernels of their
-//! own.
+//! pass over memory, except on CUDA when both operands are contiguous float tensors of the same
+//! shape and dtype (a gradient summed into another): there the kernel writes into `self`.
+//! Hot loops that need more (optimizer steps) have fused kernels of their own.
 
 mod cpu;
 pub(crate) mod cuda;
 #[cfg(test)]
 mod tests;
 
+use crate::ops::binary::BinaryOp;
 use crate::{Storage, Tensor};
 
 impl Tensor {
@@ -58,22 +60,52 @@ impl Tensor {
 
     /// `self += other` (broadcast to this tensor's shape).
     pub fn add_(&self, other: &Tensor) -> &Tensor {
-        self.copy_(&self.add(other))
+        if !self.binary_in_place(other, BinaryOp::Add) {
+            self.copy_(&self.add(other));
+        }
+        self
     }
 
     /// `self -= other`.
     pub fn sub_(&self, other: &Tensor) -> &Tensor {
-        self.copy_(&self.sub(other))
+        if !self.binary_in_place(other, BinaryOp::Sub) {
+            self.copy_(&self.sub(other));
+        }
+        self
     }
 
     /// `self *= other`.
     pub fn mul_(&self, other: &Tensor) -> &Tensor {
-        self.copy_(&self.mul(other))
+        if !self.binary_in_place(other, BinaryOp::Mul) {
+            self.copy_(&self.mul(other));
+        }
+        self
     }
 
     /// `self /= other`.
     pub fn div_(&self, other: &Tensor) -> &Tensor {
-        self.copy_(&self.div(other))
+        if !self.binary_in_place(other, BinaryOp::Div) {
+            self.copy_(&self.div(other));
+        }
+        self
+    }
+
+    /// `self = self op other` written straight into `self` on CUDA when both are contiguous
+    /// float tensors of one shape and dtype on one device and do not share storage; false
+    /// (nothing done) otherwise.
+    fn binary_in_place(&self, other: &Tensor, op: BinaryOp) -> bool {
+        let fits = self.dims() == other.dims() && self.dtype() == other.dtype() && !self.same_storage(other);
+        if !(fits && self.device().is_cuda() && self.device() == other.device()) {
+            return false;
+        }
+        let source = other.storage();
+        let mut dest = self.storage_mut();
+        match (&mut *dest, &*source) {
+            (Storage::Cuda(d), Storage::Cuda(s)) => {
+                crate::ops::binary::cuda::binary_in_place(d, self.layout(), s, other.layout(), op)
+            }
+            _ => false,
+        }
     }
 
     /// `self *= value`.

@@ -74,3 +74,38 @@ fn copy_into_an_expanded_view_panics() {
     let x = Tensor::zeros((1, 3), DType::F32, Device::Cpu).unwrap();
     x.broadcast_as((2, 3)).copy_(&Tensor::zeros((2, 3), DType::F32, Device::Cpu).unwrap());
 }
+
+device_test! {
+    fn arithmetic_in_place_equals_out_of_place_and_writes_the_shared_storage(dev: Device) {
+        // 1003 elements: whole 16-byte vectors and a tail; an offset view (narrow) as the
+        // destination takes the vector path only when aligned, else the copy path: same bits.
+        let rand = |seed: u64, n: usize, dtype: DType| {
+            let v: Vec<f64> = (0..n).map(|i| (((i as u64 * 2654435761 + seed) % 1000) as f64 - 500.0) / 97.0).collect();
+            Tensor::from_vec(v, [n], dev).unwrap().to_dtype(dtype)
+        };
+        for dtype in [DType::F32, DType::BF16, DType::F64, DType::F16] {
+            for offset in [0usize, 3, 8] {
+                let (a0, b) = (rand(1, 1011, dtype).narrow(0, offset, 1003), rand(2, 1003, dtype));
+                type Op = fn(&Tensor, &Tensor) -> Tensor;
+                type OpInPlace = for<'a> fn(&'a Tensor, &Tensor) -> &'a Tensor;
+                let ops: [(&str, Op, OpInPlace); 4] = [
+                    ("add_", |a, b| a.add(b), |a, b| a.add_(b)),
+                    ("sub_", |a, b| a.sub(b), |a, b| a.sub_(b)),
+                    ("mul_", |a, b| a.mul(b), |a, b| a.mul_(b)),
+                    ("div_", |a, b| a.div(b), |a, b| a.div_(b)),
+                ];
+                for (name, out_of_place, in_place) in ops {
+                    let a = a0.copy();
+                    let want = out_of_place(&a, &b).to_f64_vec();
+                    let alias = a.clone();
+                    in_place(&a, &b);
+                    let what = format!("{name} {dtype} offset {offset}");
+                    assert!(
+                        alias.to_f64_vec().iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{what}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -13,6 +13,7 @@ pub use half;
 
 #[macro_use]
 mod storage;
+mod cell;
 pub mod cuda;
 mod device;
 mod dtype;

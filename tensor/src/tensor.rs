@@ -1,11 +1,12 @@
 //! The `Tensor` type: shared storage seen through a layout.
 
+use crate::cell::StorageCell;
 use crate::dtype::{DType, Element};
 use crate::layout::Layout;
 use crate::shape::{Dim, Shape};
 use crate::storage::{CpuStorage, Storage};
 use crate::{Device, Error, Result};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 /// An n-dimensional array on a device.
 ///
@@ -13,7 +14,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// through an `Arc` and differ only in their [`Layout`].
 #[derive(Clone)]
 pub struct Tensor {
-    storage: Arc<RwLock<Storage>>,
+    storage: Arc<StorageCell>,
     layout: Layout,
     dtype: DType,
     device: Device,
@@ -27,7 +28,7 @@ impl Tensor {
         Tensor {
             dtype: storage.dtype(),
             device: storage.device(),
-            storage: Arc::new(RwLock::new(storage)),
+            storage: Arc::new(StorageCell::new(storage)),
             layout,
         }
     }
@@ -151,12 +152,18 @@ impl Tensor {
 
     /// Read access to the storage. Kernels hold it only for the duration of one op.
     pub fn storage(&self) -> RwLockReadGuard<'_, Storage> {
-        self.storage.read().unwrap_or_else(|e| e.into_inner())
+        self.storage.read()
     }
 
-    /// Write access, for in-place ops; the caller must respect the layout.
+    /// Write access, for in-place ops; the caller must respect the layout. Counts as a write:
+    /// it bumps the storage's [`version`](Tensor::version).
     pub fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
-        self.storage.write().unwrap_or_else(|e| e.into_inner())
+        self.storage.write().0
+    }
+
+    /// The cell shared by every tensor over this storage (its version and kept casts).
+    pub(crate) fn cell(&self) -> &StorageCell {
+        &self.storage
     }
 
     /// Number of tensors and views sharing this storage (for memory tests).

@@ -129,6 +129,46 @@ impl Tensor {
         copy.with_layout(self.layout().clone())
     }
 
+    /// The kept cast a fused optimizer step should write along with this parameter (the first
+    /// kept one; others are dropped, to be made again when used), when the parameter is an
+    /// f32 tensor over the whole of its storage. A copy that someone still holds a view of is
+    /// replaced by a fresh one, so that a value handed out never changes under its holder.
+    pub(crate) fn kept_cast_to_refresh(&self) -> Option<Tensor> {
+        let cell = self.cell();
+        if !cell.keep_casts.load(Ordering::Acquire) || !cast_cache_enabled() || self.dtype() != DType::F32 {
+            return None;
+        }
+        let whole =
+            self.is_contiguous() && self.layout().offset() == 0 && self.storage().len() == self.elem_count();
+        let mut casts = cell.casts();
+        if !whole {
+            casts.clear();
+            return None;
+        }
+        casts.truncate(1);
+        let kept = casts.first_mut()?;
+        if kept.copy.storage_ref_count() > 1 {
+            match Tensor::zeros(kept.copy.dims(), kept.copy.dtype(), kept.copy.device()) {
+                Ok(fresh) => kept.copy = fresh,
+                Err(_) => {
+                    casts.clear();
+                    return None;
+                }
+            }
+        }
+        Some(kept.copy.clone())
+    }
+
+    /// Records that `copy` (from [`kept_cast_to_refresh`](Tensor::kept_cast_to_refresh)) now
+    /// holds this storage at `source_version`, the copy itself being at `copy_version`.
+    pub(crate) fn kept_cast_refreshed(&self, copy: &Tensor, source_version: u64, copy_version: u64) {
+        let mut casts = self.cell().casts();
+        if let Some(kept) = casts.iter_mut().find(|c| c.copy.same_storage(copy)) {
+            kept.source_version = source_version;
+            kept.copy_version = copy_version;
+        }
+    }
+
     /// How many casts of this storage are kept now (for tests).
     #[doc(hidden)]
     pub fn kept_cast_count(&self) -> usize {

@@ -150,6 +150,11 @@ impl Tensor {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
+    /// An identity of this tensor's storage, equal for tensors that share it.
+    pub(crate) fn storage_key(&self) -> usize {
+        Arc::as_ptr(&self.storage) as usize
+    }
+
     /// Read access to the storage. Kernels hold it only for the duration of one op.
     pub fn storage(&self) -> RwLockReadGuard<'_, Storage> {
         self.storage.read()
@@ -159,6 +164,11 @@ impl Tensor {
     /// it bumps the storage's [`version`](Tensor::version).
     pub fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
         self.storage.write().0
+    }
+
+    /// [`storage_mut`](Tensor::storage_mut) and the version this write gave the storage.
+    pub(crate) fn storage_mut_versioned(&self) -> (RwLockWriteGuard<'_, Storage>, u64) {
+        self.storage.write()
     }
 
     /// The cell shared by every tensor over this storage (its version and kept casts).

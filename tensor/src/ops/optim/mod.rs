@@ -1,6 +1,7 @@
 //! Fused optimizer updates (`sgd_step_`, `adamw_step_`): one pass over a parameter, its
 //! gradient and its state buffers, updating the parameter and the state in place; on CUDA also
-//! over a whole list of parameters in one launch ([`MultiTensorStep`]).
+//! over a whole list of parameters in one launch ([`MultiTensorStep`]), and batch norm's running
+//! statistics in one launch (`Tensor::update_running_stats_`).
 //!
 //! Written out of tensor ops, one AdamW step reads and writes each buffer several times
 //! (decay, two moment updates, sqrt, divide, add); fused, every element is loaded and stored
@@ -14,6 +15,7 @@ mod cpu;
 pub(crate) mod cuda;
 mod multi;
 mod multi_cuda;
+mod running;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -145,3 +145,18 @@ __device__ __forceinline__ void store_shadow(void* s, int kind, i64 i, float x) 
 MULTI_KERNELS(f32, float)
 MULTI_KERNELS(bf16, bf16_t)
 MULTI_KERNELS(f16, f16_t)
+
+// Batch norm's running statistics in one launch, with the roundings of the composed f32 ops it
+// replaces (each scalar product an affine kernel's fused multiply-add with a zero addend, then
+// one rounded add): running = running * keep + batch * factor, the variance's batch value
+// first scaled by `unbiased`; `count` (the i64 batch counter, or null) gains one.
+extern "C" __global__ void running_stats_update(float* rmean, float* rvar, const float* mean,
+                                                const float* var, i64* count, i64 n, float keep,
+                                                float factor, float unbiased) {
+    if (count && blockIdx.x == 0 && threadIdx.x == 0) *count += 1;
+    FOR_EACH(c, n) {
+        rmean[c] = __fadd_rn(__fmaf_rn(rmean[c], keep, 0.0f), __fmaf_rn(mean[c], factor, 0.0f));
+        const float uv = __fmaf_rn(var[c], unbiased, 0.0f);
+        rvar[c] = __fadd_rn(__fmaf_rn(rvar[c], keep, 0.0f), __fmaf_rn(uv, factor, 0.0f));
+    }
+}

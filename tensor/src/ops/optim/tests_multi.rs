@@ -1,6 +1,7 @@
 //! Multi-tensor steps against the per-tensor ops, bit for bit (mixed sizes around the block's
 //! chunk, a 1-element parameter, an offset view, mixed gradient dtypes, more parameters than
-//! one launch takes); kept casts against fresh casts after steps and in-place changes.
+//! one launch takes); kept casts against fresh casts after steps and in-place changes; the
+//! fused running statistics against the composed ops they replace.
 
 use super::{AdamWParam, MultiTensorStep, SgdParam};
 use crate::{device_test, AdamWStep, DType, Device, Distribution, Generator, SgdStep, Tensor};
@@ -252,5 +253,36 @@ device_test! {
         let t = randn(8, dev);
         assert!(!t.to_dtype_cached(DType::BF16).same_storage(&t.to_dtype_cached(DType::BF16)));
         assert_eq!(t.kept_cast_count(), 0);
+    }
+}
+
+/// The composition `update_running_stats_` replaces, as batch norm wrote it.
+fn composed_running_stats(rm: &Tensor, rv: &Tensor, count: &Tensor, m: &Tensor, v: &Tensor, f: f64, k: f64) {
+    count.add_scalar_(1.0);
+    let unbiased = v.mul_scalar(k);
+    for (running, batch) in [(rm, m), (rv, &unbiased)] {
+        running.copy_(&running.mul_scalar(1.0 - f).add(&batch.mul_scalar(f)));
+    }
+}
+
+device_test! {
+    fn fused_running_statistics_equal_the_composed_ops_bit_for_bit(dev: Device) {
+        for c in [1, 3, 64, 1000, 2049] {
+            let (rm, rv) = (randn(c, dev), randn(c, dev).abs());
+            let (rm2, rv2) = (rm.copy(), rv.copy());
+            let (count, count2) = (Tensor::scalar(3i64, dev).unwrap(), Tensor::scalar(3i64, dev).unwrap());
+            for (f, k) in [(0.1, 256.0 / 255.0), (0.3, 1.5), (1.0 / 7.0, 12544.0 / 12543.0)] {
+                let (m, v) = (randn(c, dev), randn(c, dev).abs());
+                Tensor::update_running_stats_((&rm, &rv), Some(&count), (&m, &v), f, k);
+                composed_running_stats(&rm2, &rv2, &count2, &m, &v, f, k);
+                same_bits(&rm, &rm2, &format!("running mean, {c} channels, factor {f}"));
+                same_bits(&rv, &rv2, &format!("running var, {c} channels, factor {f}"));
+                assert_eq!(count.to_vec::<i64>(), count2.to_vec::<i64>(), "the batch counter");
+            }
+            // Without a counter the counter is left alone.
+            let (m, v) = (randn(c, dev), randn(c, dev).abs());
+            Tensor::update_running_stats_((&rm, &rv), None, (&m, &v), 0.1, 2.0);
+            assert_eq!(count.to_vec::<i64>(), vec![6]);
+        }
     }
 }

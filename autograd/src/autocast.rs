@@ -1,6 +1,7 @@
 //! Automatic mixed precision, as `torch.autocast`: inside [`autocast`], matrix products and
 //! convolutions run in a 16-bit dtype (their f32 inputs, parameters included, are cast on the
-//! way in, by differentiable casts, so gradients reach the f32 master weights in f32), while
+//! way in, by differentiable casts, so gradients reach the f32 master weights in f32; a
+//! parameter's cast is kept while it is unchanged, as PyTorch's autocast weight cache), while
 //! softmax, log-softmax, the norms and the losses run in f32 (their 16-bit inputs are widened).
 //! Everything else runs in whatever dtype its inputs have; mixed float inputs of elementwise
 //! ops are promoted to the wider type, as PyTorch does.
@@ -65,10 +66,12 @@ pub(crate) fn promoted(a: DType, b: DType) -> DType {
 
 impl Var {
     /// In an autocast region, an f32 value cast to the region's 16-bit dtype (differentiably);
-    /// otherwise, or for any other dtype, the value itself.
+    /// otherwise, or for any other dtype, the value itself. A parameter (or a view of one) is
+    /// lowered through the casts its storage keeps, so its 16-bit copy is made once per change
+    /// (a fused optimizer step rewrites it with the weight) instead of at every use.
     pub fn autocast_lower(&self) -> Var {
         match autocast_dtype() {
-            Some(low) if self.dtype() == DType::F32 => self.to_dtype(low),
+            Some(low) if self.dtype() == DType::F32 => self.to_dtype_cached(low),
             _ => self.clone(),
         }
     }

@@ -53,6 +53,8 @@ impl HookHandle {
 
 impl Var {
     /// A leaf that requires grad (`nn.Parameter`); its gradient collects in [`Var::grad`].
+    /// Its storage keeps the casts made of it (`Tensor::keep_casts`): autocast lowers it once
+    /// per change, not at every use.
     pub fn parameter(tensor: Tensor) -> Var {
         assert!(
             tensor.dtype().is_float(),
@@ -60,6 +62,7 @@ impl Var {
             tensor.dtype(),
             tensor.dims()
         );
+        tensor.keep_casts();
         let node = Node::leaf(&tensor);
         Var { tensor, node: Some(node) }
     }

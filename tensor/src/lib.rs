@@ -13,6 +13,7 @@ pub use half;
 
 #[macro_use]
 mod storage;
+mod cell;
 pub mod cuda;
 mod device;
 mod dtype;
@@ -36,7 +37,7 @@ pub use layout::Layout;
 pub use ops::attention::FlashAttention;
 pub use ops::binary::{BinaryOp, CmpOp};
 pub use ops::norm::{BatchNormFactors, ReluMask};
-pub use ops::optim::{AdamWStep, SgdStep};
+pub use ops::optim::{AdamWParam, AdamWStep, MultiTensorStep, SgdParam, SgdStep};
 pub use ops::random::{
     default_generator_state, manual_seed, set_default_generator_state, Distribution, Generator,
     GeneratorState,

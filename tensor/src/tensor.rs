@@ -1,11 +1,12 @@
 //! The `Tensor` type: shared storage seen through a layout.
 
+use crate::cell::StorageCell;
 use crate::dtype::{DType, Element};
 use crate::layout::Layout;
 use crate::shape::{Dim, Shape};
 use crate::storage::{CpuStorage, Storage};
 use crate::{Device, Error, Result};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 /// An n-dimensional array on a device.
 ///
@@ -13,7 +14,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// through an `Arc` and differ only in their [`Layout`].
 #[derive(Clone)]
 pub struct Tensor {
-    storage: Arc<RwLock<Storage>>,
+    storage: Arc<StorageCell>,
     layout: Layout,
     dtype: DType,
     device: Device,
@@ -27,7 +28,7 @@ impl Tensor {
         Tensor {
             dtype: storage.dtype(),
             device: storage.device(),
-            storage: Arc::new(RwLock::new(storage)),
+            storage: Arc::new(StorageCell::new(storage)),
             layout,
         }
     }
@@ -149,14 +150,30 @@ impl Tensor {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
-    /// Read access to the storage. Kernels hold it only for the duration of one op.
-    pub fn storage(&self) -> RwLockReadGuard<'_, Storage> {
-        self.storage.read().unwrap_or_else(|e| e.into_inner())
+    /// An identity of this tensor's storage, equal for tensors that share it.
+    pub(crate) fn storage_key(&self) -> usize {
+        Arc::as_ptr(&self.storage) as usize
     }
 
-    /// Write access, for in-place ops; the caller must respect the layout.
+    /// Read access to the storage. Kernels hold it only for the duration of one op.
+    pub fn storage(&self) -> RwLockReadGuard<'_, Storage> {
+        self.storage.read()
+    }
+
+    /// Write access, for in-place ops; the caller must respect the layout. Counts as a write:
+    /// it bumps the storage's [`version`](Tensor::version).
     pub fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
-        self.storage.write().unwrap_or_else(|e| e.into_inner())
+        self.storage.write().0
+    }
+
+    /// [`storage_mut`](Tensor::storage_mut) and the version this write gave the storage.
+    pub(crate) fn storage_mut_versioned(&self) -> (RwLockWriteGuard<'_, Storage>, u64) {
+        self.storage.write()
+    }
+
+    /// The cell shared by every tensor over this storage (its version and kept casts).
+    pub(crate) fn cell(&self) -> &StorageCell {
+        &self.storage
     }
 
     /// Number of tensors and views sharing this storage (for memory tests).

@@ -78,6 +78,16 @@ impl Var {
         })
     }
 
+    /// [`to_dtype`](Var::to_dtype) through the casts kept of a parameter's storage
+    /// (`Tensor::to_dtype_cached`): the same values and gradient, without a new cast while
+    /// the parameter is unchanged.
+    pub fn to_dtype_cached(&self, dtype: DType) -> Var {
+        let from = self.dtype();
+        Var::from_op("to_dtype", self.tensor().to_dtype_cached(dtype), &[self], move |g, _| {
+            vec![Some(g.to_dtype(from))]
+        })
+    }
+
     pub fn permute<D: Dim>(&self, order: impl AsRef<[D]>) -> Var {
         let rank = self.rank();
         let order: Vec<usize> = order.as_ref().iter().map(|d| d.to_index(rank, "permute")).collect();

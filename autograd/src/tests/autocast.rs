@@ -99,3 +99,29 @@ fn autocast_restores_the_previous_state_after_a_panic() {
 fn autocast_to_f32_is_refused() {
     autocast(DType::F32, || ());
 }
+
+device_test! {
+    fn autocast_lowers_a_parameter_once_per_change_and_keeps_its_gradient_f32(dev: Device) {
+        let w = Var::parameter(f32_randn(&[6, 5], 9, dev));
+        let x = Var::constant(f32_randn(&[4, 6], 10, dev));
+        let (a, b) = autocast(DType::BF16, || (w.autocast_lower(), w.narrow(0, 1, 3).autocast_lower()));
+        assert!(a.tensor().same_storage(b.tensor()), "both uses read the one kept cast");
+        let fresh = w.tensor().narrow(0, 1, 3).to_dtype(DType::BF16);
+        assert_eq!(b.tensor().to_f64_vec(), fresh.to_f64_vec(), "a view of the kept cast");
+
+        // The product and the gradient are those of an explicit cast; the gradient is f32.
+        autocast(DType::BF16, || x.matmul(&w)).sum_all().backward();
+        let kept = w.grad().unwrap();
+        assert_eq!(kept.dtype(), DType::F32, "the master gradient stays f32");
+        w.zero_grad();
+        x.to_dtype(DType::BF16).matmul(&w.to_dtype(DType::BF16)).sum_all().backward();
+        assert_eq!(kept.to_f64_vec(), w.grad().unwrap().to_f64_vec(), "gradient through the kept cast");
+
+        // Changed in place, the parameter is lowered afresh (the old cast is still held here).
+        w.tensor().add_scalar_(1.0);
+        let c = autocast(DType::BF16, || w.autocast_lower());
+        assert!(!c.tensor().same_storage(a.tensor()));
+        assert_eq!(c.tensor().to_f64_vec(), w.tensor().to_dtype(DType::BF16).to_f64_vec());
+        assert_ne!(c.tensor().to_f64_vec(), a.tensor().to_f64_vec(), "the held cast kept its values");
+    }
+}

@@ -129,19 +129,19 @@ impl BatchNorm2d {
         self.statistics.0.read().unwrap_or_else(PoisonError::into_inner).is_some()
     }
 
-    /// `running = (1 - f) * running + f * batch`, with the unbiased batch variance.
+    /// `running = (1 - f) * running + f * batch`, with the unbiased batch variance (one launch
+    /// on CUDA, counter included, when the momentum is set).
     fn update_running_stats(&self, stats: &RunningStats, mean: &Tensor, var: &Tensor, per_channel: usize) {
         let count = stats.num_batches_tracked.tensor();
-        count.add_scalar_(1.0);
-        let factor = match self.config.momentum {
-            Some(m) => m,
-            None => 1.0 / count.item(),
-        };
-        let unbiased = var.mul_scalar(per_channel as f64 / (per_channel - 1) as f64);
-        for (buffer, batch) in [(&stats.mean, mean), (&stats.var, &unbiased)] {
-            let running = buffer.tensor();
-            let batch = batch.to_dtype(running.dtype());
-            running.copy_(&running.mul_scalar(1.0 - factor).add(&batch.mul_scalar(factor)));
+        let running = (&stats.mean.tensor(), &stats.var.tensor());
+        let unbiased = per_channel as f64 / (per_channel - 1) as f64;
+        match self.config.momentum {
+            Some(m) => Tensor::update_running_stats_(running, Some(&count), (mean, var), m, unbiased),
+            None => {
+                // The cumulative average needs the new count on the host first.
+                count.add_scalar_(1.0);
+                Tensor::update_running_stats_(running, None, (mean, var), 1.0 / count.item(), unbiased)
+            }
         }
     }
 }

@@ -1,9 +1,10 @@
 //! `AdamW`: Adam with decoupled weight decay.
 
 use super::groups::{hypers, GroupConfig, Groups, IntoParamGroups};
-use super::sgd::with_master;
+use super::sgd::{is_master, with_master};
 use super::state::state_dtype;
-use oxtrain_tensor::{AdamWStep, DType, Tensor};
+use oxtrain_tensor::{AdamWParam, AdamWStep, DType, MultiTensorStep, Tensor};
+use std::collections::BTreeMap;
 
 /// Hyper-parameters of [`AdamW`], PyTorch's names and defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,9 +38,11 @@ impl GroupConfig for AdamWConfig {
 
 /// `torch.optim.AdamW`: per parameter, in one fused pass, `p *= 1 - lr*wd`,
 /// `m = b1 m + (1-b1) g`, `v = b2 v + (1-b2) g²` (AMSGrad: `vmax = max(vmax, v)` used below),
-/// `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`.
+/// `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`. On CUDA the f32 parameters
+/// of a group are updated by one launch (`MultiTensorStep`).
 pub struct AdamW {
     pub(crate) held: Groups<AdamWConfig>,
+    fused: MultiTensorStep,
 }
 
 impl AdamW {
@@ -50,29 +53,50 @@ impl AdamW {
             "AdamW: betas must be in [0, 1), got {:?}",
             config.betas
         );
-        AdamW { held: Groups::new(params, &config, "AdamW") }
+        AdamW { held: Groups::new(params, &config, "AdamW"), fused: MultiTensorStep::new() }
     }
 
     fn update(&mut self) {
-        self.held.for_each_grad(|c, p, grad, st| {
-            st.step += 1;
-            let step = AdamWStep {
-                lr: c.lr,
-                beta1: c.betas.0,
-                beta2: c.betas.1,
-                eps: c.eps,
-                weight_decay: c.weight_decay,
-                step: st.step,
-                maximize: c.maximize,
-            };
-            let (m, v) = (st.buffer("exp_avg", p), st.buffer("exp_avg_sq", p));
-            let vmax = c.amsgrad.then(|| st.buffer("max_exp_avg_sq", p));
-            if state_dtype(p) == DType::F64 {
-                adamw_composed(p.tensor(), &grad.to_dtype(DType::F64), (&m, &v, vmax.as_ref()), &step);
-            } else {
-                with_master(p, |master| master.adamw_step_(&grad, &m, &v, vmax.as_ref(), &step));
+        let AdamW { held, fused } = self;
+        held.for_each_group(|c, members| {
+            // By step count (its bias corrections), the same for a whole group but for
+            // parameters that missed steps.
+            let mut lists: BTreeMap<u64, Vec<AdamWParam>> = BTreeMap::new();
+            for (p, grad, st) in members {
+                st.step += 1;
+                let step = adamw_step(c, st.step);
+                let (m, v) = (st.buffer("exp_avg", p), st.buffer("exp_avg_sq", p));
+                let vmax = c.amsgrad.then(|| st.buffer("max_exp_avg_sq", p));
+                if state_dtype(p) == DType::F64 {
+                    adamw_composed(p.tensor(), &grad.to_dtype(DType::F64), (&m, &v, vmax.as_ref()), &step);
+                } else if is_master(p) {
+                    lists.entry(st.step).or_default().push(AdamWParam {
+                        param: p.tensor().clone(),
+                        grad,
+                        exp_avg: m,
+                        exp_avg_sq: v,
+                        max_exp_avg_sq: vmax,
+                    });
+                } else {
+                    with_master(p, |master| master.adamw_step_(&grad, &m, &v, vmax.as_ref(), &step));
+                }
+            }
+            for (step, list) in &lists {
+                fused.adamw_step_(list, &adamw_step(c, *step));
             }
         });
+    }
+}
+
+fn adamw_step(c: &AdamWConfig, step: u64) -> AdamWStep {
+    AdamWStep {
+        lr: c.lr,
+        beta1: c.betas.0,
+        beta2: c.betas.1,
+        eps: c.eps,
+        weight_decay: c.weight_decay,
+        step,
+        maximize: c.maximize,
     }
 }
 

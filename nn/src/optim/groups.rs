@@ -185,6 +185,26 @@ impl<C: GroupConfig> Groups<C> {
             }
         }
     }
+
+    /// Calls `f(group config, [(parameter, gradient, state)])` once per group with the group's
+    /// parameters that have a gradient, in the state's numbering: for updates that take a
+    /// whole group at once.
+    pub(crate) fn for_each_group(&mut self, mut f: impl FnMut(&C, Vec<(&Var, Tensor, &mut ParamState)>)) {
+        let total: usize = self.groups.iter().map(|g| g.params.len()).sum();
+        if total > 0 {
+            self.state.get_mut(total - 1);
+        }
+        let mut states = self.state.params.iter_mut();
+        for g in &self.groups {
+            let members = g
+                .params
+                .iter()
+                .zip(states.by_ref())
+                .filter_map(|(p, st)| p.grad().map(|grad| (p, grad, st)))
+                .collect();
+            f(&g.config, members);
+        }
+    }
 }
 
 /// Builds the groups of a new optimizer from specs and its defaults.

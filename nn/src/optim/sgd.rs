@@ -3,7 +3,7 @@
 use super::groups::{hypers, GroupConfig, Groups, IntoParamGroups};
 use super::state::state_dtype;
 use oxtrain_autograd::Var;
-use oxtrain_tensor::{DType, SgdStep, Tensor};
+use oxtrain_tensor::{DType, MultiTensorStep, SgdParam, SgdStep, Tensor};
 
 /// Hyper-parameters of [`Sgd`], PyTorch's names and defaults (`lr` 1e-3).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,8 +37,10 @@ impl GroupConfig for SgdConfig {
 
 /// `torch.optim.SGD`: `d = g + wd * p`; with momentum `buf = momentum * buf + (1 - dampening) * d`
 /// (`buf = d` on the first step), `d = d + momentum * buf` (Nesterov) or `d = buf`; `p -= lr * d`.
+/// On CUDA the f32 parameters of a group are updated by one launch (`MultiTensorStep`).
 pub struct Sgd {
     pub(crate) held: Groups<SgdConfig>,
+    fused: MultiTensorStep,
 }
 
 impl Sgd {
@@ -48,17 +50,12 @@ impl Sgd {
             !config.nesterov || (config.momentum > 0.0 && config.dampening == 0.0),
             "Sgd: Nesterov momentum requires a momentum and zero dampening"
         );
-        Sgd { held: Groups::new(params, &config, "Sgd") }
+        Sgd { held: Groups::new(params, &config, "Sgd"), fused: MultiTensorStep::new() }
     }
 
     fn update(&mut self) {
-        self.held.for_each_grad(|c, p, grad, st| {
-            let first = !st.buffers.contains_key(MOMENTUM);
-            let buf = (c.momentum != 0.0).then(|| st.buffer(MOMENTUM, p));
-            if state_dtype(p) == DType::F64 {
-                sgd_composed(p.tensor(), &grad.to_dtype(DType::F64), buf.as_ref(), first, c);
-                return;
-            }
+        let Sgd { held, fused } = self;
+        held.for_each_group(|c, members| {
             let step = SgdStep {
                 lr: c.lr,
                 momentum: c.momentum,
@@ -67,7 +64,28 @@ impl Sgd {
                 weight_decay: c.weight_decay,
                 maximize: c.maximize,
             };
-            with_master(p, |master| master.sgd_step_(&grad, buf.as_ref(), first, &step));
+            // By whether this is the buffer's first step (it starts from the gradient).
+            let mut lists: [Vec<SgdParam>; 2] = [vec![], vec![]];
+            for (p, grad, st) in members {
+                let first = !st.buffers.contains_key(MOMENTUM);
+                let buf = (c.momentum != 0.0).then(|| st.buffer(MOMENTUM, p));
+                if state_dtype(p) == DType::F64 {
+                    sgd_composed(p.tensor(), &grad.to_dtype(DType::F64), buf.as_ref(), first, c);
+                } else if is_master(p) {
+                    lists[first as usize].push(SgdParam {
+                        param: p.tensor().clone(),
+                        grad,
+                        momentum_buf: buf,
+                    });
+                } else {
+                    with_master(p, |master| master.sgd_step_(&grad, buf.as_ref(), first, &step));
+                }
+            }
+            for (first, list) in [false, true].into_iter().zip(&lists) {
+                if !list.is_empty() {
+                    fused.sgd_step_(list, first, &step);
+                }
+            }
         });
     }
 }
@@ -89,11 +107,16 @@ fn sgd_composed(p: &Tensor, grad: &Tensor, buf: Option<&Tensor>, first: bool, c:
 
 super::impl_optimizer!(Sgd, SgdConfig);
 
+/// Whether the fused steps update this parameter in place: contiguous f32.
+pub(crate) fn is_master(p: &Var) -> bool {
+    p.dtype() == DType::F32 && p.tensor().is_contiguous()
+}
+
 /// Runs a fused step on the parameter itself when it is contiguous f32, else on an f32 copy
 /// that is written back (bf16 parameters, non-contiguous views).
 pub(crate) fn with_master(p: &Var, f: impl FnOnce(&Tensor)) {
     let t = p.tensor();
-    if t.dtype() == DType::F32 && t.is_contiguous() {
+    if is_master(p) {
         f(t);
     } else {
         let master = t.to_dtype(DType::F32).copy();

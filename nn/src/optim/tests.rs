@@ -221,6 +221,51 @@ device_test! {
     }
 }
 
+device_test! {
+    fn autocast_weights_kept_by_the_fused_step_train_as_fresh_casts(dev: Device) {
+        // One AdamW over [w, b] (one launch on CUDA, which rewrites their bf16 casts) against
+        // the per-tensor op on copies lowered by explicit casts: the same bits at every step.
+        let mut gen = Generator::new(21);
+        let mut normal = |shape: &[usize]| {
+            Distribution::STANDARD_NORMAL.sample_with(&mut gen, shape, DType::F32, dev).unwrap()
+        };
+        let (x, w0, b0) = (Var::constant(normal(&[8, 12])), normal(&[12, 10]), normal(&[10]));
+        let params = [Var::parameter(w0.copy()), Var::parameter(b0.copy())];
+        let refs = [Var::parameter(w0.copy()), Var::parameter(b0.copy())];
+        let cfg = AdamWConfig { lr: 1e-2, ..Default::default() };
+        let mut opt = AdamW::new(params.to_vec(), cfg);
+        let zeros = |p: &Var| Tensor::zeros(p.dims(), DType::F32, dev).unwrap();
+        let moments: Vec<(Tensor, Tensor)> = refs.iter().map(|r| (zeros(r), zeros(r))).collect();
+        let square_sum = |y: Var| y.to_dtype(DType::F32).square().sum_all();
+        for step in 1..=3 {
+            opt.zero_grad();
+            let y = oxtrain_autograd::autocast(DType::BF16, || x.matmul(&params[0]).add(&params[1].autocast_lower()));
+            square_sum(y).backward();
+            opt.step();
+            refs.iter().for_each(Var::zero_grad);
+            let low = |v: &Var| v.to_dtype(DType::BF16);
+            square_sum(low(&x).matmul(&low(&refs[0])).add(&low(&refs[1]))).backward();
+            for ((p, r), (m, v)) in params.iter().zip(&refs).zip(&moments) {
+                assert_eq!(p.grad().unwrap().dtype(), DType::F32, "gradients reach the master in f32");
+                let g = r.grad().unwrap();
+                let s = oxtrain_tensor::AdamWStep {
+                    lr: cfg.lr,
+                    beta1: cfg.betas.0,
+                    beta2: cfg.betas.1,
+                    eps: cfg.eps,
+                    weight_decay: cfg.weight_decay,
+                    step,
+                    maximize: false,
+                };
+                r.tensor().adamw_step_(&g, m, v, None, &s);
+                assert_eq!(p.tensor().to_vec::<f32>(), r.tensor().to_vec::<f32>(), "step {step}");
+                let (kept, fresh) = (p.tensor().to_dtype_cached(DType::BF16), p.tensor().to_dtype(DType::BF16));
+                assert_eq!(kept.to_f64_vec(), fresh.to_f64_vec(), "the kept bf16 cast after step {step}");
+            }
+        }
+    }
+}
+
 #[test]
 fn state_dict_names_tensors_and_hyper_parameters_like_torch() {
     let params = fresh_params(Device::Cpu);

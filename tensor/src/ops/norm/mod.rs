@@ -63,10 +63,11 @@ fn param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor) -> V
     t.to_f64_vec()
 }
 
-/// Statistics or parameters as a contiguous f64 tensor on the (CUDA) input's device.
+/// Statistics or parameters as a contiguous f64 tensor on the (CUDA) input's device; a
+/// parameter's f64 copy is kept while it is unchanged (a fused optimizer step rewrites it).
 fn device_param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor) -> Tensor {
     check_param(t, shape, what, op, input);
-    t.to_dtype(DType::F64).contiguous()
+    t.to_dtype_cached(DType::F64).contiguous()
 }
 
 /// Per-channel mean and biased variance in f64: host vectors for a CPU input, `[C]` f64

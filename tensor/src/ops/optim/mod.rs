@@ -1,5 +1,7 @@
 //! Fused optimizer updates (`sgd_step_`, `adamw_step_`): one pass over a parameter, its
-//! gradient and its state buffers, updating the parameter and the state in place.
+//! gradient and its state buffers, updating the parameter and the state in place; on CUDA also
+//! over a whole list of parameters in one launch ([`MultiTensorStep`]), and batch norm's running
+//! statistics in one launch (`Tensor::update_running_stats_`).
 //!
 //! Written out of tensor ops, one AdamW step reads and writes each buffer several times
 //! (decay, two moment updates, sqrt, divide, add); fused, every element is loaded and stored
@@ -11,8 +13,15 @@
 
 mod cpu;
 pub(crate) mod cuda;
+mod multi;
+mod multi_cuda;
+mod running;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_multi;
+
+pub use multi::{AdamWParam, MultiTensorStep, SgdParam};
 
 use crate::{DType, Storage, Tensor};
 
@@ -75,35 +84,46 @@ pub(crate) struct AdamWCoefs {
     pub maximize: bool,
 }
 
-impl Tensor {
-    /// One in-place SGD step on this f32 parameter (PyTorch's `torch.optim.SGD` update):
-    /// `d = ±grad + weight_decay * p`; with momentum `buf = d` on the `first` step, else
-    /// `buf = momentum * buf + (1 - dampening) * d`, then `d = d + momentum * buf` (Nesterov)
-    /// or `d = buf`; finally `p -= lr * d`. `momentum_buf` must be given when momentum is not 0.
-    pub fn sgd_step_(&self, grad: &Tensor, momentum_buf: Option<&Tensor>, first: bool, cfg: &SgdStep) {
-        let op = "sgd_step_";
-        self.check_master(op, "param");
-        let grad = checked_grad(self, grad, op);
-        let has_buf = cfg.momentum != 0.0;
-        assert!(
-            !has_buf || momentum_buf.is_some(),
-            "{op}: momentum is {} but no momentum buffer was given",
-            cfg.momentum
-        );
-        let buf = if has_buf { momentum_buf } else { None };
-        if let Some(b) = buf {
-            check_state(self, b, op, "momentum_buffer");
-        }
-        let c = SgdCoefs {
+impl SgdCoefs {
+    pub(crate) fn new(cfg: &SgdStep, first: bool) -> SgdCoefs {
+        SgdCoefs {
             lr: cfg.lr as f32,
             momentum: cfg.momentum as f32,
             keep: (1.0 - cfg.dampening) as f32,
             weight_decay: cfg.weight_decay as f32,
             nesterov: cfg.nesterov,
             maximize: cfg.maximize,
-            has_buf,
+            has_buf: cfg.momentum != 0.0,
             first,
-        };
+        }
+    }
+}
+
+impl AdamWCoefs {
+    pub(crate) fn new(cfg: &AdamWStep) -> AdamWCoefs {
+        assert!(cfg.step >= 1, "adamw_step_: step counts the steps taken including this one; it starts at 1");
+        let t = cfg.step as f64;
+        AdamWCoefs {
+            decay: (1.0 - cfg.lr * cfg.weight_decay) as f32,
+            one_minus_beta1: (1.0 - cfg.beta1) as f32,
+            beta2: cfg.beta2 as f32,
+            one_minus_beta2: (1.0 - cfg.beta2) as f32,
+            step_size: (cfg.lr / (1.0 - cfg.beta1.powf(t))) as f32,
+            bc2_sqrt: (1.0 - cfg.beta2.powf(t)).sqrt() as f32,
+            eps: cfg.eps as f32,
+            maximize: cfg.maximize,
+        }
+    }
+}
+
+impl Tensor {
+    /// One in-place SGD step on this f32 parameter (PyTorch's `torch.optim.SGD` update):
+    /// `d = ±grad + weight_decay * p`; with momentum `buf = d` on the `first` step, else
+    /// `buf = momentum * buf + (1 - dampening) * d`, then `d = d + momentum * buf` (Nesterov)
+    /// or `d = buf`; finally `p -= lr * d`. `momentum_buf` must be given when momentum is not 0.
+    pub fn sgd_step_(&self, grad: &Tensor, momentum_buf: Option<&Tensor>, first: bool, cfg: &SgdStep) {
+        let (grad, buf) = self.check_sgd(grad, momentum_buf, cfg);
+        let c = SgdCoefs::new(cfg, first);
         if self.elem_count() == 0 {
             return;
         }
@@ -121,7 +141,7 @@ impl Tensor {
                 let bp = b.as_ref().map(|(o, s)| cuda_ptr(s, *o));
                 cuda::sgd(p, po, g, go, bp, n, &c)
             }
-            _ => unreachable!("{op}: devices were checked"),
+            _ => unreachable!("sgd_step_: devices were checked"),
         }
     }
 
@@ -137,31 +157,8 @@ impl Tensor {
         max_exp_avg_sq: Option<&Tensor>,
         cfg: &AdamWStep,
     ) {
-        let op = "adamw_step_";
-        self.check_master(op, "param");
-        let grad = checked_grad(self, grad, op);
-        check_state(self, exp_avg, op, "exp_avg");
-        check_state(self, exp_avg_sq, op, "exp_avg_sq");
-        assert!(!exp_avg.same_storage(exp_avg_sq), "{op}: exp_avg and exp_avg_sq share storage");
-        if let Some(vm) = max_exp_avg_sq {
-            check_state(self, vm, op, "max_exp_avg_sq");
-            assert!(
-                !vm.same_storage(exp_avg) && !vm.same_storage(exp_avg_sq),
-                "{op}: max_exp_avg_sq shares storage with another state buffer"
-            );
-        }
-        assert!(cfg.step >= 1, "{op}: step counts the steps taken including this one; it starts at 1");
-        let t = cfg.step as f64;
-        let c = AdamWCoefs {
-            decay: (1.0 - cfg.lr * cfg.weight_decay) as f32,
-            one_minus_beta1: (1.0 - cfg.beta1) as f32,
-            beta2: cfg.beta2 as f32,
-            one_minus_beta2: (1.0 - cfg.beta2) as f32,
-            step_size: (cfg.lr / (1.0 - cfg.beta1.powf(t))) as f32,
-            bc2_sqrt: (1.0 - cfg.beta2.powf(t)).sqrt() as f32,
-            eps: cfg.eps as f32,
-            maximize: cfg.maximize,
-        };
+        let grad = self.check_adamw(grad, exp_avg, exp_avg_sq, max_exp_avg_sq);
+        let c = AdamWCoefs::new(cfg);
         if self.elem_count() == 0 {
             return;
         }
@@ -192,8 +189,56 @@ impl Tensor {
                     [cuda_ptr(&m, mo), cuda_ptr(&v, vo), vm.as_ref().map_or(0, |(o, s)| cuda_ptr(s, *o))];
                 cuda::adamw(p, po, g, go, ptrs, n, &c)
             }
-            _ => unreachable!("{op}: devices were checked"),
+            _ => unreachable!("adamw_step_: devices were checked"),
         }
+    }
+
+    /// The checks of `sgd_step_`: returns the gradient (contiguous) and the momentum buffer
+    /// when momentum is used.
+    pub(crate) fn check_sgd<'a>(
+        &self,
+        grad: &Tensor,
+        momentum_buf: Option<&'a Tensor>,
+        cfg: &SgdStep,
+    ) -> (Tensor, Option<&'a Tensor>) {
+        let op = "sgd_step_";
+        self.check_master(op, "param");
+        let grad = checked_grad(self, grad, op);
+        let has_buf = cfg.momentum != 0.0;
+        assert!(
+            !has_buf || momentum_buf.is_some(),
+            "{op}: momentum is {} but no momentum buffer was given",
+            cfg.momentum
+        );
+        let buf = if has_buf { momentum_buf } else { None };
+        if let Some(b) = buf {
+            check_state(self, b, op, "momentum_buffer");
+        }
+        (grad, buf)
+    }
+
+    /// The checks of `adamw_step_`: returns the gradient (contiguous).
+    pub(crate) fn check_adamw(
+        &self,
+        grad: &Tensor,
+        exp_avg: &Tensor,
+        exp_avg_sq: &Tensor,
+        max_exp_avg_sq: Option<&Tensor>,
+    ) -> Tensor {
+        let op = "adamw_step_";
+        self.check_master(op, "param");
+        let grad = checked_grad(self, grad, op);
+        check_state(self, exp_avg, op, "exp_avg");
+        check_state(self, exp_avg_sq, op, "exp_avg_sq");
+        assert!(!exp_avg.same_storage(exp_avg_sq), "{op}: exp_avg and exp_avg_sq share storage");
+        if let Some(vm) = max_exp_avg_sq {
+            check_state(self, vm, op, "max_exp_avg_sq");
+            assert!(
+                !vm.same_storage(exp_avg) && !vm.same_storage(exp_avg_sq),
+                "{op}: max_exp_avg_sq shares storage with another state buffer"
+            );
+        }
+        grad
     }
 
     /// Panics naming `op` unless this is a contiguous f32 tensor (a master weight or state).
@@ -213,7 +258,8 @@ impl Tensor {
     }
 }
 
-/// The gradient, contiguous, after checking its shape, dtype and device against `param`.
+/// The gradient, contiguous (a contiguous view stays a view: the kernels take its offset),
+/// after checking its shape, dtype and device against `param`.
 fn checked_grad(param: &Tensor, grad: &Tensor, op: &str) -> Tensor {
     param.same_device(grad, op);
     assert!(
@@ -228,7 +274,11 @@ fn checked_grad(param: &Tensor, grad: &Tensor, op: &str) -> Tensor {
         grad.dtype()
     );
     assert!(!grad.same_storage(param), "{op}: the gradient shares storage with the parameter");
-    grad.contiguous()
+    if grad.is_contiguous() {
+        grad.clone()
+    } else {
+        grad.contiguous()
+    }
 }
 
 /// Panics unless `state` is a contiguous f32 buffer of the parameter's shape, on its device,

@@ -5,7 +5,10 @@
 //! a clear error from [`device`], and `Device::cuda_if_available` falls back to the CPU.
 
 pub mod alloc;
+pub mod aot;
+mod cubins;
 mod device;
+mod jobs;
 mod launch;
 pub mod libs;
 pub mod nvrtc;

@@ -1,7 +1,8 @@
 //! `oxtrain bench`: the time of a whole training step (forward, loss, backward, optimizer) of
 //! a built-in model on synthetic data already on the device. Warm-up steps first, then the
-//! median of `--steps` steps; throughput in images or tokens a second, and peak memory (the
-//! process's peak RSS on the CPU, the caching allocator's peak on a GPU). The result is one
+//! median of `--steps` steps; throughput in images or tokens a second, peak memory (the
+//! process's peak RSS on the CPU, the caching allocator's peak on a GPU), and the cold start:
+//! the first step's time and the time from process start to its end. The result is one
 //! JSON object on stdout, the shape of an entry of `bench/results/*.json` plus the raw step
 //! times, so a driver can set it beside PyTorch's figure for the same step.
 
@@ -275,6 +276,45 @@ fn parity(args: &BenchArgs, w: &mut Workload, dir: &std::path::Path) -> Result<(
     Ok(())
 }
 
+/// One step's wall time, ended by a device synchronisation, and when it ended.
+#[derive(Clone, Copy)]
+struct StepTime {
+    seconds: f64,
+    /// From the start of the process to the end of the step (Linux only).
+    since_process_start: Option<f64>,
+}
+
+fn timed_step(w: &mut Workload, sync: &dyn Fn() -> Result<(), BenchError>) -> Result<StepTime, BenchError> {
+    let t = Instant::now();
+    (w.step)();
+    sync()?;
+    Ok(StepTime { seconds: t.elapsed().as_secs_f64(), since_process_start: seconds_since_process_start() })
+}
+
+/// Seconds since this process started, from the kernel's record of its start (Linux only):
+/// it counts what runs before `main` and the loading of libraries too.
+fn seconds_since_process_start() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let started = start_ticks(&stat)? as f64;
+    // SAFETY: sysconf and clock_gettime only write the out-parameter given.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // The start time counts from boot, as CLOCK_BOOTTIME does (both include suspend).
+    if ticks_per_second <= 0 || unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) } != 0 {
+        return None;
+    }
+    let now = now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9;
+    Some((now - started / ticks_per_second as f64).max(0.0))
+}
+
+/// Field 22 of `/proc/<pid>/stat` (`starttime`, clock ticks after boot). The command name,
+/// field 2, is in parentheses and may hold spaces and parentheses itself, so fields are
+/// counted from the last `)`.
+fn start_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
 /// The process's peak resident set (VmHWM), in bytes; Linux only.
 fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -352,7 +392,13 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         if let Some(dir) = &args.parity {
             return parity(args, &mut w, dir);
         }
-        for _ in 0..args.warmup {
+        // The first step compiles or loads every kernel it uses: on a fresh machine, the cold
+        // start a user waits for. With no warm-up, the first timed step is that step.
+        let mut first_step = None;
+        if args.warmup > 0 {
+            first_step = Some(timed_step(&mut w, &sync)?);
+        }
+        for _ in 1..args.warmup {
             (w.step)();
         }
         sync()?;
@@ -371,15 +417,15 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         }
         let mut times = Vec::with_capacity(args.steps);
         for _ in 0..args.steps {
-            let t = Instant::now();
-            (w.step)();
-            sync()?;
-            times.push(t.elapsed().as_secs_f64());
+            let step = timed_step(&mut w, &sync)?;
+            first_step.get_or_insert(step);
+            times.push(step.seconds);
         }
         let steady = match device {
             Device::Cuda(n) => Some(steady_step_waits(n, &mut w.step).map_err(err)?),
             Device::Cpu => None,
         };
+        let first_step = first_step.expect("--steps is at least 1");
         if let (true, Device::Cuda(n)) = (args.profiler_range, device) {
             cuda::profiler_range(n, || drop((w.step)())).map_err(err)?;
         }
@@ -394,6 +440,8 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             "oxtrain": w.items as f64 / step_s,
             "step_seconds": step_s,
             "step_times": times,
+            "first_step_seconds": first_step.seconds,
+            "process_to_first_step_seconds": first_step.since_process_start,
             "peak_memory_bytes": peak,
             "memory_kind": if device.is_cuda() { "CUDA caching allocator peak" } else { "peak RSS" },
             "threads": threads,
@@ -405,4 +453,36 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         println!("{out}");
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_read_after_a_command_name_with_spaces_and_parentheses() {
+        // A line as proc(5) lays it out: pid (comm) state ppid ... with starttime 22nd.
+        let fields: Vec<String> =
+            (4..=52).map(|i| if i == 22 { "98765".into() } else { i.to_string() }).collect();
+        let stat = format!("4242 (a (b) c) S {}", fields.join(" "));
+        assert_eq!(start_ticks(&stat), Some(98765));
+        assert_eq!(start_ticks("4242 (x) S 1 2"), None);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_process_started_before_now_and_after_boot() {
+        let since_start = seconds_since_process_start().expect("Linux has /proc/self/stat");
+        let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        // Clock ticks are 10 ms: allow one either way.
+        assert!((0.0..=uptime + 0.02).contains(&since_start), "{since_start} s since start, {uptime} s up");
+        let later = seconds_since_process_start().unwrap();
+        assert!(later >= since_start, "{later} < {since_start}");
+    }
 }

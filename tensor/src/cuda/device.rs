@@ -3,10 +3,12 @@
 use super::alloc::{CachingAllocator, MemoryStats};
 use super::host_waits::{self, ErrorRecordArg, HostWaits, Wait, WaitCounters};
 use super::libs::{self, CudaLib};
-use super::nvrtc::{self, KernelSource};
+use super::nvrtc::KernelSource;
+use super::{aot, cubins};
 use crate::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A CUDA device as oxtrain uses it; get one with [`device`].
@@ -21,6 +23,9 @@ pub struct CudaDevice {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
     waits: WaitCounters,
+    /// Cleared when the driver refuses an embedded cubin (one newer than it, say): from then on
+    /// every family is compiled.
+    embedded_loads: AtomicBool,
 }
 
 pub(crate) fn driver_error(ordinal: usize, what: &str, e: impl std::fmt::Debug) -> Error {
@@ -63,6 +68,7 @@ pub fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
         return Ok(d.clone());
     }
     let d = Arc::new(CudaDevice::open(ordinal)?);
+    d.prepare_kernels();
     devices.insert(ordinal, d.clone());
     Ok(d)
 }
@@ -95,7 +101,26 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             waits: WaitCounters::default(),
+            embedded_loads: AtomicBool::new(!aot::disabled()),
         })
+    }
+
+    /// Loads one embedded cubin to learn whether the driver takes them, then starts compiling
+    /// in the background every family that has none this device can use, the longest first,
+    /// so that the first step waits for the slowest family rather than for all in turn.
+    fn prepare_kernels(&self) {
+        let sources = super::all_kernel_sources();
+        let probe = sources.iter().filter(|s| aot::has_embedded(s, self.arch)).min_by_key(|s| s.code.len());
+        if let Some(src) = probe {
+            if let Some(module) = self.load_embedded(src) {
+                self.modules.lock().unwrap_or_else(|e| e.into_inner()).insert(src.name, module);
+            }
+        }
+        let embedded = self.embedded_loads.load(Ordering::SeqCst);
+        let mut missing: Vec<KernelSource> =
+            sources.into_iter().filter(|s| !(embedded && aot::has_embedded(s, self.arch))).collect();
+        missing.sort_by_key(|s| std::cmp::Reverse(aot::compile_ms_hint(s)));
+        cubins::start_background(missing, self.arch);
     }
 
     pub fn ordinal(&self) -> usize {
@@ -176,16 +201,47 @@ impl CudaDevice {
     }
 
     fn module(&self, src: &KernelSource) -> Result<Arc<CudaModule>> {
-        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = modules.get(src.name) {
+        if let Some(m) = self.modules.lock().unwrap_or_else(|e| e.into_inner()).get(src.name) {
             return Ok(m.clone());
         }
-        let cubin = nvrtc::compile_cached(src, self.arch)?;
-        let module = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(|e| Error::Msg(format!("loading {}.cu for sm_{}: {e:?}", src.name, self.arch)))?;
-        modules.insert(src.name, module.clone());
-        Ok(module)
+        // Not under the lock: a family still compiling must not hold up the others.
+        let module = match self.load_embedded(src) {
+            Some(module) => module,
+            None => {
+                let cubin = cubins::compiled(src, self.arch)?;
+                self.ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec()))
+                    .map_err(|e| Error::Msg(format!("loading {}.cu for sm_{}: {e:?}", src.name, self.arch)))?
+            }
+        };
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(modules.entry(src.name).or_insert(module).clone())
+    }
+
+    /// The module of the embedded cubin of `src`, if this binary has one this device runs and
+    /// the driver takes it (a refusal is said once; from then on every family is compiled).
+    fn load_embedded(&self, src: &KernelSource) -> Option<Arc<CudaModule>> {
+        if !self.embedded_loads.load(Ordering::SeqCst) {
+            return None;
+        }
+        let cubin = aot::embedded_cubin(src, self.arch)?;
+        match self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)) {
+            Ok(module) => {
+                if cubins::log_enabled() {
+                    eprintln!("oxtrain: {}.cu for sm_{}: embedded cubin", src.name, self.arch);
+                }
+                Some(module)
+            }
+            Err(e) => {
+                if self.embedded_loads.swap(false, Ordering::SeqCst) {
+                    eprintln!(
+                        "oxtrain: the driver refused the embedded cubin of {}.cu on cuda:{} ({e:?}); \
+                         kernels are compiled with NVRTC instead (an older driver than the cubins need?)",
+                        src.name, self.ordinal
+                    );
+                }
+                None
+            }
+        }
     }
 }

@@ -192,6 +192,9 @@ fn load_first(lib: CudaLib) -> LibStatus {
             return match opened {
                 Ok(l) => {
                     std::mem::forget(l);
+                    if lib == CudaLib::Nvrtc {
+                        preload_nvrtc_builtins(dir);
+                    }
                     LibStatus::Loaded(path)
                 }
                 Err(e) => LibStatus::Failed(path, e.to_string()),
@@ -199,6 +202,27 @@ fn load_first(lib: CudaLib) -> LibStatus {
         }
     }
     LibStatus::NotFound
+}
+
+/// NVRTC opens `libnvrtc-builtins.so.<version>` by name when it compiles. Pip's NVRTC 13.0
+/// has no `$ORIGIN` run path, so the loader would not look beside it; loaded here first, the
+/// library is found by its soname instead. A failure is NVRTC's to report, at compile time.
+fn preload_nvrtc_builtins(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libnvrtc-builtins.so.")) {
+            // SAFETY: as in `load_first`; NVRTC would load this library itself.
+            let opened = unsafe {
+                libloading::os::unix::Library::open(
+                    Some(&path),
+                    libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+                )
+            };
+            if let Ok(l) = opened {
+                std::mem::forget(l);
+            }
+        }
+    }
 }
 
 /// Whether the system loader can open `lib` by name (after `preload`).

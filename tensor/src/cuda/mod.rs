@@ -5,8 +5,11 @@
 //! a clear error from [`device`], and `Device::cuda_if_available` falls back to the CPU.
 
 pub mod alloc;
+pub mod aot;
+mod cubins;
 mod device;
 pub(crate) mod host_waits;
+mod jobs;
 mod launch;
 pub mod libs;
 pub mod nvrtc;

@@ -1,7 +1,9 @@
 //! Compiling kernel sources with NVRTC, cached on disk.
 //!
 //! Each op family ships one CUDA C source (`ops/<family>/<family>.cu`) embedded in the binary.
-//! At first use it is compiled for the card's architecture to a cubin; the cubin is cached under
+//! Where the binary has no ahead-of-time cubin of it for the card ([`super::aot`]), it is
+//! compiled for the card's architecture to a cubin (in the background as soon as the device
+//! opens, or at first use: `super::cubins`); the cubin is cached under
 //! a key of (source hash, architecture, NVRTC version, options), so a second run compiles
 //! nothing. Compilation needs only libnvrtc (no GPU, no driver): CI uses that to check that
 //! every source compiles for every architecture we support.
@@ -41,7 +43,7 @@ pub fn version() -> Result<(i32, i32)> {
 }
 
 /// 64-bit FNV-1a: a stable hash for cache keys (std's hasher may change between Rust releases).
-fn fnv1a(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
         for &b in part.iter().chain(&(part.len() as u64).to_le_bytes()) {
@@ -64,10 +66,17 @@ pub fn cache_dir() -> Option<PathBuf> {
     Some(base.join("oxtrain").join("kernels"))
 }
 
+/// The key of a family's cubin: a hash of its source and the compiler options, the same for
+/// every architecture and NVRTC version (those are named beside it). The disk cache and the
+/// ahead-of-time cubins ([`super::aot`]) both use it to tell a cubin of today's source.
+pub fn cache_key(src: &KernelSource) -> u64 {
+    fnv1a(&[src.code.as_bytes(), OPTIONS.join(" ").as_bytes()])
+}
+
 /// Compiles `src` for `sm_{arch}` (e.g. 90) to a cubin, through the disk cache.
 pub fn compile_cached(src: &KernelSource, arch: u32) -> Result<Vec<u8>> {
     let (major, minor) = version()?;
-    let key = fnv1a(&[src.code.as_bytes(), OPTIONS.join(" ").as_bytes()]);
+    let key = cache_key(src);
     let file = format!("{}-{key:016x}-sm{arch}-nvrtc{major}.{minor}.cubin", src.name);
     let cached = cache_dir().map(|d| d.join(&file));
     if let Some(path) = &cached {
@@ -144,5 +153,11 @@ mod tests {
         // Fixed value: the key must not change between builds, or caches would never hit.
         assert_eq!(fnv1a(&[b"a"]), fnv1a(&[b"a"]));
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
+        // FNV-1a's published offset basis and prime, applied by hand to "a" and its length.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in [b'a', 1, 0, 0, 0, 0, 0, 0, 0] {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        assert_eq!(fnv1a(&[b"a"]), h);
     }
 }

@@ -27,6 +27,37 @@ fn all_kernel_sources_compile_with_nvrtc() {
     });
 }
 
+/// On an architecture the crate ships cubins for, every family's embedded cubin loads (so the
+/// first step needs no NVRTC) and the device opened without refusing them.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn embedded_cubins_load_for_every_family() {
+    if aot::disabled() {
+        return;
+    }
+    let dev = device(0).unwrap();
+    let arch = dev.arch();
+    let shipped = aot::Manifest::embedded().archs().contains(&arch);
+    for src in all_kernel_sources() {
+        let Some(cubin) = aot::embedded_cubin(&src, arch) else {
+            assert!(
+                !shipped,
+                "{}.cu has no embedded cubin for sm_{arch}: run scripts/aot_kernels.sh",
+                src.name
+            );
+            continue;
+        };
+        if let Err(e) = dev.context().load_module(cudarc::nvrtc::Ptx::from_binary(cubin)) {
+            panic!("the driver refused the embedded {}.cu for sm_{arch}: {e:?}", src.name);
+        }
+    }
+    // A kernel from an embedded cubin runs and computes: x + x on a length that is no multiple
+    // of the block.
+    let x = Tensor::from_vec((0..1000).map(|i| i as f32).collect(), [1000], Device::Cuda(0)).unwrap();
+    let want: Vec<f32> = (0..1000).map(|i| 2.0 * i as f32).collect();
+    assert_eq!(x.add(&x).to_vec::<f32>(), want);
+}
+
 #[test]
 fn a_kernel_typo_fails_with_the_compiler_log() {
     if nvrtc::version().is_err() {

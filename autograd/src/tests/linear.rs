@@ -89,21 +89,21 @@ fn compare(what: &str, fused: &Op, composed: &Op, inputs: &[Tensor], dev: Device
 device_test! {
     fn matmul_bias_equals_the_composition(dev: Device) {
         let fused = |v: &[Var]| v[0].matmul_bias(&v[1], &v[2]);
-        let composed = |v: &[Var]| v[0].matmul(&v[1]).add(&v[2]);
+        let composed = |v: &[Var]| v[0].matmul(&v[1]).add(&v[2].autocast_lower());
         let r = |shape: &[usize], seed| randn(shape, seed, Device::Cpu);
         compare("aligned", &fused, &composed, &[r(&[2, 24, 32], 1), r(&[32, 48], 2), r(&[48], 3)], dev);
         compare("odd dims", &fused, &composed, &[r(&[3, 5, 7], 4), r(&[7, 9], 5), r(&[9], 6)], dev);
         compare(
             "weight stored [out, in]",
             &|v: &[Var]| v[0].matmul_bias(&v[1].t(), &v[2]),
-            &|v: &[Var]| v[0].matmul(&v[1].t()).add(&v[2]),
+            &|v: &[Var]| v[0].matmul(&v[1].t()).add(&v[2].autocast_lower()),
             &[r(&[40, 32], 7), r(&[16, 32], 8), r(&[16], 9)],
             dev,
         );
         compare(
             "transposed input",
             &|v: &[Var]| v[0].t().matmul_bias(&v[1], &v[2]),
-            &|v: &[Var]| v[0].t().matmul(&v[1]).add(&v[2]),
+            &|v: &[Var]| v[0].t().matmul(&v[1]).add(&v[2].autocast_lower()),
             &[r(&[32, 48], 10), r(&[32, 24], 11), r(&[24], 12)],
             dev,
         );
@@ -113,7 +113,11 @@ device_test! {
 device_test! {
     fn gelu_tanh_mlp_equals_the_composition(dev: Device) {
         let fused = |v: &[Var]| v[0].gelu_tanh_mlp(&v[1], &v[2], &v[3], &v[4]);
-        let composed = |v: &[Var]| v[0].matmul(&v[1]).add(&v[2]).gelu_tanh().matmul(&v[3]).add(&v[4]);
+        // The biases join the products' dtype under autocast, as the fused op (and addmm) has it.
+        let composed = |v: &[Var]| {
+            let h = v[0].matmul(&v[1]).add(&v[2].autocast_lower()).gelu_tanh();
+            h.matmul(&v[3]).add(&v[4].autocast_lower())
+        };
         let r = |shape: &[usize], seed| randn(shape, seed, Device::Cpu);
         let mlp = |e: usize, h: usize, n: usize, seed: u64| {
             // Weights scaled as GPT-2 initialises them, so pre-activations cover GELU's bend.
@@ -128,7 +132,7 @@ device_test! {
         compare(
             "transposed input",
             &|v: &[Var]| v[0].t().gelu_tanh_mlp(&v[1], &v[2], &v[3], &v[4]),
-            &|v: &[Var]| v[0].t().matmul(&v[1]).add(&v[2]).gelu_tanh().matmul(&v[3]).add(&v[4]),
+            &move |v: &[Var]| composed(&[v[0].t(), v[1].clone(), v[2].clone(), v[3].clone(), v[4].clone()]),
             &[r(&[32, 48], 3), w1, b1, w2, b2],
             dev,
         );

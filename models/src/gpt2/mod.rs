@@ -329,6 +329,50 @@ mod tests {
         assert!(plain.3.iter().any(|g| *g != 0.0), "the weight gets a gradient");
     }
 
+    /// The CUDA head (rows 50304 apart for GPT-2's 50257 tokens, the cross-entropy's gradient in
+    /// that layout) against the plain head on the CPU: logits, loss and both gradients.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn cuda_head_with_padded_rows_matches_the_plain_cpu_head() {
+        let (b, t, embd, vocab) = (2, 5, 64, 50257);
+        let run = |device: Device| {
+            let hidden = Var::parameter(
+                Tensor::from_vec(seq(b * t * embd, 0.05), [b, t, embd], Device::Cpu)
+                    .unwrap()
+                    .to_device(device)
+                    .unwrap(),
+            );
+            let w = Var::parameter(
+                Tensor::from_vec(seq(vocab * embd, 0.01), [vocab, embd], Device::Cpu)
+                    .unwrap()
+                    .to_device(device)
+                    .unwrap(),
+            );
+            let layout = HeadLayout::for_device(device);
+            let logits = lm_head_logits(&hidden, &w, layout);
+            if layout == HeadLayout::PaddedRows(128) {
+                assert_eq!(logits.tensor().strides(), [t * 50304, 50304, 1], "rows padded to 50304");
+            }
+            let labels =
+                Tensor::from_vec(vec![1i64, 50256, 0, 5, 7, 3, 9, 11, 40000, 2], [b, t], device).unwrap();
+            let loss = Gpt2LMHeadModel::loss(&logits, &labels);
+            loss.backward();
+            let host = |x: &Tensor| x.to_device(Device::Cpu).unwrap();
+            (
+                host(logits.tensor()),
+                loss.tensor().item(),
+                host(&hidden.grad().unwrap()),
+                host(&w.grad().unwrap()),
+            )
+        };
+        let (want, got) = (run(Device::Cpu), run(Device::Cuda(0)));
+        let close = oxtrain_tensor::testing::assert_close;
+        close(&got.0, &want.0, 1e-4, 1e-5, "logits");
+        assert!((got.1 - want.1).abs() <= 1e-5 * want.1.abs(), "loss {} vs {}", got.1, want.1);
+        close(&got.2, &want.2, 1e-4, 1e-7, "hidden's gradient");
+        close(&got.3, &want.3, 1e-4, 1e-8, "weight's gradient");
+    }
+
     /// Logits, loss and every parameter's gradient of one step of a small GPT-2 (odd
     /// vocabulary, MLP and projections wide enough for the fused products) on `device`.
     fn step(

@@ -2,20 +2,41 @@
 //! broadcast batch dims; the engine sums broadcast batch dims back) and `bmm`.
 
 use crate::Var;
+use oxtrain_tensor::Tensor;
+
+/// How a product's output is computed from its operands (its layout may differ; its values
+/// and so its gradients are `torch.matmul`'s).
+type Product<'a> = &'a dyn Fn(&Tensor, &Tensor) -> Tensor;
 
 impl Var {
     /// The matrix product with `torch.matmul` semantics.
     pub fn matmul(&self, rhs: &Var) -> Var {
+        self.matmul_with(rhs, "matmul", &|a, b| a.matmul(b))
+    }
+
+    /// `self [.., k] @ rhs [k, n]` with the result's rows `n.next_multiple_of(multiple)`
+    /// elements apart, a narrowed view ([`Tensor::matmul_row_padded`]): the values and
+    /// gradients of [`Var::matmul`], in a layout that the next products (and the
+    /// cross-entropy's gradient, which keeps it) read with aligned rows. A language model's
+    /// head over an odd vocabulary uses it. Other ranks of `rhs` give the plain product.
+    pub fn matmul_row_padded(&self, rhs: &Var, multiple: usize) -> Var {
+        if rhs.rank() != 2 || self.rank() < 2 {
+            return self.matmul(rhs);
+        }
+        self.matmul_with(rhs, "matmul_row_padded", &move |a, b| a.matmul_row_padded(b, multiple))
+    }
+
+    fn matmul_with(&self, rhs: &Var, name: &'static str, product: Product) -> Var {
         if crate::autocast_dtype().is_some() {
             let (a, b) = (self.autocast_lower(), rhs.autocast_lower());
-            return crate::autocast_disabled(|| a.matmul(&b));
+            return crate::autocast_disabled(|| a.matmul_with(&b, name, product));
         }
         if self.dtype() != rhs.dtype() {
             let (a, b) = self.promote_pair(rhs);
-            return a.matmul(&b);
+            return a.matmul_with(&b, name, product);
         }
         let (a, b) = (self.tensor().clone(), rhs.tensor().clone());
-        let out = a.matmul(&b);
+        let out = product(&a, &b);
         let (a_vec, b_vec) = (a.rank() == 1, b.rank() == 1);
         // The output's shape before the dims added for 1-D operands were removed.
         let mut full = out.dims().to_vec();
@@ -28,7 +49,7 @@ impl Var {
         }
         let a2 = if a_vec { a.unsqueeze(0) } else { a };
         let b2 = if b_vec { b.unsqueeze(1) } else { b };
-        Var::from_op("matmul", out, &[self, rhs], move |g, needs| {
+        Var::from_op(name, out, &[self, rhs], move |g, needs| {
             let g = g.reshape(full.as_slice());
             let ga = needs[0].then(|| {
                 let ga = g.matmul(&b2.transpose(-2, -1));

@@ -5,6 +5,7 @@ mod attention;
 mod conv;
 mod elementwise;
 mod index;
+mod linear;
 mod matmul;
 mod norm;
 mod pool;

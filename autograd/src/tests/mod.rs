@@ -6,6 +6,7 @@ mod callbacks;
 mod elementwise;
 mod engine;
 mod index;
+mod linear;
 mod matmul;
 mod nn;
 mod reduce;

@@ -4,6 +4,10 @@
 //! what an unaligned leading dimension costs). `bench/peers/gpt2_matmuls.py` prints PyTorch's
 //! times for the same products; run both in one sitting and compare line by line.
 //!
+//! Then the same products with their cuBLASLt epilogues (bias, GELU, GELU gradient, bias
+//! gradient) beside the plain product, and the head with N = 50257 but rows 50304 apart (what
+//! the model runs: `matmul_row_padded`), whose dw is `(g^T x)^T` as the model computes it.
+//!
 //! `cargo run --release -p oxtrain-bench --bin gpt2_matmuls` (needs a CUDA GPU).
 
 use oxtrain_bench::time_gpu;
@@ -58,4 +62,59 @@ fn main() {
         }
     }
     println!("total per step (unpadded head): {:.2} ms", step_total * 1e3);
+    head_with_padded_rows();
+    epilogues();
+}
+
+/// The tied head as the model runs it: logits and their gradient with rows 50304 apart.
+fn head_with_padded_rows() {
+    let (k, n) = (768, 50257);
+    let x = rand([TOKENS, k]);
+    let w = rand([n, k]);
+    let g = rand([TOKENS, n.next_multiple_of(128)]).narrow(1, 0, n);
+    let flops = 2.0 * (TOKENS * k * n) as f64;
+    let passes: [(&str, Pass); 3] = [
+        ("fwd", Box::new(|| x.matmul_row_padded(&w.t(), 128))),
+        ("dx", Box::new(|| g.matmul(&w))),
+        ("dw", Box::new(|| g.t().matmul(&x))),
+    ];
+    for (pass, f) in passes {
+        let s = time_gpu(10, &mut || drop(f()));
+        println!("{:<16} {pass:<6} {:>10.1} {:>9.1}", "lm_head_rows", s * 1e6, flops / s / 1e12);
+    }
+}
+
+/// Each fused product of a GPT-2 layer against the plain product of the same shape.
+fn epilogues() {
+    println!("\n{:<28} {:>10} {:>10}", "fused product", "fused us", "plain us");
+    let (e, h) = (768, 3072);
+    let (x, w_fc, b_fc) = (rand([TOKENS, e]), rand([e, h]), rand([1, h]).reshape([h]));
+    let (w_attn, b_attn) = (rand([e, 3 * e]), rand([1, 3 * e]).reshape([3 * e]));
+    let (hidden, w_proj, g) = (rand([TOKENS, h]), rand([h, e]), rand([TOKENS, e]));
+    let g_fc = rand([TOKENS, h]);
+    let before = cuda::epilogue_products_on_this_thread();
+    let rows: [(&str, Pass, Pass); 4] = [
+        ("c_attn x@w+b", Box::new(|| x.matmul_bias(&w_attn, &b_attn)), Box::new(|| x.matmul(&w_attn))),
+        (
+            "c_fc gelu(x@w+b)",
+            Box::new(|| x.matmul_bias_gelu_tanh(&w_fc, &b_fc).0),
+            Box::new(|| x.matmul(&w_fc)),
+        ),
+        (
+            "c_proj dx*gelu'(pre), db_fc",
+            Box::new(|| g.matmul_gelu_tanh_backward(&w_proj.t(), &hidden).0),
+            Box::new(|| g.matmul(&w_proj.t())),
+        ),
+        (
+            "c_fc dw, db",
+            Box::new(|| x.t().matmul_and_rhs_col_sums(&g_fc).0),
+            Box::new(|| x.t().matmul(&g_fc)),
+        ),
+    ];
+    for (name, fused, plain) in rows {
+        let (sf, sp) = (time_gpu(10, &mut || drop(fused())), time_gpu(10, &mut || drop(plain())));
+        println!("{name:<28} {:>10.1} {:>10.1}", sf * 1e6, sp * 1e6);
+    }
+    let used = cuda::epilogue_products_on_this_thread() - before;
+    println!("products run with an epilogue: {used} (0 means cuBLASLt refused them all: compositions ran)");
 }

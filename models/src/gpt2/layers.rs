@@ -38,9 +38,10 @@ impl Module for Conv1D {
 
 impl Forward for Conv1D {
     fn forward(&self, x: &Var) -> Var {
-        // Under autocast the bias joins the product's 16-bit dtype, as in HF's `torch.addmm`,
-        // rather than promoting the sum (and every op after it) to f32.
-        x.matmul(&self.weight.var()).add(&self.bias.var().autocast_lower())
+        // One op (on CUDA the bias is added in the product's epilogue). Under autocast the bias
+        // joins the product's 16-bit dtype, as in HF's `torch.addmm`, rather than promoting the
+        // sum (and every op after it) to f32.
+        x.matmul_bias(&self.weight.var(), &self.bias.var())
     }
 }
 
@@ -125,8 +126,7 @@ impl Gpt2Attention {
         // Under autocast the input is lowered once here, not once per product (three casts
         // forward, three gradients widened and summed backward).
         let x = &x.autocast_lower();
-        let proj =
-            |i: usize| x.matmul(&w.narrow(1, i * e, e)).add(&bias.narrow(0, i * e, e).autocast_lower());
+        let proj = |i: usize| x.matmul_bias(&w.narrow(1, i * e, e), &bias.narrow(0, i * e, e));
         let heads = |v: &Var| v.reshape([b, t, h, e / h]).transpose(1, 2);
         let (q, k, v) = (heads(&proj(0)), heads(&proj(1)), heads(&proj(2)));
         let training = self.training.get();
@@ -180,7 +180,15 @@ impl Module for Gpt2Mlp {
 
 impl Forward for Gpt2Mlp {
     fn forward(&self, x: &Var) -> Var {
-        let y = self.c_proj.forward(&self.act.apply(&self.c_fc.forward(x)));
+        let (fc, proj) = (&self.c_fc, &self.c_proj);
+        let y = match self.act {
+            // One op whose products carry the biases, the GELU and its derivative, and the
+            // bias gradients in their epilogues on CUDA.
+            Activation::GeluTanh => {
+                x.gelu_tanh_mlp(&fc.weight.var(), &fc.bias.var(), &proj.weight.var(), &proj.bias.var())
+            }
+            act => proj.forward(&act.apply(&fc.forward(x))),
+        };
         dropout(&y, self.resid_pdrop, self.training.get())
     }
 }

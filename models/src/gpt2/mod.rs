@@ -195,13 +195,7 @@ impl Gpt2LMHeadModel {
     pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Var {
         let hidden = self.transformer.forward_hidden(input_ids, attention_mask);
         let w = self.lm_head.weight.var();
-        // On CUDA the head runs on a vocabulary padded with zero rows to a multiple of 8
-        // (nanoGPT's 50304 trick, here 50264): with GPT-2's 50257, every product of the head
-        // (logits, their input gradient, the weight gradient) has an odd dim, and cuBLAS falls
-        // back to its unvectorised kernels, the three together slower than all the rest of
-        // the model's products. The CPU's gemm has no such cliff.
-        let multiple = if w.device().is_cuda() { 8 } else { 1 };
-        lm_head_logits(&hidden, &w, multiple)
+        lm_head_logits(&hidden, &w, HeadLayout::for_device(w.device()))
     }
 
     /// Hugging Face's causal-LM loss: position `t` predicts `labels[t + 1]`; labels equal to
@@ -225,19 +219,62 @@ impl Gpt2LMHeadModel {
     }
 }
 
-/// `hidden @ w^T` computed on `w` padded with zero rows to a multiple of `multiple` rows: the
-/// logits are the first `w.rows` columns of the padded product, a view, and the pad rows'
-/// gradient is dropped by the concatenation's backward.
-fn lm_head_logits(hidden: &Var, w: &Var, multiple: usize) -> Var {
-    let (vocab, embd) = (w.dims()[0], w.dims()[1]);
-    let pad = vocab.next_multiple_of(multiple) - vocab;
-    if pad == 0 {
-        return hidden.matmul(&w.t());
+/// How the head's product lays out the logits. With GPT-2's vocabulary of 50257, logits stored
+/// contiguously have an odd row stride, and every product of the head (logits, their input
+/// gradient, the weight gradient) reads or writes rows that are not 16-byte aligned: cuBLAS
+/// falls back to its unvectorised kernels, the three together slower than all the rest of the
+/// model's products. The CPU's gemm has no such cliff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HeadLayout {
+    /// Contiguous `[.., vocab]` logits.
+    Plain,
+    /// Logits whose rows lie `vocab` rounded up to a multiple of this many elements apart
+    /// ([`Var::matmul_row_padded`]): the product's N stays the vocabulary, the weight is used
+    /// as it is, and the cross-entropy's gradient keeps the layout for the backward products.
+    PaddedRows(usize),
+    /// The weight copied every step with zero rows up to a multiple of this many rows (the
+    /// layout before `PaddedRows`, kept to compare against: `OXTRAIN_DISABLE_PADDED_LOGITS=1`).
+    PaddedWeight(usize),
+}
+
+impl HeadLayout {
+    /// Rows 128 elements apart on CUDA: 50257 becomes 50304 (nanoGPT's padded vocabulary), so
+    /// every row starts on a 256-byte boundary in bf16, more than the 16 bytes cuBLAS needs;
+    /// 64 would give the same stride for GPT-2, 128 keeps it a whole number of the products'
+    /// 128-wide tiles for any vocabulary.
+    fn for_device(device: Device) -> HeadLayout {
+        static OLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let old = *OLD.get_or_init(|| {
+            std::env::var("OXTRAIN_DISABLE_PADDED_LOGITS").is_ok_and(|v| !v.is_empty() && v != "0")
+        });
+        match (device.is_cuda(), old) {
+            (false, _) => HeadLayout::Plain,
+            (true, false) => HeadLayout::PaddedRows(128),
+            (true, true) => HeadLayout::PaddedWeight(8),
+        }
     }
-    let w = w.autocast_lower();
-    let zeros = Tensor::zeros([pad, embd], w.dtype(), w.device()).expect("the head's pad rows on its device");
-    let padded = Var::cat(&[w, Var::constant(zeros)], 0);
-    hidden.matmul(&padded.t()).narrow(-1, 0, vocab)
+}
+
+/// `hidden @ w^T` in `layout`: always the plain product's values and gradients.
+fn lm_head_logits(hidden: &Var, w: &Var, layout: HeadLayout) -> Var {
+    let (vocab, embd) = (w.dims()[0], w.dims()[1]);
+    match layout {
+        HeadLayout::Plain => hidden.matmul(&w.t()),
+        HeadLayout::PaddedRows(multiple) => hidden.matmul_row_padded(&w.t(), multiple),
+        HeadLayout::PaddedWeight(multiple) => {
+            // The logits are the first `vocab` columns of the padded product, a view; the pad
+            // rows' gradient is dropped by the concatenation's backward.
+            let pad = vocab.next_multiple_of(multiple) - vocab;
+            if pad == 0 {
+                return hidden.matmul(&w.t());
+            }
+            let w = w.autocast_lower();
+            let zeros =
+                Tensor::zeros([pad, embd], w.dtype(), w.device()).expect("the head's pad rows on its device");
+            let padded = Var::cat(&[w, Var::constant(zeros)], 0);
+            hidden.matmul(&padded.t()).narrow(-1, 0, vocab)
+        }
+    }
 }
 
 impl Module for Gpt2LMHeadModel {
@@ -255,19 +292,22 @@ mod tests {
         (0..n).map(|i| ((i * 37 % 23) as f32 - 11.0) * scale).collect()
     }
 
-    /// The padded head gives the unpadded head's logits, loss and gradients: the pad columns
+    /// The padded heads give the unpadded head's logits, loss and gradients: the pad columns
     /// must be invisible to the loss and to both gradients.
     #[test]
     fn padded_head_matches_the_plain_product() {
         let (b, t, embd, vocab) = (2, 3, 4, 13);
-        let run = |multiple: usize| {
+        let run = |layout: HeadLayout| {
             let hidden =
                 Var::parameter(Tensor::from_vec(seq(b * t * embd, 0.1), [b, t, embd], Device::Cpu).unwrap());
             let w = Var::parameter(
                 Tensor::from_vec(seq(vocab * embd, 0.07), [vocab, embd], Device::Cpu).unwrap(),
             );
-            let logits = lm_head_logits(&hidden, &w, multiple);
+            let logits = lm_head_logits(&hidden, &w, layout);
             assert_eq!(logits.dims(), [b, t, vocab]);
+            if let HeadLayout::PaddedRows(multiple) = layout {
+                assert_eq!(logits.tensor().strides()[1], vocab.next_multiple_of(multiple), "rows padded");
+            }
             let labels = Tensor::from_vec(vec![1i64, 12, 0, 5, 7, 3], [b, t], Device::Cpu).unwrap();
             let loss = Gpt2LMHeadModel::loss(&logits, &labels);
             loss.backward();
@@ -278,11 +318,131 @@ mod tests {
                 w.grad().unwrap().to_vec::<f32>(),
             )
         };
-        let (plain, padded) = (run(1), run(8));
-        assert_eq!(plain.0, padded.0, "logits");
-        assert_eq!(plain.1, padded.1, "loss");
-        assert_eq!(plain.2, padded.2, "hidden's gradient");
-        assert_eq!(plain.3, padded.3, "weight's gradient");
+        let plain = run(HeadLayout::Plain);
+        for layout in [HeadLayout::PaddedWeight(8), HeadLayout::PaddedRows(8), HeadLayout::PaddedRows(128)] {
+            let padded = run(layout);
+            assert_eq!(plain.0, padded.0, "{layout:?}: logits");
+            assert_eq!(plain.1, padded.1, "{layout:?}: loss");
+            assert_eq!(plain.2, padded.2, "{layout:?}: hidden's gradient");
+            assert_eq!(plain.3, padded.3, "{layout:?}: weight's gradient");
+        }
         assert!(plain.3.iter().any(|g| *g != 0.0), "the weight gets a gradient");
+    }
+
+    /// The CUDA head (rows 50304 apart for GPT-2's 50257 tokens, the cross-entropy's gradient in
+    /// that layout) against the plain head on the CPU: logits, loss and both gradients.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn cuda_head_with_padded_rows_matches_the_plain_cpu_head() {
+        let (b, t, embd, vocab) = (2, 5, 64, 50257);
+        let run = |device: Device| {
+            let hidden = Var::parameter(
+                Tensor::from_vec(seq(b * t * embd, 0.05), [b, t, embd], Device::Cpu)
+                    .unwrap()
+                    .to_device(device)
+                    .unwrap(),
+            );
+            let w = Var::parameter(
+                Tensor::from_vec(seq(vocab * embd, 0.01), [vocab, embd], Device::Cpu)
+                    .unwrap()
+                    .to_device(device)
+                    .unwrap(),
+            );
+            let layout = HeadLayout::for_device(device);
+            let logits = lm_head_logits(&hidden, &w, layout);
+            if layout == HeadLayout::PaddedRows(128) {
+                assert_eq!(logits.tensor().strides(), [t * 50304, 50304, 1], "rows padded to 50304");
+            }
+            let labels =
+                Tensor::from_vec(vec![1i64, 50256, 0, 5, 7, 3, 9, 11, 40000, 2], [b, t], device).unwrap();
+            let loss = Gpt2LMHeadModel::loss(&logits, &labels);
+            loss.backward();
+            let host = |x: &Tensor| x.to_device(Device::Cpu).unwrap();
+            (
+                host(logits.tensor()),
+                loss.tensor().item(),
+                host(&hidden.grad().unwrap()),
+                host(&w.grad().unwrap()),
+            )
+        };
+        let (want, got) = (run(Device::Cpu), run(Device::Cuda(0)));
+        let close = oxtrain_tensor::testing::assert_close;
+        close(&got.0, &want.0, 1e-4, 1e-5, "logits");
+        assert!((got.1 - want.1).abs() <= 1e-5 * want.1.abs(), "loss {} vs {}", got.1, want.1);
+        close(&got.2, &want.2, 1e-4, 1e-7, "hidden's gradient");
+        close(&got.3, &want.3, 1e-4, 1e-8, "weight's gradient");
+    }
+
+    /// Logits, loss and every parameter's gradient of one step of a small GPT-2 (odd
+    /// vocabulary, MLP and projections wide enough for the fused products) on `device`.
+    fn step(
+        model: &Gpt2LMHeadModel,
+        ids: &Tensor,
+        low: Option<DType>,
+        device: Device,
+    ) -> (Tensor, f64, Vec<(String, Tensor)>) {
+        let ids = ids.to_device(device).unwrap();
+        let f = || {
+            let logits = model.forward(&ids, None);
+            (logits.clone(), Gpt2LMHeadModel::loss(&logits, &ids))
+        };
+        let (logits, loss) = match low {
+            Some(d) => oxtrain_autograd::autocast(d, f),
+            None => f(),
+        };
+        loss.backward();
+        let host = |t: &Tensor| t.to_device(Device::Cpu).unwrap().to_dtype(DType::F64);
+        let grads =
+            model.named_parameters().into_iter().map(|(n, p)| (n, host(&p.grad().unwrap()))).collect();
+        (host(logits.tensor()), loss.tensor().to_dtype(DType::F64).item(), grads)
+    }
+
+    /// GPT-2 on CUDA (bias and GELU epilogues, the head's padded rows) against the same weights
+    /// on the CPU (the composed ops): logits, loss and every gradient, in f32 and under bf16
+    /// autocast on both.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn cuda_step_matches_the_cpu() {
+        let config = Gpt2Config {
+            vocab_size: 1003,
+            n_positions: 32,
+            n_embd: 64,
+            n_layer: 2,
+            n_head: 4,
+            ..Gpt2Config::gpt2()
+        };
+        let cpu = Gpt2LMHeadModel::new(&config, Device::Cpu).unwrap();
+        let gpu = Gpt2LMHeadModel::new(&config, Device::Cuda(0)).unwrap();
+        let state: std::collections::HashMap<String, Tensor> = cpu.state_dict().into_iter().collect();
+        gpu.load_state_dict(&state, true).unwrap();
+        for m in [&cpu, &gpu] {
+            m.eval();
+        }
+        let ids =
+            Tensor::from_vec((0..2 * 24).map(|i| (i * 389 % 1003) as i64).collect(), [2, 24], Device::Cpu)
+                .unwrap();
+        // f32: cuBLASLt's GELU uses a fast tanh; bf16: 8 bits, rounded at other places fused.
+        for (low, rtol) in [(None, 2e-3), (Some(DType::BF16), 5e-2)] {
+            for m in [&cpu, &gpu] {
+                m.named_parameters().iter().for_each(|(_, p)| p.zero_grad());
+            }
+            let (want_logits, want_loss, want_grads) = step(&cpu, &ids, low, Device::Cpu);
+            let (logits, loss, grads) = step(&gpu, &ids, low, Device::Cuda(0));
+            let close = |got: &Tensor, want: &Tensor, what: &str| {
+                let scale = want.abs().max_all().item();
+                oxtrain_tensor::testing::assert_close(
+                    got,
+                    want,
+                    rtol,
+                    rtol * scale,
+                    &format!("{low:?} {what}"),
+                );
+            };
+            close(&logits, &want_logits, "logits");
+            assert!((loss - want_loss).abs() <= rtol * want_loss.abs(), "{low:?} loss {loss} vs {want_loss}");
+            for ((name, g), (_, w)) in grads.iter().zip(&want_grads) {
+                close(g, w, &format!("gradient of {name}"));
+            }
+        }
     }
 }

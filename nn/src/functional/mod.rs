@@ -12,11 +12,12 @@ pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>) -> Var {
         x.dims(),
         weight.dims()
     );
-    let y = x.matmul(&weight.t());
     match bias {
-        // Under autocast the bias joins the product's 16-bit dtype, as in PyTorch's linear.
-        Some(b) => y.add(&b.autocast_lower()),
-        None => y,
+        // One op: on CUDA the bias is added in the product's epilogue and its gradient comes
+        // with the weight's. Under autocast the bias joins the product's 16-bit dtype, as in
+        // PyTorch's linear.
+        Some(b) => x.matmul_bias(&weight.t(), b),
+        None => x.matmul(&weight.t()),
     }
 }
 

@@ -31,6 +31,7 @@ pub use crate::ops::attention::cuda::{attention_v2, set_attention_v2};
 pub use crate::ops::conv::cuda::{cudnn_enabled, set_cudnn_enabled};
 pub use crate::ops::conv::cudnn_plan::{cudnn_benchmark, set_cudnn_benchmark};
 pub use crate::ops::matmul::cuda::{allow_tf32, set_allow_tf32};
+pub use crate::ops::matmul::fused::epilogue_products_on_this_thread;
 
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
 pub fn all_kernel_sources() -> Vec<KernelSource> {

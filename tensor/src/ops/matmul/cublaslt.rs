@@ -8,6 +8,7 @@
 //! plain cuBLAS, so cuBLASLt is an accelerator, never a requirement.
 
 use super::cuda::{allow_tf32, bind, Operand};
+use super::epilogue::{Epilogue, EpilogueKey};
 use crate::cuda::libs::{self, CudaLib};
 use crate::cuda::{CudaBuffer, CudaDevice};
 use crate::DType;
@@ -67,6 +68,8 @@ struct Key {
     batch_strides: (usize, usize, usize),
     tf32: bool,
     accumulate: bool,
+    /// The epilogue and what its choice depends on (see [`Epilogue::key`]).
+    epilogue: Option<EpilogueKey>,
 }
 
 /// An algorithm and the workspace it needs.
@@ -158,7 +161,13 @@ struct Problem {
     ld_a: usize,
 }
 
-fn describe(p: &Problem, a: &Operand, b: &Operand, c: &Operand) -> Option<Descs> {
+fn describe(
+    p: &Problem,
+    a: &Operand,
+    b: &Operand,
+    c: &Operand,
+    epilogue: Option<&Epilogue>,
+) -> Option<Descs> {
     let wide = a.dtype == DType::F64;
     let compute = if wide {
         sys::cublasComputeType_t::CUBLAS_COMPUTE_64F
@@ -217,7 +226,9 @@ fn describe(p: &Problem, a: &Operand, b: &Operand, c: &Operand) -> Option<Descs>
             )
             .is_ok()
     };
-    ok.then_some(descs)
+    // cuBLAS's A is our `b`, its B our `a` (the swap of `cuda::gemm`).
+    let with_epilogue = epilogue.is_none_or(|e| e.describe(matmul, pref, (b.ptr, a.ptr, c.ptr)));
+    (ok && with_epilogue).then_some(descs)
 }
 
 /// Queues the product on `stream` through cuBLASLt; false when cuBLASLt is missing or does not
@@ -234,12 +245,13 @@ pub(super) fn gemm(
     c: &Operand,
     (alpha, beta): (*const c_void, *const c_void),
     accumulate: bool,
+    epilogue: Option<&Epilogue>,
 ) -> bool {
     let Some(h) = handle(dev) else { return false };
     let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
     bind(dev, "matmul");
     let p = Problem { m, n, k, batch, b_t, ld_b, a_t, ld_a };
-    let Some(d) = describe(&p, a, b, c) else { return false };
+    let Some(d) = describe(&p, a, b, c, epilogue) else { return false };
     let stream_id = stream.cu_stream() as usize;
     let ws = match h.workspaces.entry(stream_id) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -261,6 +273,7 @@ pub(super) fn gemm(
         batch_strides: (a.batch_stride, b.batch_stride, c.batch_stride),
         tf32: allow_tf32(),
         accumulate,
+        epilogue: epilogue.map(|e| e.key((b.ptr, a.ptr, c.ptr))),
     };
     let run = |choice: &Choice| {
         // SAFETY: live handle and descriptors; the operands hold every element the layouts

@@ -11,6 +11,7 @@
 //! [`set_allow_tf32`] allows TF32 tensor cores, f64 in f64.
 
 use super::cpu::Batched;
+use super::epilogue::Epilogue;
 use crate::cuda::libs::{self, CudaLib};
 use crate::cuda::{CudaBuffer, CudaDevice, CudaStorage};
 use crate::DType;
@@ -40,6 +41,13 @@ pub fn allow_tf32() -> bool {
 fn use_cublaslt() -> bool {
     static USE: OnceLock<bool> = OnceLock::new();
     *USE.get_or_init(|| !std::env::var("OXTRAIN_DISABLE_CUBLASLT").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Whether the fused products of `fused.rs` may use cuBLASLt epilogues;
+/// `OXTRAIN_DISABLE_EPILOGUES=1` composes them from separate ops instead.
+fn use_epilogues() -> bool {
+    static USE: OnceLock<bool> = OnceLock::new();
+    *USE.get_or_init(|| !std::env::var("OXTRAIN_DISABLE_EPILOGUES").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
 /// Workspace per stream, as PyTorch gives cuBLAS on Hopper: enough for its split-K kernels.
@@ -212,6 +220,7 @@ pub(crate) fn gemm(
             &c,
             (alpha, beta),
             accumulate,
+            None,
         );
         if done {
             return;
@@ -271,6 +280,69 @@ pub(crate) fn gemm(
     status("cublasGemmStridedBatchedEx", r);
 }
 
+/// `c = a @ b` for one `m x k` by `k x n` product with cuBLASLt applying `epilogue` (see
+/// `epilogue.rs`), queued on `stream`. False, with nothing queued, when the epilogue cannot be
+/// used: cuBLASLt missing or disabled (`OXTRAIN_DISABLE_CUBLASLT`, `OXTRAIN_DISABLE_EPILOGUES`),
+/// a dtype other than f32/f16/bf16 or mixed dtypes, an operand cuBLAS cannot read in place, a
+/// buffer or leading dimension not 16-byte aligned, a GELU input matrix whose leading
+/// dimension is not a multiple of 8, or cuBLASLt refusing the problem. The caller then
+/// composes the result from separate ops.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_epilogue(
+    dev: &Arc<CudaDevice>,
+    stream: &Arc<CudaStream>,
+    (m, n, k): (usize, usize, usize),
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    epilogue: &Epilogue,
+) -> bool {
+    if !use_cublaslt() || !use_epilogues() || m == 0 || n == 0 || k == 0 {
+        return false;
+    }
+    let dtype = c.dtype;
+    let size = dtype.size_in_bytes();
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || a.dtype != dtype || b.dtype != dtype {
+        return false;
+    }
+    let (Some((op_a, ld_a)), Some((op_b, ld_b))) = (blas_view(m, k, a.rs, a.cs), blas_view(k, n, b.rs, b.cs))
+    else {
+        return false;
+    };
+    let aligned = |ptr: u64| ptr.is_multiple_of(16);
+    let ld_aligned = |ld: usize| (ld * size).is_multiple_of(16);
+    let kind = epilogue.kind;
+    let buffers_aligned = aligned(a.ptr)
+        && aligned(b.ptr)
+        && aligned(c.ptr)
+        && (!kind.has_bias() || aligned(epilogue.bias))
+        && (!kind.has_aux()
+            || (aligned(epilogue.aux) && epilogue.aux_ld.is_multiple_of(8) && epilogue.aux_ld >= n));
+    if c.cs != 1
+        || c.rs < n
+        || !buffers_aligned
+        || !ld_aligned(ld_a)
+        || !ld_aligned(ld_b)
+        || !ld_aligned(c.rs)
+    {
+        return false;
+    }
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    use sys::cublasOperation_t::CUBLAS_OP_T;
+    super::cublaslt::gemm(
+        dev,
+        stream,
+        (m, n, k),
+        1,
+        (&a, op_a == CUBLAS_OP_T, ld_a),
+        (&b, op_b == CUBLAS_OP_T, ld_b),
+        &c,
+        (&alpha as *const f32 as *const c_void, &beta as *const f32 as *const c_void),
+        false,
+        Some(epilogue),
+    )
+}
+
 /// Whether cuBLAS can read the plan's operands in place (see [`blas_view`]).
 pub(crate) fn plan_is_expressible(p: &Batched) -> (bool, bool) {
     if p.m == 0 || p.n == 0 || p.k == 0 {
@@ -313,12 +385,19 @@ fn even_runs(lhs: &[usize], rhs: &[usize]) -> Vec<(usize, usize, usize, usize)> 
     runs
 }
 
-/// The batched product of the plan into a new contiguous `[batch, m, n]` storage.
-pub(crate) fn batched_matmul(lhs: &CudaStorage, rhs: &CudaStorage, p: &Batched) -> CudaStorage {
+/// The batched product of the plan into a new `[batch, m, out_ld]` storage whose rows hold the
+/// `n` columns of the product first (`out_ld == n`: contiguous `[batch, m, n]`).
+pub(crate) fn batched_matmul(
+    lhs: &CudaStorage,
+    rhs: &CudaStorage,
+    p: &Batched,
+    out_ld: usize,
+) -> CudaStorage {
     const OP: &str = "matmul";
+    assert!(out_ld >= p.n, "{OP}: an output row stride of {out_ld} for {} columns", p.n);
     let dev = lhs.device();
     let batch = p.lhs_offsets.len();
-    let len = batch * p.m * p.n;
+    let len = batch * p.m * out_ld;
     if p.k == 0 {
         // An empty sum: zeros, with no cuBLAS call.
         return CudaStorage::zeros(dev, lhs.dtype(), len).unwrap_or_else(|e| panic!("{OP}: {e}"));
@@ -331,7 +410,7 @@ pub(crate) fn batched_matmul(lhs: &CudaStorage, rhs: &CudaStorage, p: &Batched) 
     for (first, count, ls, rs) in even_runs(&p.lhs_offsets, &p.rhs_offsets) {
         let a = Operand::new(lhs, p.lhs_offsets[first], p.lhs_strides, ls);
         let b = Operand::new(rhs, p.rhs_offsets[first], p.rhs_strides, rs);
-        let c = Operand::new(&out, first * p.m * p.n, (p.n, 1), p.m * p.n);
+        let c = Operand::new(&out, first * p.m * out_ld, (out_ld, 1), p.m * out_ld);
         gemm(dev, &stream, OP, (p.m, p.n, p.k), count, a, b, c, false);
     }
     out

@@ -5,6 +5,10 @@
 pub(crate) mod cpu;
 mod cublaslt;
 pub(crate) mod cuda;
+mod epilogue;
+pub(crate) mod fused;
+#[cfg(test)]
+mod fused_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -117,11 +121,31 @@ impl Tensor {
                 (CpuStorage::F16(a), CpuStorage::F16(b)) => CpuStorage::F16(cpu::batched_matmul(a, b, &plan)),
                 (a, _) => unreachable!("matmul: dtype {} was checked to be f32, f64 or f16", a.dtype()),
             }),
-            (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(cuda::batched_matmul(a, b, &plan)),
+            (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(cuda::batched_matmul(a, b, &plan, n)),
             _ => unreachable!("matmul: operands were checked to be on one device"),
         };
         storage
     }
+}
+
+/// `lhs [m, k] @ rhs [k, n]` on CUDA into a new `[m, padded]` buffer (`padded >= n`) whose rows
+/// start with the product's `n` columns; the rest of each row is left unwritten.
+fn cuda_row_padded(lhs: &Tensor, rhs: &Tensor, padded: usize) -> Tensor {
+    let (m, k, n) = (lhs.dims()[0], lhs.dims()[1], rhs.dims()[1]);
+    let plan = plan_batches(lhs.layout(), rhs.layout(), &[], (m, n, k));
+    let (lhs_ok, rhs_ok) = cuda::plan_is_expressible(&plan);
+    if !lhs_ok || !rhs_ok {
+        let (l, r) = (
+            if lhs_ok { lhs.clone() } else { lhs.contiguous() },
+            if rhs_ok { rhs.clone() } else { rhs.contiguous() },
+        );
+        return cuda_row_padded(&l, &r, padded);
+    }
+    let storage = match (&*lhs.storage(), &*rhs.storage()) {
+        (Storage::Cuda(a), Storage::Cuda(b)) => cuda::batched_matmul(a, b, &plan, padded),
+        _ => unreachable!("matmul_row_padded: called for CUDA operands"),
+    };
+    Tensor::from_storage(Storage::Cuda(storage), [m, padded])
 }
 
 /// Where each product of a broadcast batch reads its operands.

@@ -18,6 +18,10 @@ use num_traits::{Float, Zero};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
+/// Logits whose row stride is at most their row rounded up to a multiple of this are taken to
+/// be rows padded for alignment, whose layout the gradient keeps.
+const PADDED_ROW_TILE: usize = 128;
+
 /// The compute dtype: f64 for f64 logits, else f32.
 fn compute_dtype(logits: DType) -> DType {
     if logits == DType::F64 {
@@ -68,7 +72,10 @@ impl Tensor {
     /// The gradient of [`Tensor::cross_entropy_rows`] with respect to the logits `self`:
     /// `(softmax(x) - q) * weight[row]`, 0 on ignored rows, in the logits' dtype. `lse` is the
     /// forward's log-sum-exp and `weight` the per-row factor (`[rows]`, the compute dtype):
-    /// the loss's own gradient, times `1 / count` for a mean. The result is contiguous.
+    /// the loss's own gradient, times `1 / count` for a mean. On CUDA, logits whose row stride
+    /// is their row rounded up to a multiple of at most 128 (a language model head's, from
+    /// [`Tensor::matmul_row_padded`]) get a gradient with their row stride, so the head's
+    /// backward products read it with aligned rows; every other result is contiguous.
     pub fn cross_entropy_rows_backward(
         &self,
         target: &Tensor,
@@ -104,15 +111,21 @@ impl Tensor {
                 Storage::Cpu(grad)
             }
             (Storage::Cuda(xs), Storage::Cuda(ts), Storage::Cuda(ls), Storage::Cuda(ws)) => {
-                Storage::Cuda(cuda::cross_entropy_backward(
+                let out_ld = if ld > classes && ld <= classes.next_multiple_of(PADDED_ROW_TILE) {
+                    ld
+                } else {
+                    classes
+                };
+                let grad = cuda::cross_entropy_backward(
                     (xs, x.layout().offset(), ld),
                     (ts, t.layout().offset()),
                     (ls, l.layout().offset()),
                     (ws, w.layout().offset()),
-                    (rows, classes, classes),
+                    (rows, classes, out_ld),
                     ignore_index,
                     label_smoothing,
-                ))
+                );
+                return Tensor::from_storage(Storage::Cuda(grad), [rows, out_ld]).narrow(1, 0, classes);
             }
             _ => unreachable!("{name}: checked to be on one device"),
         };

@@ -191,7 +191,8 @@ pub(super) fn cross_entropy_forward(
 }
 
 /// The fused cross-entropy backward: `(softmax(x) - q) * w` per row (x's rows `ld` apart), a
-/// new storage in x's dtype of `rows` rows `out_ld` apart.
+/// new storage in x's dtype of `rows` rows `out_ld` apart (`rows * out_ld` elements, those past
+/// `classes` in each row left unwritten).
 pub(super) fn cross_entropy_backward(
     (x, ox, ld): (&CudaStorage, usize, usize),
     (t, ot): (&CudaStorage, usize),
@@ -204,7 +205,7 @@ pub(super) fn cross_entropy_backward(
     let name = "cross_entropy_backward";
     let dev = x.device();
     let dtype = x.dtype();
-    let len = if rows == 0 { 0 } else { (rows - 1) * out_ld + classes };
+    let len = rows * out_ld;
     let out = expect_launch(CudaStorage::alloc(dev, dtype, len), name);
     if rows * classes == 0 {
         return out;

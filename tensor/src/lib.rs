@@ -35,6 +35,7 @@ pub use error::{Error, Result};
 pub use layout::Layout;
 pub use ops::attention::FlashAttention;
 pub use ops::binary::{BinaryOp, CmpOp};
+pub use ops::norm::{LayerNormGradOptions, LayerNormGrads};
 pub use ops::optim::{AdamWStep, SgdStep};
 pub use ops::random::{
     default_generator_state, manual_seed, set_default_generator_state, Distribution, Generator,

@@ -28,7 +28,8 @@ pub use crate::ops::matmul::cuda::{allow_tf32, set_allow_tf32};
 
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
 pub fn all_kernel_sources() -> Vec<KernelSource> {
-    vec![
+    let layer_rows = crate::ops::norm::layer_rows::SOURCES.iter().map(|(_, s)| *s);
+    let mut sources = vec![
         crate::ops::attention::cuda::SOURCE,
         crate::ops::unary::cuda::SOURCE,
         crate::ops::binary::cuda::SOURCE,
@@ -45,7 +46,9 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         crate::ops::random::cuda::SOURCE,
         crate::ops::reduce::cuda::SOURCE,
         crate::ops::softmax::cuda::SOURCE,
-    ]
+    ];
+    sources.extend(layer_rows);
+    sources
 }
 
 /// Allocated, reserved and peak bytes of device `ordinal` (`torch.cuda.memory_stats`).

@@ -9,7 +9,7 @@ fn fixtures() -> Fixtures {
 }
 
 /// Pseudo-random values `offset + spread * u`, `u` uniform in [-1, 1) (a fixed LCG).
-fn random(shape: &[usize], seed: u64, offset: f64, spread: f64, dev: Device) -> Tensor {
+pub(super) fn random(shape: &[usize], seed: u64, offset: f64, spread: f64, dev: Device) -> Tensor {
     let n: usize = shape.iter().product();
     let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
     let v: Vec<f64> = (0..n)

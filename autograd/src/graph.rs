@@ -17,6 +17,24 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// not needed). Gradients may have the broadcast shape: the engine sums them down.
 pub(crate) type BackwardFn = Box<dyn Fn(&Tensor, &[bool]) -> Vec<Option<Tensor>> + Send + Sync>;
 
+/// The backward of an op with several outputs: the gradient of each output (`None` where none
+/// reached it, at least one is set) to the gradients of the inputs, as [`BackwardFn`].
+pub(crate) type MultiBackwardFn =
+    Box<dyn Fn(&[Option<Tensor>], &[bool]) -> Vec<Option<Tensor>> + Send + Sync>;
+
+/// How an op node turns the gradient of its output into its inputs' gradients.
+pub(crate) enum Backward {
+    /// A one-output op: its backward function.
+    Single(BackwardFn),
+    /// A several-output op: each output is a node of its own ([`Backward::Output`]) whose one
+    /// input is this op, so every consumer of every output runs first; their gradients wait
+    /// in slots until this op's backward takes them all at once (a fused backward).
+    Multi { outputs: usize, backward: MultiBackwardFn },
+    /// Output `slot` of the several-output op that is this node's one input: its gradient is
+    /// handed to that op's slot, unchanged.
+    Output(usize),
+}
+
 /// A gradient-ready hook of a leaf.
 pub(crate) type Hook = Box<dyn FnMut(&Tensor) + Send>;
 
@@ -46,8 +64,45 @@ pub(crate) enum NodeKind {
 }
 
 pub(crate) struct OpState {
-    backward: BackwardFn,
+    backward: Backward,
     inputs: Vec<Option<Arc<Node>>>,
+}
+
+/// Gradients of the outputs of several-output ops, per op (by [`key`]), waiting for the op.
+type Slots = HashMap<usize, Vec<Option<Tensor>>>;
+
+impl OpState {
+    /// The gradients of this op's inputs from `grad`, the gradient that reached it (or, for a
+    /// several-output op, from its outputs' gradients waiting in `slots` under `node_key`).
+    /// An output node hands its gradient on to its op's slot and gives its input none.
+    fn input_grads(&self, node_key: usize, grad: Option<Tensor>, slots: &mut Slots) -> Vec<Option<Tensor>> {
+        let needs: Vec<bool> = self.inputs.iter().map(Option::is_some).collect();
+        match &self.backward {
+            Backward::Single(f) => match &grad {
+                Some(g) => f(g, &needs),
+                None => vec![None; needs.len()],
+            },
+            Backward::Multi { outputs, backward } => {
+                let mut outs = slots.remove(&node_key).unwrap_or_default();
+                outs.resize(*outputs, None);
+                if outs.iter().any(Option::is_some) {
+                    backward(&outs, &needs)
+                } else {
+                    vec![None; needs.len()]
+                }
+            }
+            Backward::Output(slot) => {
+                if let (Some(g), Some(op)) = (grad, &self.inputs[0]) {
+                    let outs = slots.entry(key(op)).or_default();
+                    if outs.len() <= *slot {
+                        outs.resize(slot + 1, None);
+                    }
+                    outs[*slot] = Some(g);
+                }
+                vec![None]
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -73,7 +128,7 @@ impl Node {
         name: &'static str,
         output: &Tensor,
         inputs: Vec<Option<Arc<Node>>>,
-        backward: BackwardFn,
+        backward: Backward,
     ) -> Arc<Node> {
         Arc::new(Node {
             seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
@@ -321,8 +376,10 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
     }
     drop(seen);
 
-    // Pass 2: Kahn's walk. Partial gradients wait in `grads` until their node is ready.
+    // Pass 2: Kahn's walk. Partial gradients wait in `grads` until their node is ready; the
+    // gradients of a several-output op's outputs wait in `slots` until the op is.
     let mut grads: HashMap<usize, Tensor> = HashMap::new();
+    let mut slots: Slots = HashMap::new();
     let grad = conform(grad, root);
     if root.is_leaf() {
         root.finish_leaf(grad);
@@ -336,14 +393,11 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
         let mut guard = lock(state);
         let (inputs, input_grads) = {
             let s = guard.as_ref().unwrap_or_else(|| panic!("{}", freed_message(node.name)));
-            let needs: Vec<bool> = s.inputs.iter().map(Option::is_some).collect();
-            let input_grads = match &grad {
-                Some(g) => (s.backward)(g, &needs),
-                None => vec![None; needs.len()],
-            };
+            // The gradient is dropped in there, as soon as the op's backward is done with it.
+            let input_grads = s.input_grads(key(&node), grad, &mut slots);
             assert_eq!(
                 input_grads.len(),
-                needs.len(),
+                s.inputs.len(),
                 "backward of {}: wrong number of gradients",
                 node.name
             );
@@ -354,7 +408,6 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
             *guard = None;
         }
         drop(guard);
-        drop(grad);
         for (input, g) in inputs.into_iter().zip(input_grads) {
             let Some(input) = input else { continue };
             let k = key(&input);

@@ -7,6 +7,7 @@ mod elementwise;
 mod engine;
 mod index;
 mod matmul;
+mod multi_output;
 mod nn;
 mod reduce;
 mod shape;

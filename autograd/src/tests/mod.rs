@@ -6,6 +6,7 @@ mod callbacks;
 mod elementwise;
 mod engine;
 mod index;
+mod layer_norm;
 mod matmul;
 mod multi_output;
 mod nn;

@@ -22,10 +22,24 @@ pub(crate) type BackwardFn = Box<dyn Fn(&Tensor, &[bool]) -> Vec<Option<Tensor>>
 /// the pass that adds them (a ResNet block's end, whose output feeds two branches).
 pub(crate) type PartsBackwardFn = Box<dyn Fn(Vec<Tensor>, &[bool]) -> Vec<Option<Tensor>> + Send + Sync>;
 
-/// How an op's backward takes its output's gradient.
+/// The backward of an op with several outputs: the gradient of each output (`None` where none
+/// reached it, at least one is set) to the gradients of the inputs, as [`BackwardFn`].
+pub(crate) type MultiBackwardFn =
+    Box<dyn Fn(&[Option<Tensor>], &[bool]) -> Vec<Option<Tensor>> + Send + Sync>;
+
+/// How an op node turns the gradient of its output into its inputs' gradients.
 pub(crate) enum Backward {
-    Sum(BackwardFn),
+    /// A one-output op taking the sum of its output's gradients.
+    Single(BackwardFn),
+    /// A one-output op taking its output's gradient in the parts that arrived.
     Parts(PartsBackwardFn),
+    /// A several-output op: each output is a node of its own ([`Backward::Output`]) whose one
+    /// input is this op, so every consumer of every output runs first; their gradients wait
+    /// in slots until this op's backward takes them all at once (a fused backward).
+    Multi { outputs: usize, backward: MultiBackwardFn },
+    /// Output `slot` of the several-output op that is this node's one input: its gradient is
+    /// handed to that op's slot, unchanged.
+    Output(usize),
 }
 
 /// A gradient-ready hook of a leaf.
@@ -61,6 +75,45 @@ pub(crate) enum NodeKind {
 pub(crate) struct OpState {
     backward: Backward,
     inputs: Vec<Option<Arc<Node>>>,
+}
+
+/// Gradients of the outputs of several-output ops, per op (by [`key`]), waiting for the op.
+type Slots = HashMap<usize, Vec<Option<Tensor>>>;
+
+impl OpState {
+    /// The gradients of this op's inputs from `grad`, the gradient that reached it (or, for a
+    /// several-output op, from its outputs' gradients waiting in `slots` under `node_key`).
+    /// An output node hands its gradient on to its op's slot and gives its input none.
+    fn input_grads(&self, node_key: usize, grad: Option<Pending>, slots: &mut Slots) -> Vec<Option<Tensor>> {
+        let needs: Vec<bool> = self.inputs.iter().map(Option::is_some).collect();
+        match (&self.backward, grad) {
+            (Backward::Single(f), Some(Pending::Sum(g))) => f(&g, &needs),
+            (Backward::Parts(f), Some(Pending::Parts(parts))) => f(parts, &needs),
+            (Backward::Single(_) | Backward::Parts(_), Some(_)) => {
+                unreachable!("a node's pending gradient matches its backward")
+            }
+            (Backward::Multi { outputs, backward }, _) => {
+                let mut outs = slots.remove(&node_key).unwrap_or_default();
+                outs.resize(*outputs, None);
+                if outs.iter().any(Option::is_some) {
+                    backward(&outs, &needs)
+                } else {
+                    vec![None; needs.len()]
+                }
+            }
+            (Backward::Output(slot), grad) => {
+                if let (Some(g), Some(op)) = (grad, &self.inputs[0]) {
+                    let outs = slots.entry(key(op)).or_default();
+                    if outs.len() <= *slot {
+                        outs.resize(slot + 1, None);
+                    }
+                    outs[*slot] = Some(g.into_sum());
+                }
+                vec![None]
+            }
+            (_, None) => vec![None; needs.len()],
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -378,8 +431,10 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
     }
     drop(seen);
 
-    // Pass 2: Kahn's walk. Partial gradients wait in `grads` until their node is ready.
+    // Pass 2: Kahn's walk. Partial gradients wait in `grads` until their node is ready; the
+    // gradients of a several-output op's outputs wait in `slots` until the op is.
     let mut grads: HashMap<usize, Pending> = HashMap::new();
+    let mut slots: Slots = HashMap::new();
     let grad = conform(grad, root);
     if root.is_leaf() {
         root.finish_leaf(grad);
@@ -393,16 +448,11 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
         let mut guard = lock(state);
         let (inputs, input_grads) = {
             let s = guard.as_ref().unwrap_or_else(|| panic!("{}", freed_message(node.name)));
-            let needs: Vec<bool> = s.inputs.iter().map(Option::is_some).collect();
-            let input_grads = match (grad, &s.backward) {
-                (Some(Pending::Sum(g)), Backward::Sum(f)) => f(&g, &needs),
-                (Some(Pending::Parts(parts)), Backward::Parts(f)) => f(parts, &needs),
-                (Some(_), _) => unreachable!("a node's pending gradient matches its backward"),
-                (None, _) => vec![None; needs.len()],
-            };
+            // The gradient is dropped in there, as soon as the op's backward is done with it.
+            let input_grads = s.input_grads(key(&node), grad, &mut slots);
             assert_eq!(
                 input_grads.len(),
-                needs.len(),
+                s.inputs.len(),
                 "backward of {}: wrong number of gradients",
                 node.name
             );

@@ -1,7 +1,7 @@
 //! `Var`: a tensor plus its place in the recorded graph, and the `no_grad` scope.
 
 use crate::callback::BackwardError;
-use crate::graph::{self, Backward, BackwardFn, Node, PartsBackwardFn};
+use crate::graph::{self, Backward, BackwardFn, MultiBackwardFn, Node, PartsBackwardFn};
 use oxtrain_tensor::Tensor;
 use std::cell::Cell;
 use std::sync::{Arc, Weak};
@@ -243,7 +243,7 @@ impl Var {
         let boxed: BackwardFn = Box::new(move |g: &Tensor, needs: &[bool]| {
             crate::ops::profile::timed(name, || backward(g, needs))
         });
-        let node = Node::op(name, &output, edges, Backward::Sum(boxed));
+        let node = Node::op(name, &output, edges, Backward::Single(boxed));
         Var { tensor: output, node: Some(node) }
     }
 
@@ -266,6 +266,40 @@ impl Var {
         });
         let node = Node::op(name, &output, edges, Backward::Parts(boxed));
         Var { tensor: output, node: Some(node) }
+    }
+
+    /// The results of an op with several outputs, as [`Var::from_op`] records one: `backward(
+    /// grad_outputs, needs)` gets the gradient of each output (conformed to its shape and
+    /// dtype; `None` for an output no gradient reached, and it is called only when one did)
+    /// and returns one gradient per input. Every consumer of every output runs before it, so
+    /// one backward call sees all of them: a fused backward that would otherwise add the
+    /// gradients of two outputs in a pass of its own (`torch.autograd.Function` with several
+    /// outputs).
+    pub fn from_multi_output_op(
+        name: &'static str,
+        outputs: Vec<Tensor>,
+        inputs: &[&Var],
+        backward: impl Fn(&[Option<Tensor>], &[bool]) -> Vec<Option<Tensor>> + Send + Sync + 'static,
+    ) -> Vec<Var> {
+        assert!(!outputs.is_empty(), "from_multi_output_op: {name} has no outputs");
+        crate::ops::profile::forward_done(name);
+        if !is_grad_enabled() || inputs.iter().all(|v| v.node.is_none()) {
+            return outputs.into_iter().map(Var::constant).collect();
+        }
+        let edges = inputs.iter().map(|v| v.node.clone()).collect();
+        let boxed: MultiBackwardFn = Box::new(move |g: &[Option<Tensor>], needs: &[bool]| {
+            crate::ops::profile::timed(name, || backward(g, needs))
+        });
+        let op =
+            Node::op(name, &outputs[0], edges, Backward::Multi { outputs: outputs.len(), backward: boxed });
+        outputs
+            .into_iter()
+            .enumerate()
+            .map(|(slot, tensor)| {
+                let node = Node::op(name, &tensor, vec![Some(op.clone())], Backward::Output(slot));
+                Var { tensor, node: Some(node) }
+            })
+            .collect()
     }
 }
 

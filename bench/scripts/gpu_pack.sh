@@ -21,7 +21,7 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m.get("profile",{}).get("test"):
         print(m["target"]["name"], m["executable"])' \
   | while read -r name exe; do cp "$exe" ".gpu/tests/$name"; done
-for b in ${BINS:-oxtrain step_kernels cuda_ops gpt2_matmuls}; do cp "$target/release/$b" .gpu/bin/; done
+for b in ${BINS:-oxtrain step_kernels cuda_ops gpt2_matmuls layer_norm_kernels}; do cp "$target/release/$b" .gpu/bin/; done
 [ -n "${BASE_BIN:-}" ] && cp "$BASE_BIN" .gpu/bin/oxtrain-base
 strip .gpu/tests/* .gpu/bin/*
 xz -T2 -6 .gpu/tests/* .gpu/bin/*

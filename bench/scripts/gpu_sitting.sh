@@ -72,6 +72,10 @@ if [[ $mode == all || $mode == kernels ]]; then
     echo "=== gpt2_matmuls (ours, torch)"
     { timeout 90 .gpu/bin/gpt2_matmuls; timeout 90 python3 bench/peers/gpt2_matmuls.py; } 2>&1 | tee -a "$OUT/kernels.txt"
   fi
+  if [ -x .gpu/bin/layer_norm_kernels ]; then
+    echo "=== layer_norm_kernels (fast kernels, then OXTRAIN_DISABLE_FAST_LAYER_NORM=1)"
+    { timeout 60 .gpu/bin/layer_norm_kernels; OXTRAIN_DISABLE_FAST_LAYER_NORM=1 timeout 60 .gpu/bin/layer_norm_kernels; } 2>&1 | tee -a "$OUT/kernels.txt"
+  fi
   if [[ "${TORCH_PROFILE:-0}" == 1 ]]; then
     echo "=== torch eager GPT-2 step, kernels"
     timeout 120 python3 bench/peers/train.py gpt2-124m --batch 16 --seq 1024 --precision bf16 --device cuda \

@@ -36,7 +36,7 @@ pub use error::{Error, Result};
 pub use layout::Layout;
 pub use ops::attention::FlashAttention;
 pub use ops::binary::{BinaryOp, CmpOp};
-pub use ops::norm::{BatchNormFactors, ReluMask};
+pub use ops::norm::{BatchNormFactors, LayerNormGradOptions, LayerNormGrads, ReluMask};
 pub use ops::optim::{AdamWParam, AdamWStep, MultiTensorStep, SgdParam, SgdStep};
 pub use ops::random::{
     default_generator_state, manual_seed, set_default_generator_state, Distribution, Generator,

@@ -5,6 +5,7 @@ mod attention;
 mod conv;
 mod elementwise;
 mod index;
+mod layer_norm;
 mod linear;
 mod matmul;
 mod norm;

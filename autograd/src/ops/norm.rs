@@ -1,48 +1,12 @@
-//! Gradients of `layer_norm` and `batch_norm` (kernels in the tensor crate's `ops/norm`).
-//! Both training backwards are the tensor crate's fused kernels (`layer_norm_backward`,
-//! `batch_norm_backward`) on either device; batch norm in eval mode composes tensor ops.
+//! Gradients of `batch_norm` (kernels in the tensor crate's `ops/norm`; layer norm's are in
+//! `layer_norm.rs`). The training backward is the tensor crate's fused kernel
+//! (`batch_norm_backward`) on either device; batch norm in eval mode composes tensor ops.
 
 use crate::graph::sum_parts;
 use crate::Var;
-use oxtrain_tensor::{Shape, Tensor};
+use oxtrain_tensor::Tensor;
 
 impl Var {
-    /// Layer norm over the trailing dims `normalized_shape`, as `F.layer_norm`.
-    pub fn layer_norm(
-        &self,
-        normalized_shape: impl Into<Shape>,
-        weight: Option<&Var>,
-        bias: Option<&Var>,
-        eps: f64,
-    ) -> Var {
-        if crate::autocast_dtype().is_some() {
-            let (x, w, b) = (self.autocast_f32(), weight.map(Var::autocast_f32), bias.map(Var::autocast_f32));
-            return crate::autocast_disabled(|| x.layer_norm(normalized_shape, w.as_ref(), b.as_ref(), eps));
-        }
-        let normalized = normalized_shape.into();
-        let x = self.tensor().clone();
-        let (out, mean, rstd) =
-            x.layer_norm(&normalized, weight.map(Var::tensor), bias.map(Var::tensor), eps);
-        let w = weight.map(|w| w.tensor().clone());
-        let has_weight = weight.is_some();
-        let mut inputs = vec![self];
-        inputs.extend(weight);
-        inputs.extend(bias);
-        // The fused backward (one kernel for dx, one for the parameters' column sums) from the
-        // statistics forward saved.
-        Var::from_op("layer_norm", out, &inputs, move |g, needs| {
-            let (dx, dw, db) = g.layer_norm_backward(&x, (&mean, &rstd), w.as_ref(), normalized.clone());
-            let mut grads = vec![needs[0].then_some(dx)];
-            if has_weight {
-                grads.push(needs[1].then_some(dw));
-            }
-            if needs.len() > grads.len() {
-                grads.push(needs[grads.len()].then_some(db));
-            }
-            grads
-        })
-    }
-
     /// Batch norm in training mode over dim 1 of `[N, C, ...]`, normalising with the batch's
     /// statistics. Returns the output and the batch's mean and biased variance (constants, for
     /// the running statistics).

@@ -163,7 +163,8 @@ impl BertResidual {
 
     fn forward(&self, x: &Var, residual: &Var) -> Var {
         let y = dropout(&self.dense.forward(x), self.p, self.training.get());
-        self.layer_norm.forward(&y.add(residual))
+        // The residual add and the norm as one op; the sum itself is not needed after it.
+        self.layer_norm.forward_add(residual, &y).1
     }
 }
 

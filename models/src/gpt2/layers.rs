@@ -225,8 +225,28 @@ impl Gpt2Block {
     }
 
     pub fn forward_masked(&self, x: &Var, attention_mask: Option<&Tensor>) -> Var {
-        let x = x.add(&self.attn.forward_masked(&self.ln_1.forward(x), attention_mask));
-        x.add(&self.mlp.forward(&self.ln_2.forward(&x)))
+        let (x, mlp_out) = self.forward_deferred(x, None, attention_mask);
+        x.add(&mlp_out)
+    }
+
+    /// The block with its last residual add left to the caller, who fuses it with the norm
+    /// that follows: `(h, m)` with `h = x + attn(ln_1(x))` and `m = mlp(ln_2(h))`, the block's
+    /// output being `h + m`. `pending`, the previous block's `m`, is added to `x` first, fused
+    /// with `ln_1`. Each add runs with the norm after it (one pass forward and backward), and
+    /// the norms write the 16-bit dtype of the products they feed under autocast.
+    pub fn forward_deferred(
+        &self,
+        x: &Var,
+        pending: Option<&Var>,
+        attention_mask: Option<&Tensor>,
+    ) -> (Var, Var) {
+        let (x, normed) = match pending {
+            Some(p) => self.ln_1.forward_add_lowered(x, p),
+            None => (x.clone(), self.ln_1.forward_lowered(x)),
+        };
+        let (h, normed) =
+            self.ln_2.forward_add_lowered(&x, &self.attn.forward_masked(&normed, attention_mask));
+        (h, self.mlp.forward(&normed))
     }
 }
 

@@ -99,10 +99,17 @@ impl Gpt2Model {
             .expect("position ids on the input's device");
         let x = self.wte.forward_ids(input_ids).add(&self.wpe.forward_ids(&positions));
         let mut x = dropout(&x, self.config.embd_pdrop, self.training.get());
+        // Each block's last residual add is fused with the next norm (ln_1 of the next block,
+        // then ln_f).
+        let mut pending: Option<Var> = None;
         for block in &self.h.0 {
-            x = block.forward_masked(&x, attention_mask);
+            let (h, mlp_out) = block.forward_deferred(&x, pending.as_ref(), attention_mask);
+            (x, pending) = (h, Some(mlp_out));
         }
-        self.ln_f.forward(&x)
+        match pending {
+            Some(m) => self.ln_f.forward_add(&x, &m).1,
+            None => self.ln_f.forward(&x),
+        }
     }
 }
 

@@ -297,6 +297,37 @@ impl LayerNorm {
         };
         Ok(LayerNorm { weight, bias, normalized_shape: shape, eps: config.eps })
     }
+
+    fn params(&self) -> (Option<Var>, Option<Var>) {
+        (self.weight.as_ref().map(Parameter::var), self.bias.as_ref().map(Parameter::var))
+    }
+
+    /// `self.forward(x).autocast_lower()` in one pass: under autocast the norm computes in f32
+    /// and writes the 16-bit dtype the matrix product after it wants (see
+    /// [`Var::layer_norm_lowered`]); otherwise `forward`.
+    pub fn forward_lowered(&self, x: &Var) -> Var {
+        let (weight, bias) = self.params();
+        x.layer_norm_lowered(self.normalized_shape.as_slice(), weight.as_ref(), bias.as_ref(), self.eps)
+    }
+
+    /// `(x + y, self.forward(x + y))` as one op (see [`Var::add_layer_norm`]): a residual add
+    /// followed by this norm, one pass forward and one backward.
+    pub fn forward_add(&self, x: &Var, y: &Var) -> (Var, Var) {
+        let (weight, bias) = self.params();
+        x.add_layer_norm(y, self.normalized_shape.as_slice(), weight.as_ref(), bias.as_ref(), self.eps)
+    }
+
+    /// [`LayerNorm::forward_add`] whose normalised output is [`LayerNorm::forward_lowered`]'s.
+    pub fn forward_add_lowered(&self, x: &Var, y: &Var) -> (Var, Var) {
+        let (weight, bias) = self.params();
+        x.add_layer_norm_lowered(
+            y,
+            self.normalized_shape.as_slice(),
+            weight.as_ref(),
+            bias.as_ref(),
+            self.eps,
+        )
+    }
 }
 
 impl Module for LayerNorm {
@@ -312,8 +343,7 @@ impl Module for LayerNorm {
 
 impl Forward for LayerNorm {
     fn forward(&self, x: &Var) -> Var {
-        let (weight, bias) =
-            (self.weight.as_ref().map(Parameter::var), self.bias.as_ref().map(Parameter::var));
+        let (weight, bias) = self.params();
         x.layer_norm(self.normalized_shape.as_slice(), weight.as_ref(), bias.as_ref(), self.eps)
     }
 }

@@ -35,7 +35,8 @@ pub use crate::ops::matmul::fused::epilogue_products_on_this_thread;
 
 /// Every kernel source of the crate, for ahead-of-time checks (CI compiles each with NVRTC).
 pub fn all_kernel_sources() -> Vec<KernelSource> {
-    vec![
+    let layer_rows = crate::ops::norm::layer_rows::SOURCES.iter().map(|(_, s)| *s);
+    let mut sources = vec![
         crate::ops::attention::cuda::SOURCE,
         crate::ops::attention::cuda_v2::SOURCE,
         crate::ops::unary::cuda::SOURCE,
@@ -53,7 +54,9 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         crate::ops::random::cuda::SOURCE,
         crate::ops::reduce::cuda::SOURCE,
         crate::ops::softmax::cuda::SOURCE,
-    ]
+    ];
+    sources.extend(layer_rows);
+    sources
 }
 
 /// Allocated, reserved and peak bytes of device `ordinal` (`torch.cuda.memory_stats`).

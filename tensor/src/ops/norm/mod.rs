@@ -1,6 +1,7 @@
 //! Normalisation primitives for the batch-norm and layer-norm layers: per-channel batch
 //! statistics, the per-channel affine normalisation, and `layer_norm` as
-//! `torch.native_layer_norm` (returning the mean and rstd that the backward pass needs).
+//! `torch.native_layer_norm` (returning the mean and rstd that the backward pass needs), with
+//! its fused forms in `layer.rs`.
 //!
 //! Inputs are floating point. Statistics (mean, var, rstd) come back in the input's dtype for
 //! f32/f64 and in f32 for f16/bf16 inputs, as PyTorch's CUDA kernels return them: backward
@@ -11,13 +12,19 @@ mod backward;
 pub(crate) mod channels_last;
 mod cpu;
 pub(crate) mod cuda;
+mod layer;
 mod layer_backward;
+pub(crate) mod layer_rows;
 mod planes;
 mod relu;
 #[cfg(test)]
 mod relu_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_layer;
+
+pub use layer::{LayerNormGradOptions, LayerNormGrads};
 
 use crate::cuda::CudaStorage;
 use crate::memory_order::MemoryOrder;
@@ -425,138 +432,5 @@ impl Tensor {
         );
         let as_input = |d| in_layout_of(Tensor::from_storage(Storage::Cuda(d), x.dims()), x, ch);
         (dx.map(as_input), dweight.to_dtype(x.dtype()), dbias.to_dtype(x.dtype()), masked.map(as_input))
-    }
-
-    /// Layer norm over the trailing dims `normalized_shape`, as `torch.native_layer_norm`:
-    /// returns `(output, mean, rstd)`, where `rstd = 1 / sqrt(biased var + eps)` and `mean` and
-    /// `rstd` have the input's shape with the normalised dims set to 1. `weight` and `bias`, when
-    /// given, have shape `normalized_shape`.
-    pub fn layer_norm(
-        &self,
-        normalized_shape: impl Into<Shape>,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        eps: f64,
-    ) -> (Tensor, Tensor, Tensor) {
-        let op = "layer_norm";
-        float_input(self, op);
-        let normalized = normalized_shape.into();
-        let axis = self.rank().checked_sub(normalized.rank());
-        assert!(
-            axis.is_some_and(|a| self.dims()[a..] == *normalized.dims()) && normalized.rank() > 0,
-            "layer_norm: normalized_shape {:?} must be a non-empty tail of the input's shape {:?}",
-            normalized.dims(),
-            self.dims()
-        );
-        let axis = axis.unwrap_or(0);
-        let mut stats_shape = self.dims().to_vec();
-        stats_shape[axis..].iter_mut().for_each(|d| *d = 1);
-        let row_len = normalized.elem_count();
-        if self.device().is_cuda() {
-            let weight = weight.map(|w| device_param(w, &normalized, "weight", op, self));
-            let bias = bias.map(|b| device_param(b, &normalized, "bias", op, self));
-            let x = self.contiguous();
-            let (out, mean, rstd) = match &*x.storage() {
-                Storage::Cuda(s) => {
-                    cuda::layer_norm(s, row_len, (weight.as_ref(), bias.as_ref()), eps, &stats_shape)
-                }
-                Storage::Cpu(_) => unreachable!("a CUDA tensor's copy is on the CUDA device"),
-            };
-            let dtype = stats_dtype(self.dtype());
-            return (
-                Tensor::from_storage(Storage::Cuda(out), self.dims()),
-                mean.to_dtype(dtype),
-                rstd.to_dtype(dtype),
-            );
-        }
-        let weight = weight.map(|w| param(w, &normalized, "weight", op, self));
-        let bias = bias.map(|b| param(b, &normalized, "bias", op, self));
-        let x = self.contiguous();
-        let (out, mean, rstd) = match &*x.storage() {
-            Storage::Cpu(s) => with_float_storage!(s, op, v, T => {
-                let (out, mean, rstd) = cpu::layer_norm(v, row_len, weight.as_deref(), bias.as_deref(), eps);
-                (T::into_storage(out), mean, rstd)
-            }),
-            Storage::Cuda(_) => unreachable!("a CPU tensor's copy is on the CPU"),
-        };
-        (
-            Tensor::from_cpu(out, self.dims()),
-            stats_tensor(mean, &stats_shape, self.dtype()),
-            stats_tensor(rstd, stats_shape, self.dtype()),
-        )
-    }
-
-    /// Layer norm's gradients, `self` being the output gradient: `(dx, dweight, dbias)` for an
-    /// input `x` normalised over its trailing dims `normalized_shape` with the `mean` and `rstd`
-    /// that [`Tensor::layer_norm`] returned, and `weight` (1 when `None`). With
-    /// `x_hat = (x - mean) * rstd` and `gy = dy * weight`, `dx = rstd * (gy - mean(gy) - x_hat *
-    /// mean(gy * x_hat))`, each mean over a row; `dweight = sum(dy * x_hat)` and `dbias =
-    /// sum(dy)` over the rows, of shape `normalized_shape`. All in `x`'s dtype, accumulated in
-    /// f64: one kernel for dx, one for the column sums (`torch.native_layer_norm_backward`).
-    pub fn layer_norm_backward(
-        &self,
-        x: &Tensor,
-        (mean, rstd): (&Tensor, &Tensor),
-        weight: Option<&Tensor>,
-        normalized_shape: impl Into<Shape>,
-    ) -> (Tensor, Tensor, Tensor) {
-        let op = "layer_norm_backward";
-        float_input(x, op);
-        self.same_dtype(x, op);
-        self.same_device(x, op);
-        let normalized = normalized_shape.into();
-        assert!(
-            self.dims() == x.dims()
-                && normalized.rank() > 0
-                && x.rank() >= normalized.rank()
-                && x.dims()[x.rank() - normalized.rank()..] == *normalized.dims(),
-            "{op}: the output gradient {:?} and input {:?} must have one shape ending in normalized_shape {:?}",
-            self.dims(),
-            x.dims(),
-            normalized.dims()
-        );
-        let len = normalized.elem_count();
-        let rows = x.elem_count().checked_div(len).unwrap_or(0);
-        let per_row = |t: &Tensor, what: &str| {
-            assert!(
-                t.elem_count() == rows,
-                "{op}: {what} must have one value per row ({rows}), got shape {:?}",
-                t.dims()
-            );
-        };
-        per_row(mean, "mean");
-        per_row(rstd, "rstd");
-        let (dy, xc) = (self.contiguous(), x.contiguous());
-        let (dx, dw, db) = if x.device().is_cuda() {
-            let stats = |t: &Tensor| {
-                x.same_device(t, op);
-                t.to_dtype(DType::F64).contiguous()
-            };
-            let (mean, rstd) = (stats(mean), stats(rstd));
-            let weight = weight.map(|w| device_param(w, &normalized, "weight", op, x));
-            let (dx, dw, db) = match (&*dy.storage(), &*xc.storage()) {
-                (Storage::Cuda(g), Storage::Cuda(v)) => {
-                    cuda::layer_norm_backward(g, v, (rows, len), (&mean, &rstd, weight.as_ref()))
-                }
-                _ => unreachable!("{op}: checked to be on one device"),
-            };
-            (Tensor::from_storage(Storage::Cuda(dx), x.dims()), dw, db)
-        } else {
-            let (mean, rstd) = (mean.to_f64_vec(), rstd.to_f64_vec());
-            let weight = weight.map(|w| param(w, &normalized, "weight", op, x));
-            let st = layer_backward::RowStats { mean: &mean, rstd: &rstd, weight: weight.as_deref() };
-            let (dx, (dw, db)) = match (&*dy.storage(), &*xc.storage()) {
-                (Storage::Cpu(g), Storage::Cpu(v)) => with_float_storage!(g, op, gv, T => {
-                    let xv = v.as_slice::<T>();
-                    (T::into_storage(layer_backward::input_grad(gv, xv, len, &st)),
-                        layer_backward::param_grads(gv, xv, len, &st))
-                }),
-                _ => unreachable!("{op}: checked to be on one device"),
-            };
-            let f64s = |v: Vec<f64>| Tensor::from_cpu(f64::into_storage(v), [len]);
-            (Tensor::from_cpu(dx, x.dims()), f64s(dw), f64s(db))
-        };
-        let param = |t: Tensor| t.to_dtype(x.dtype()).reshape(normalized.dims());
-        (dx, param(dw), param(db))
     }
 }

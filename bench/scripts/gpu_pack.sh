@@ -4,16 +4,20 @@
 # bench programs. Run here after `cargo build --release`; then on the device:
 #   carry [".gpu"], command "bash bench/scripts/gpu_sitting.sh all 2>&1 | tee $OUT/sitting.log"
 # (or mode tests, then mode final: the figures of a final sitting within one 10-minute command)
-# CRATES overrides the crates whose tests travel; BINS the binaries (names under target/release);
+# CRATES overrides the crates whose unit tests travel; ITESTS the integration tests with CUDA
+# tests (crate:test); BINS the binaries (names under target/release);
 # BASE_BIN adds an earlier oxtrain binary, run beside this one in the benchmark (A/B).
 set -euo pipefail
 top=$(git rev-parse --show-toplevel); cd "$top"
 target="${CARGO_TARGET_DIR:-$top/target}"
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf .gpu; mkdir -p .gpu/tests .gpu/bin
-crates="${CRATES:-oxtrain-tensor oxtrain-autograd oxtrain-nn}"
-args=(); for c in $crates; do args+=(-p "$c"); done
-cargo test --release --no-run --lib --message-format=json "${args[@]}" \
+crates="${CRATES:-oxtrain-tensor oxtrain-autograd oxtrain-nn oxtrain-models}"
+args=(--lib); for c in $crates; do args+=(-p "$c"); done
+for t in ${ITESTS:-oxtrain-models:resnet oxtrain-models:steady_step oxtrain:memory}; do
+  args+=(-p "${t%%:*}" --test "${t#*:}")
+done
+cargo test --release --no-run --message-format=json "${args[@]}" \
   | python3 -c 'import sys,json
 for l in sys.stdin:
     try: m=json.loads(l)

@@ -42,12 +42,13 @@ off_gpt2=(OXTRAIN_ATTENTION=v1 OXTRAIN_DISABLE_EPILOGUES=1 OXTRAIN_DISABLE_PADDE
   OXTRAIN_DISABLE_MULTI_TENSOR=1 OXTRAIN_DISABLE_CAST_CACHE=1)
 off_resnet=(OXTRAIN_DISABLE_BN_RELU_FOLD=1 OXTRAIN_DISABLE_POOL_OFFSETS=1 OXTRAIN_DISABLE_MULTI_TENSOR=1
   OXTRAIN_DISABLE_CAST_CACHE=1 OXTRAIN_DISABLE_FUSED_RUNNING_STATS=1)
-for round in 1 2; do
-  run "gpt2_all_on_r$round" -- "${gpt2[@]}"
-  run "gpt2_all_off_r$round" "${off_gpt2[@]}" -- "${gpt2[@]}"
-  run "resnet_all_on_r$round" -- "${resnet[@]}"
-  run "resnet_all_off_r$round" "${off_resnet[@]}" -- "${resnet[@]}"
-done
+round() {
+  run "gpt2_all_on_r$1" -- "${gpt2[@]}"
+  run "gpt2_all_off_r$1" "${off_gpt2[@]}" -- "${gpt2[@]}"
+  run "resnet_all_on_r$1" -- "${resnet[@]}"
+  run "resnet_all_off_r$1" "${off_resnet[@]}" -- "${resnet[@]}"
+}
+round 1
 run gpt2_attention_v1 OXTRAIN_ATTENTION=v1 -- "${gpt2[@]}"
 run gpt2_no_epilogues OXTRAIN_DISABLE_EPILOGUES=1 -- "${gpt2[@]}"
 run gpt2_no_padded_logits OXTRAIN_DISABLE_PADDED_LOGITS=1 -- "${gpt2[@]}"
@@ -61,4 +62,5 @@ for prog in step_kernels layer_norm_kernels gpt2_matmuls; do
   [ -x ".gpu/bin/$prog" ] || continue
   echo "=== $prog"; timeout 120 ".gpu/bin/$prog" 2>&1 | tee -a "$OUT/kernels.txt" | cut -c1-150
 done
+round 2
 echo "=== done in ${SECONDS}s"

@@ -50,18 +50,27 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 echo "commit $commit, mode $mode"
 summary=""
 if [[ $mode == all || $mode == tests ]]; then
+  # Every packed test binary at once (one GPU, 16 cores: the longest binary sets the time),
+  # each under TEST_TIMEOUT_S; TEST_CRATES (e.g. "oxtrain_autograd oxtrain_nn") picks some.
+  mkdir -p /tmp/test-logs
   for t in .gpu/tests/*; do
-    name=$(basename "$t"); log="/tmp/tests-$name.log"
-    # TEST_CRATES (e.g. "oxtrain_autograd oxtrain_nn") runs some of the packed test binaries.
+    name=$(basename "$t")
     [[ -z "${TEST_CRATES:-}" || " $TEST_CRATES " == *" $name "* ]] || continue
-    echo "=== $name"
-    timeout "${TEST_TIMEOUT_S:-150}" "$t" --include-ignored $filter > "$log" 2>&1; rc=$?
-    grep -E '^test .* FAILED|^failures:|panicked' "$log" | head -n 20
+    ( timeout "${TEST_TIMEOUT_S:-300}" "$t" --include-ignored $filter > "/tmp/test-logs/$name.log" 2>&1
+      echo $? > "/tmp/test-logs/$name.rc" ) &
+  done
+  wait
+  for log in /tmp/test-logs/*.log; do
+    name=$(basename "$log" .log); rc=$(cat "/tmp/test-logs/$name.rc")
+    echo "=== $name (rc $rc)"
+    grep -E '^test .* FAILED|panicked' "$log" | head -n 20
     summary+="$name (rc $rc): $(grep -E '^test result' "$log" | tail -1)"$'\n'
-    cp "$log" /tmp/test-logs/ 2>/dev/null || { mkdir -p /tmp/test-logs; cp "$log" /tmp/test-logs/; }
-    python3 bench/tools/test_summary.py "$log" "$OUT/tests-$name.json" --commit "$commit" \
+    mkdir -p /tmp/test-json
+    python3 bench/tools/test_summary.py "$log" "/tmp/test-json/tests-$name.json" --commit "$commit" \
       --machine "nvidia-h200 (1x H200)" >/dev/null 2>&1
   done
+  # One file for all the summaries: the device returns 8 files at most.
+  tar -C /tmp/test-json -czf "$OUT/tests-json.tgz" .
 fi
 if [[ $mode == all || $mode == kernels ]]; then
   # One file for every kernel diagnostic: the device returns 8 files at most.

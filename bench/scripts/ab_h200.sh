@@ -7,10 +7,15 @@
 set -uo pipefail
 top=$(pwd); OUT="${OUT:-$top/gpu-out}"; mkdir -p "$OUT"
 python3 - <<'PY'
-import lzma, pathlib
+import lzma, pathlib, tarfile
 for p in pathlib.Path(".gpu").rglob("*.xz"):
-    q = p.with_suffix("")
-    q.write_bytes(lzma.decompress(p.read_bytes())); q.chmod(0o755); p.unlink()
+    if p.name.endswith(".tar.xz"):
+        with tarfile.open(p) as t:
+            t.extractall(".gpu")
+    else:
+        q = p.with_suffix("")
+        q.write_bytes(lzma.decompress(p.read_bytes())); q.chmod(0o755)
+    p.unlink()
 PY
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 bin=.gpu/bin/oxtrain

@@ -19,10 +19,15 @@ mode="${1:-all}"; filter="${2:-}"
 top=$(pwd); OUT="${OUT:-$top/gpu-out}"; mkdir -p "$OUT"
 commit=$(cat .gpu/commit 2>/dev/null || echo unknown)
 python3 - <<'PY'
-import lzma, pathlib
+import lzma, pathlib, tarfile
 for p in pathlib.Path(".gpu").rglob("*.xz"):
-    q = p.with_suffix("")
-    q.write_bytes(lzma.decompress(p.read_bytes())); q.chmod(0o755); p.unlink()
+    if p.name.endswith(".tar.xz"):
+        with tarfile.open(p) as t:
+            t.extractall(".gpu")
+    else:
+        q = p.with_suffix("")
+        q.write_bytes(lzma.decompress(p.read_bytes())); q.chmod(0o755)
+    p.unlink()
 PY
 library_path() {
   # pip's CUDA libraries on the path (cuDNN's is dropped again below if it breaks cuDNN).

@@ -42,7 +42,7 @@ resnet=(resnet50 --batch 256 --image 224 --precision bf16 --channels-last --step
 run gpt2_cold "OXTRAIN_KERNEL_CACHE=$(mktemp -d)" OXTRAIN_KERNEL_LOG=1 -- "${gpt2[@]}"
 grep -m 20 -i "kernel" /tmp/ab-gpt2_cold.err | cut -c1-160
 run resnet_cold "OXTRAIN_KERNEL_CACHE=$(mktemp -d)" -- "${resnet[@]}"
-off_gpt2=(OXTRAIN_ATTENTION=v1 OXTRAIN_DISABLE_EPILOGUES=1 OXTRAIN_DISABLE_PADDED_LOGITS=1
+off_gpt2=(OXTRAIN_ATTENTION=v1 OXTRAIN_DISABLE_EPILOGUES=1 OXTRAIN_DISABLE_PADDED_HEAD=1
   OXTRAIN_DISABLE_FAST_LAYER_NORM=1 OXTRAIN_DISABLE_FUSED_ADD_LAYER_NORM=1
   OXTRAIN_DISABLE_MULTI_TENSOR=1 OXTRAIN_DISABLE_CAST_CACHE=1)
 off_resnet=(OXTRAIN_DISABLE_BN_RELU_FOLD=1 OXTRAIN_DISABLE_POOL_OFFSETS=1 OXTRAIN_DISABLE_MULTI_TENSOR=1
@@ -56,7 +56,7 @@ round() {
 round 1
 run gpt2_attention_v1 OXTRAIN_ATTENTION=v1 -- "${gpt2[@]}"
 run gpt2_no_epilogues OXTRAIN_DISABLE_EPILOGUES=1 -- "${gpt2[@]}"
-run gpt2_no_padded_logits OXTRAIN_DISABLE_PADDED_LOGITS=1 -- "${gpt2[@]}"
+run gpt2_plain_head OXTRAIN_DISABLE_PADDED_HEAD=1 -- "${gpt2[@]}"
 run gpt2_no_fast_ln OXTRAIN_DISABLE_FAST_LAYER_NORM=1 OXTRAIN_DISABLE_FUSED_ADD_LAYER_NORM=1 -- "${gpt2[@]}"
 run gpt2_no_multi_tensor OXTRAIN_DISABLE_MULTI_TENSOR=1 OXTRAIN_DISABLE_CAST_CACHE=1 -- "${gpt2[@]}"
 run resnet_no_bn_fold OXTRAIN_DISABLE_BN_RELU_FOLD=1 -- "${resnet[@]}"

@@ -13,7 +13,10 @@ const DEV: Device = Device::Cuda(0);
 
 /// Runs `step` for warm-up, then three more, and asserts that those three waited for nothing
 /// and allocated nothing from the driver; the last loss is read after (one wait, outside).
+/// The counters are the device's, so the tests take turns (the harness runs them in threads).
 fn assert_steady(what: &str, mut step: impl FnMut() -> Var) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..3 {
         step();
     }

@@ -14,18 +14,6 @@ impl Var {
         self.matmul_with(rhs, "matmul", &|a, b| a.matmul(b))
     }
 
-    /// `self [.., k] @ rhs [k, n]` with the result's rows `n.next_multiple_of(multiple)`
-    /// elements apart, a narrowed view ([`Tensor::matmul_row_padded`]): the values and
-    /// gradients of [`Var::matmul`], in a layout that the next products (and the
-    /// cross-entropy's gradient, which keeps it) read with aligned rows. A language model's
-    /// head over an odd vocabulary uses it. Other ranks of `rhs` give the plain product.
-    pub fn matmul_row_padded(&self, rhs: &Var, multiple: usize) -> Var {
-        if rhs.rank() != 2 || self.rank() < 2 {
-            return self.matmul(rhs);
-        }
-        self.matmul_with(rhs, "matmul_row_padded", &move |a, b| a.matmul_row_padded(b, multiple))
-    }
-
     fn matmul_with(&self, rhs: &Var, name: &'static str, product: Product) -> Var {
         if crate::autocast_dtype().is_some() {
             let (a, b) = (self.autocast_lower(), rhs.autocast_lower());

@@ -5,8 +5,7 @@
 //! times for the same products; run both in one sitting and compare line by line.
 //!
 //! Then the same products with their cuBLASLt epilogues (bias, GELU, GELU gradient, bias
-//! gradient) beside the plain product, and the head with N = 50257 but rows 50304 apart (what
-//! the model runs: `matmul_row_padded`), whose dw is `(g^T x)^T` as the model computes it.
+//! gradient) beside the plain product. The model's head runs the padded products.
 //!
 //! `cargo run --release -p oxtrain-bench --bin gpt2_matmuls` (needs a CUDA GPU).
 
@@ -62,26 +61,7 @@ fn main() {
         }
     }
     println!("total per step (unpadded head): {:.2} ms", step_total * 1e3);
-    head_with_padded_rows();
     epilogues();
-}
-
-/// The tied head as the model runs it: logits and their gradient with rows 50304 apart.
-fn head_with_padded_rows() {
-    let (k, n) = (768, 50257);
-    let x = rand([TOKENS, k]);
-    let w = rand([n, k]);
-    let g = rand([TOKENS, n.next_multiple_of(128)]).narrow(1, 0, n);
-    let flops = 2.0 * (TOKENS * k * n) as f64;
-    let passes: [(&str, Pass); 3] = [
-        ("fwd", Box::new(|| x.matmul_row_padded(&w.t(), 128))),
-        ("dx", Box::new(|| g.matmul(&w))),
-        ("dw", Box::new(|| g.t().matmul(&x))),
-    ];
-    for (pass, f) in passes {
-        let s = time_gpu(10, &mut || drop(f()));
-        println!("{:<16} {pass:<6} {:>10.1} {:>9.1}", "lm_head_rows", s * 1e6, flops / s / 1e12);
-    }
 }
 
 /// Each fused product of a GPT-2 layer against the plain product of the same shape.

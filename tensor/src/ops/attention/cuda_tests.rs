@@ -13,11 +13,13 @@ use crate::{DType, Device, Tensor};
 const GPU: Device = Device::Cuda(0);
 
 /// The largest |got - want| over the largest |want| (the error of a low-precision result), with
-/// NaNs required at the same places in both.
+/// NaNs required at the same places in both. The range is at least 1e-3 (the inputs are of
+/// order 1): a gradient that is zero in exact arithmetic (dq with one key: dS = dO.v - dO.out
+/// = 0) comes out as rounding noise, which must not count as an error of 10^20.
 fn error_in_range(got: &Tensor, want: &Tensor, what: &str) -> f64 {
     let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
     assert_eq!(a.len(), b.len(), "{what}: sizes differ");
-    let (mut err, mut range) = (0.0f64, 1e-30f64);
+    let (mut err, mut range) = (0.0f64, 1e-3f64);
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         assert_eq!(x.is_nan(), y.is_nan(), "{what}: element {i} is {x}, the reference {y}");
         if !y.is_nan() {
@@ -172,7 +174,8 @@ fn cuda_kernels_take_gpt2_strided_views() {
     }
     // The output is a view of [B, L, H, D] memory: merging the heads copies nothing.
     let qkv = random(&[2, 70, 3, 4, 64], 23, 1.0, GPU).to_dtype(DType::BF16);
-    let [q, k, v, _] = split(&[qkv.clone(), qkv]);
+    let unused_dout = Tensor::zeros([2, 70, 4, 64], DType::BF16, GPU).unwrap();
+    let [q, k, v, _] = split(&[qkv, unused_dout]);
     let (out, _) = q.flash_attention(&k, &v, &FlashAttention { causal: true, ..Default::default() });
     assert!(out.transpose(1, 2).is_contiguous());
 }

@@ -433,7 +433,8 @@ fn cuda_bad_indices_are_reported_at_the_next_wait() {
     let dev = Device::Cuda(0);
     let x = Tensor::zeros([2, 5], DType::F32, dev).unwrap();
     let w = Tensor::zeros([10, 2], DType::F32, dev).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn() -> Tensor>)> = vec![
+    type Op<'a> = Box<dyn Fn() -> Tensor + 'a>;
+    let cases: Vec<(&str, Op)> = vec![
         (
             "index 5 is out of range for a dimension of size 5",
             Box::new(|| x.index_select(1, &Tensor::new([0i64, 5], dev).unwrap())),

@@ -188,15 +188,19 @@ impl Tensor {
             "{op}: pre of shape {:?} for an output of {dims:?}",
             pre.dims()
         );
-        if let Some(Fused { out, vector: Some(sums), .. }) =
-            self.try_fused(rhs, EpilogueKind::DGeluBGrad, None, Some(pre))
-        {
-            return (
-                Tensor::from_storage(Storage::Cuda(out), dims),
-                Tensor::from_storage(Storage::Cuda(sums), [n]),
-            );
+        if dgelu_epilogue() {
+            if let Some(Fused { out, vector: Some(sums), .. }) =
+                self.try_fused(rhs, EpilogueKind::DGeluBGrad, None, Some(pre))
+            {
+                return (
+                    Tensor::from_storage(Storage::Cuda(out), dims),
+                    Tensor::from_storage(Storage::Cuda(sums), [n]),
+                );
+            }
         }
-        let d = match self.try_fused(rhs, EpilogueKind::DGelu, None, Some(pre)) {
+        let fused =
+            if dgelu_epilogue() { self.try_fused(rhs, EpilogueKind::DGelu, None, Some(pre)) } else { None };
+        let d = match fused {
             Some(f) => Tensor::from_storage(Storage::Cuda(f.out), dims),
             None => self.matmul(rhs).gelu_backward(pre, true),
         };
@@ -231,30 +235,15 @@ impl Tensor {
             _ => (self.matmul(rhs), self.sum(1, false)),
         }
     }
+}
 
-    /// `self [.., k] @ rhs [k, n]` with the result's rows stored `n.next_multiple_of(multiple)`
-    /// elements apart: a narrowed view of a wider buffer whose extra columns hold nothing and
-    /// are never read through the view. A language model's head uses it so that its logits,
-    /// and the cross-entropy gradient written in their layout, are read by the next products
-    /// with aligned rows even for an odd vocabulary. CPU and GPU give the plain product's values.
-    pub fn matmul_row_padded(&self, rhs: &Tensor, multiple: usize) -> Tensor {
-        let (rows, k, n) = check_linear("matmul_row_padded", self, rhs, &[]);
-        assert!(multiple > 0, "matmul_row_padded: the multiple must be positive");
-        let padded = n.next_multiple_of(multiple);
-        let dims = out_dims(self, n);
-        if padded == n || rows * n == 0 {
-            return self.matmul(rhs);
-        }
-        let buffer = if self.device().is_cuda() {
-            super::cuda_row_padded(&self.reshape([rows, k]), rhs, padded)
-        } else {
-            let b = Tensor::zeros([rows, padded], self.dtype(), self.device())
-                .expect("the padded product's buffer");
-            b.narrow(1, 0, n).copy_(&self.reshape([rows, k]).matmul(rhs));
-            b
-        };
-        buffer.narrow(1, 0, n).reshape(dims)
-    }
+/// Whether the GELU backward runs as the product's epilogue (`OXTRAIN_DGELU_EPILOGUE=1`). Off by
+/// default: on the H200 cuBLASLt's DGELU_BGRAD product of GPT-2's MLP took four times the plain
+/// product, more than the product, the separate GELU backward pass and the bias sum together
+/// (`gpt2_matmuls`' epilogue table).
+fn dgelu_epilogue() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("OXTRAIN_DGELU_EPILOGUE").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
 /// `(m, n)` after checking `lhs [m, k] @ rhs [k, n]` are 2-D, fit, and share dtype and device.

@@ -207,29 +207,11 @@ device_test! {
 }
 
 device_test! {
-    fn row_padded_products_are_the_product_with_wider_rows(dev: Device) {
-        for dtype in [DType::F32, DType::BF16] {
-            let x = rand(&[2, 5, 12], 1, dtype, dev);
-            // A head's weight, [vocab, hidden] used transposed, and a plain [in, out] one.
-            for (w, what) in [(rand(&[130, 12], 2, dtype, dev).t(), "w.t()"), (rand(&[12, 130], 3, dtype, dev), "w")] {
-                let want = f64_cpu(&x).matmul(&f64_cpu(&w));
-                for (multiple, stride) in [(128, 256), (8, 136), (1, 130), (130, 130)] {
-                    let got = x.matmul_row_padded(&w, multiple);
-                    let what = format!("{dtype} x @ {what}, rows padded to a multiple of {multiple}");
-                    assert_eq!(got.dims(), [2, 5, 130], "{what}");
-                    assert_eq!(got.strides(), [5 * stride, stride, 1], "{what}");
-                    let (rtol, atol) = tol(dtype, false);
-                    assert_close(&f64_cpu(&got), &want, rtol, atol, &what);
-                }
-            }
-        }
-    }
-}
-
-device_test! {
     fn cross_entropy_gradient_keeps_the_padded_rows_of_a_head(dev: Device) {
         let (rows, vocab) = (6, 130);
-        let logits = rand(&[rows, 12], 1, DType::F32, dev).matmul_row_padded(&rand(&[12, vocab], 2, DType::F32, dev), 128);
+        // A head's logits: the first `vocab` columns of rows 256 apart (a padded product's).
+        let buffer = rand(&[rows, 256], 1, DType::F32, dev);
+        let logits = buffer.narrow(1, 0, vocab);
         let targets = Tensor::from_vec(vec![0i64, 129, 5, -100, 64, 7], [rows], dev).unwrap();
         let (_, lse) = logits.cross_entropy_rows(&targets, -100, 0.0);
         let weight = Tensor::full([rows], 0.25, DType::F32, dev).unwrap();
@@ -242,6 +224,12 @@ device_test! {
         let (t, l, w) = (targets.to_device(Device::Cpu).unwrap(), lse.to_device(Device::Cpu).unwrap(), weight.to_device(Device::Cpu).unwrap());
         let want = plain.cross_entropy_rows_backward(&t, &l, &w, -100, 0.0);
         assert_close(&grad.to_device(Device::Cpu).unwrap(), &want, 1e-5, 1e-7, "gradient");
+        if dev.is_cuda() {
+            // The pad columns hold zeros, so a product over the whole padded rows (the head's
+            // input gradient through a zero-padded weight) reads no garbage.
+            let pads = grad.as_strided(&[rows, stride], &[stride, 1], grad.layout().offset()).narrow(1, vocab, stride - vocab);
+            assert!(pads.to_f64_vec().iter().all(|&x| x.to_bits() == 0), "pad columns are zero");
+        }
     }
 }
 
@@ -288,7 +276,10 @@ fn epilogues_run_for_gpt2_shaped_bf16_products() {
     let (h, pre) = (h.unwrap(), pre.unwrap());
     run("BIAS", &mut || drop(h.matmul_bias(&w_proj, &b_proj)));
     let g = r(&[256, 768], 6);
-    run("DGELU_BGRAD or DGELU", &mut || drop(g.matmul_gelu_tanh_backward(&w_proj.t(), &pre)));
+    // The GELU backward epilogue runs only when asked for (slower than its composition).
+    if std::env::var("OXTRAIN_DGELU_EPILOGUE").is_ok_and(|v| !v.is_empty() && v != "0") {
+        run("DGELU_BGRAD or DGELU", &mut || drop(g.matmul_gelu_tanh_backward(&w_proj.t(), &pre)));
+    }
     run("BGRADA", &mut || drop(h.t().matmul_and_rhs_col_sums(&g)));
     run("BGRADB", &mut || drop(g.t().matmul_and_lhs_row_sums(&h)));
     assert!(refused.is_empty(), "cuBLASLt refused these epilogues (their compositions ran): {refused:?}");

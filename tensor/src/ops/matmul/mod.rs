@@ -128,26 +128,6 @@ impl Tensor {
     }
 }
 
-/// `lhs [m, k] @ rhs [k, n]` on CUDA into a new `[m, padded]` buffer (`padded >= n`) whose rows
-/// start with the product's `n` columns; the rest of each row is left unwritten.
-fn cuda_row_padded(lhs: &Tensor, rhs: &Tensor, padded: usize) -> Tensor {
-    let (m, k, n) = (lhs.dims()[0], lhs.dims()[1], rhs.dims()[1]);
-    let plan = plan_batches(lhs.layout(), rhs.layout(), &[], (m, n, k));
-    let (lhs_ok, rhs_ok) = cuda::plan_is_expressible(&plan);
-    if !lhs_ok || !rhs_ok {
-        let (l, r) = (
-            if lhs_ok { lhs.clone() } else { lhs.contiguous() },
-            if rhs_ok { rhs.clone() } else { rhs.contiguous() },
-        );
-        return cuda_row_padded(&l, &r, padded);
-    }
-    let storage = match (&*lhs.storage(), &*rhs.storage()) {
-        (Storage::Cuda(a), Storage::Cuda(b)) => cuda::batched_matmul(a, b, &plan, padded),
-        _ => unreachable!("matmul_row_padded: called for CUDA operands"),
-    };
-    Tensor::from_storage(Storage::Cuda(storage), [m, padded])
-}
-
 /// Where each product of a broadcast batch reads its operands.
 fn plan_batches(lhs: &Layout, rhs: &Layout, batch: &[usize], (m, n, k): (usize, usize, usize)) -> Batched {
     let with_batch = |l: &Layout, rows: usize, cols: usize| {

@@ -1,7 +1,10 @@
 // Fused optimizer steps over contiguous f32 parameters and state; the gradient is f32, bf16
 // or f16 (one kernel per gradient dtype) and is read as f32. Same formulas and operation order
 // as the CPU kernels in cpu.rs (PyTorch's single-tensor SGD and AdamW). The per-tensor kernels
-// and the multi-tensor ones call the same element updates, so both round alike.
+// and the multi-tensor ones call the same element updates, written with explicitly rounded
+// operations: left to itself the compiler contracts a product and a sum into one fused
+// multiply-add in one inlined copy and not in another, and the two kernels then differed in
+// the last bit (seen on the H200).
 
 __device__ __forceinline__ float grad_f32(const float* g, i64 i) { return g[i]; }
 __device__ __forceinline__ float grad_bf16(const bf16_t* g, i64 i) { return bf16_to_f32(g[i]); }
@@ -12,13 +15,13 @@ __device__ __forceinline__ float sgd_update(float d, float pi, float* buf, i64 i
                                             float momentum, float keep, float weight_decay,
                                             int nesterov, int maximize, int has_buf, int first) {
     if (maximize) d = -d;
-    if (weight_decay != 0.0f) d = d + weight_decay * pi;
+    if (weight_decay != 0.0f) d = __fadd_rn(d, __fmul_rn(weight_decay, pi));
     if (has_buf) {
-        float b = first ? d : momentum * buf[i] + keep * d;
+        float b = first ? d : __fadd_rn(__fmul_rn(momentum, buf[i]), __fmul_rn(keep, d));
         buf[i] = b;
-        d = nesterov ? d + momentum * b : b;
+        d = nesterov ? __fadd_rn(d, __fmul_rn(momentum, b)) : b;
     }
-    return pi - lr * d;
+    return __fsub_rn(pi, __fmul_rn(lr, d));
 }
 
 // One AdamW update of element i from its gradient gi and value p_i (moments updated in place);
@@ -29,9 +32,9 @@ __device__ __forceinline__ float adamw_update(float gi, float p_i, float* m, flo
                                               float one_minus_beta2, float step_size,
                                               float bc2_sqrt, float eps, int maximize) {
     if (maximize) gi = -gi;
-    float pi = p_i * decay;
-    float mi = m[i] + one_minus_beta1 * (gi - m[i]);
-    float vi = v[i] * beta2 + one_minus_beta2 * gi * gi;
+    float pi = __fmul_rn(p_i, decay);
+    float mi = __fadd_rn(m[i], __fmul_rn(one_minus_beta1, __fsub_rn(gi, m[i])));
+    float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(one_minus_beta2, gi), gi));
     m[i] = mi;
     v[i] = vi;
     float second = vi;
@@ -40,8 +43,8 @@ __device__ __forceinline__ float adamw_update(float gi, float p_i, float* m, flo
         second = (vi != vi || vi > old) ? vi : old;
         vmax[i] = second;
     }
-    float denom = sqrtf(second) / bc2_sqrt + eps;
-    return pi + (-step_size) * (mi / denom);
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(second), bc2_sqrt), eps);
+    return __fadd_rn(pi, __fmul_rn(-step_size, __fdiv_rn(mi, denom)));
 }
 
 #define OPTIM_KERNELS(SUF, G)                                                                      \

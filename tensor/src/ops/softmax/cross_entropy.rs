@@ -73,9 +73,10 @@ impl Tensor {
     /// `(softmax(x) - q) * weight[row]`, 0 on ignored rows, in the logits' dtype. `lse` is the
     /// forward's log-sum-exp and `weight` the per-row factor (`[rows]`, the compute dtype):
     /// the loss's own gradient, times `1 / count` for a mean. On CUDA, logits whose row stride
-    /// is their row rounded up to a multiple of at most 128 (a language model head's, from
-    /// [`Tensor::matmul_row_padded`]) get a gradient with their row stride, so the head's
-    /// backward products read it with aligned rows; every other result is contiguous.
+    /// is their row rounded up to a multiple of at most 128 (a language model head's over a
+    /// padded vocabulary) get a gradient with their row stride and zeros in the pad columns,
+    /// so the head's backward products read whole aligned rows; every other result is
+    /// contiguous.
     pub fn cross_entropy_rows_backward(
         &self,
         target: &Tensor,

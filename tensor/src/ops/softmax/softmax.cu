@@ -365,6 +365,14 @@ __device__ void ce_backward(const typename E::T* x, const long long* target, con
     }
 }
 
+// Zeros in the pad columns [n, out_ld) of each gradient row (rows padded for alignment): a
+// product over the whole padded rows then reads defined values.
+template <class E>
+__device__ void ce_zero_pads(typename E::T* dx, long long rows, long long n, long long out_ld) {
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x)
+        for (long long j = n + threadIdx.x; j < out_ld; j += blockDim.x) dx[r * out_ld + j] = E::down(0);
+}
+
 #define CROSS_ENTROPY_KERNELS(E, SUFFIX)                                                                  \
     extern "C" __global__ void __launch_bounds__(1024)                                                  \
     cross_entropy_fwd_##SUFFIX(const E::T* x, const long long* target, E::C* loss, E::C* lse,           \
@@ -377,6 +385,7 @@ __device__ void ce_backward(const typename E::T* x, const long long* target, con
                                E::T* dx, long long rows, long long n, long long ld, long long out_ld,   \
                                long long ignore, E::C keep, E::C spread, int vec) {                     \
         ce_backward<E>(x, target, lse, w, dx, rows, n, ld, out_ld, ignore, keep, spread, vec);          \
+        ce_zero_pads<E>(dx, rows, n, out_ld);                                                             \
     }
 CROSS_ENTROPY_KERNELS(SF32, f32)
 CROSS_ENTROPY_KERNELS(SF64, f64)

@@ -170,6 +170,29 @@ impl Tensor {
         self.with_layout(self.layout().narrow(d, start, len))
     }
 
+    /// Another view of this tensor's storage with the given shape, strides and offset (in
+    /// elements), as `torch.as_strided`: for a buffer that a narrowed view hides part of (the
+    /// padded rows behind a language model head's logits). Panics when the view reaches
+    /// outside the storage.
+    pub fn as_strided(&self, dims: &[usize], strides: &[usize], offset: usize) -> Tensor {
+        assert_eq!(
+            dims.len(),
+            strides.len(),
+            "as_strided: {} dims and {} strides",
+            dims.len(),
+            strides.len()
+        );
+        let len = self.storage().len();
+        let last = dims.iter().zip(strides).map(|(&d, &s)| d.saturating_sub(1) * s).sum::<usize>();
+        assert!(
+            dims.contains(&0) || offset + last < len,
+            "as_strided: shape {dims:?} with strides {strides:?} from offset {offset} reaches element \
+             {} of a storage of {len}",
+            offset + last
+        );
+        self.with_layout(crate::Layout::new(dims, strides.to_vec(), offset))
+    }
+
     /// Python's `t[..., start:end:step, ...]` along `dim`; `end` is clamped to the dim's size.
     pub fn slice<D: Dim>(&self, dim: D, start: usize, end: usize, step: usize) -> Tensor {
         assert!(step > 0, "slice: step must be positive, got {step}");

@@ -179,6 +179,16 @@ pub fn embedded_cubin(src: &KernelSource, arch: u32) -> Option<Vec<u8>> {
     decompress(data, len).ok()
 }
 
+/// The embedded cubin made for exactly `sm_{arch}` from today's `src`, its hash checked against
+/// the manifest: the proof that NVRTC compiled this source for this architecture when
+/// `scripts/aot_kernels.sh` made it, which lets CI's compile check skip it.
+pub fn verified_cubin(src: &KernelSource, arch: u32) -> Option<Vec<u8>> {
+    let entry = Manifest::embedded().get(arch, src.name).filter(|e| e.key == cache_key(src))?;
+    let dir = format!("sm_{arch}");
+    let (_, _, data) = EMBEDDED_CUBINS.iter().find(|(a, f, _)| *a == dir && *f == src.name)?;
+    decompress(data, entry.cubin_bytes).ok().filter(|cubin| cubin_hash(cubin) == entry.cubin_hash)
+}
+
 /// How long `src` took to compile where the cubins were made (the longest such time for a
 /// family the manifest does not know: a new family is likely the one being worked on).
 pub fn compile_ms_hint(src: &KernelSource) -> u64 {

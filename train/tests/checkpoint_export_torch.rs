@@ -2,7 +2,9 @@
 //! `resnet18().load_state_dict(load_file(...))` (strict) and a GPT-2 into Hugging Face's
 //! `GPT2LMHeadModel.from_pretrained(dir)`, with the same logits as oxtrain's. Runs
 //! `checkpoint/export_check.py` with `$OXTRAIN_TEST_PYTHON` (default `python3`); skipped, with
-//! a message, when that python lacks torch, torchvision, transformers or safetensors.
+//! a message, when that python lacks torch, torchvision, transformers or safetensors. Where it
+//! skips (CI), `checkpoint_export_keys.rs` still checks every exported name, shape and dtype
+//! against a table that torchvision and transformers wrote.
 
 use oxtrain::checkpoint::{export, CheckpointConfig, Checkpointer};
 use oxtrain_autograd::Var;

@@ -8,6 +8,9 @@ use oxtrain_nn::{Linear, Module};
 use oxtrain_tensor::{Device, Tensor};
 use std::path::{Path, PathBuf};
 
+mod small_disk;
+use small_disk::SmallDisk;
+
 /// The tests of this file one at a time: each builds models from the global generator, and
 /// `restore_brings_back_model_optimizer_and_rng` compares that generator's state before and
 /// after, which a model built meanwhile on another test thread would move.
@@ -281,37 +284,11 @@ fn a_second_save_reuses_host_buffers_but_writes_the_new_values() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A small tmpfs mounted for one test, unmounted when dropped.
-struct SmallDisk(PathBuf);
-
-impl SmallDisk {
-    /// None (the test is skipped) where this process may not mount (not root, a container).
-    fn mount(name: &str, bytes: usize) -> Option<SmallDisk> {
-        let dir = fresh_dir(name);
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(&dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| SmallDisk(dir))
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
     let _serial = serial();
-    let Some(disk) = SmallDisk::mount("full", 256 << 10) else {
-        eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
-        return;
-    };
+    let test = "a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint";
+    let Some(disk) = SmallDisk::mount_or_skip(test, &fresh_dir("full"), 256 << 10) else { return };
     let small = Linear::new(4, 2, Device::Cpu).unwrap();
     let big = Linear::new(256, 512, Device::Cpu).unwrap(); // 513 KB of weights
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(&disk.0)).unwrap();
@@ -333,10 +310,8 @@ fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
 #[test]
 fn a_disk_that_fills_during_the_write_is_the_same_clear_error() {
     let _serial = serial();
-    let Some(disk) = SmallDisk::mount("fills", 1 << 20) else {
-        eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
-        return;
-    };
+    let test = "a_disk_that_fills_during_the_write_is_the_same_clear_error";
+    let Some(disk) = SmallDisk::mount_or_skip(test, &fresh_dir("fills"), 1 << 20) else { return };
     let small = Linear::new(4, 2, Device::Cpu).unwrap();
     let big = Linear::new(256, 512, Device::Cpu).unwrap(); // fits on its own
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(&disk.0)).unwrap();

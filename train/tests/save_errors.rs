@@ -1,43 +1,20 @@
 //! `checkpoint.on_save_error`: a checkpoint folder on a disk too small for any checkpoint (a
-//! 16 KiB tmpfs the test mounts; skipped where it may not mount). "stop" (the default) ends the
+//! 16 KiB tmpfs the test mounts; skipped where it may not mount, failed there under `CI=true`). "stop" (the default) ends the
 //! run with the disk-full error; "continue" warns at each failed save and trains to the end
 //! with the same losses as a run that never saved.
 
+mod small_disk;
 #[path = "resume_support/mod.rs"]
 mod support;
-use std::path::{Path, PathBuf};
+use small_disk::SmallDisk;
 use support::*;
-
-/// A small tmpfs mounted for one test, unmounted when dropped.
-struct SmallDisk(PathBuf);
-
-impl SmallDisk {
-    fn mount(dir: &Path, bytes: usize) -> Option<SmallDisk> {
-        std::fs::create_dir_all(dir).unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| SmallDisk(dir.to_path_buf()))
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
 
 #[test]
 fn a_full_checkpoint_disk_stops_the_run_or_is_trained_through_as_configured() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let Some(disk) = SmallDisk::mount(&d.join("small"), 16 << 10) else {
-        eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
-        return;
-    };
+    let test = "a_full_checkpoint_disk_stops_the_run_or_is_trained_through_as_configured";
+    let Some(disk) = SmallDisk::mount_or_skip(test, &d.join("small"), 16 << 10) else { return };
     let ckpt = format!("checkpoint.dir={}", disk.0.display());
     let common = [ckpt.as_str(), "checkpoint.every_steps=4", "checkpoint.at_end=false"];
     run_ok(d, &train_args(d, "reference", &["checkpoint.at_end=false"]), &[]);

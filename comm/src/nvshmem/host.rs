@@ -174,11 +174,14 @@ pub(crate) fn attr_uid_args(a: &InitAttr) -> (i32, i32, u64) {
 mod tests {
     use super::*;
 
-    /// Every symbol the backend uses resolves in the installed host library (skipped when
-    /// NVSHMEM is not installed; no GPU needed).
+    /// Every symbol the backend uses resolves in the installed host library (no GPU needed).
+    /// Skipped when NVSHMEM is not installed, unless OXTRAIN_REQUIRE_NVSHMEM_BUILD=1 (CI, which
+    /// installs pip's nvidia-nvshmem-cu13) says it is.
     #[test]
     fn host_library_has_every_symbol() {
         if candidates().is_empty() {
+            let required = std::env::var("OXTRAIN_REQUIRE_NVSHMEM_BUILD").is_ok_and(|v| v == "1");
+            assert!(!required, "OXTRAIN_REQUIRE_NVSHMEM_BUILD=1 but libnvshmem_host.so.3 is not found");
             eprintln!("skipped: libnvshmem_host.so.3 not found");
             return;
         }

@@ -79,9 +79,13 @@ fn embedded_cubins_load_for_every_family() {
     assert_eq!(x.add(&x).to_vec::<f32>(), want);
 }
 
+/// Skips without NVRTC as `all_kernel_sources_compile_with_nvrtc` does, failing instead where
+/// OXTRAIN_REQUIRE_NVRTC is set (CI).
 #[test]
 fn a_kernel_typo_fails_with_the_compiler_log() {
-    if nvrtc::version().is_err() {
+    if let Err(e) = nvrtc::version() {
+        assert!(std::env::var_os("OXTRAIN_REQUIRE_NVRTC").is_none(), "NVRTC is required here: {e}");
+        eprintln!("skipped: {e}");
         return;
     }
     let bad = KernelSource { name: "typo", code: "extern \"C\" __global__ void k(float* x) { x[0] = y; }" };

@@ -22,7 +22,7 @@ fn mpirun(n: usize, test: &str, env: &[(&str, String)], limit: Duration) -> (boo
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &n.to_string()])
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1", "-q"])
+        .args(["--exact", test, "--nocapture", "--include-ignored", "--test-threads=1", "-q"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
@@ -57,6 +57,7 @@ fn mpirun(n: usize, test: &str, env: &[(&str, String)], limit: Duration) -> (boo
 }
 
 #[test]
+#[ignore = "a rank of a multi-process test: its parent runs it"]
 fn mpi_rank() {
     if !under_mpirun() || std::env::var("OXTRAIN_TEST_MPI").is_err() {
         return;
@@ -84,6 +85,7 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// One rank: rank `OXTRAIN_TEST_MPI_SKIP` never calls the all_reduce; the others must get
 /// the timeout error naming it, and fail at once on the next call.
 #[test]
+#[ignore = "a rank of a multi-process test: its parent runs it"]
 fn mpi_timeout_rank() {
     let Ok(skip) = std::env::var("OXTRAIN_TEST_MPI_SKIP") else { return };
     if !under_mpirun() {
@@ -167,6 +169,7 @@ fn a_rank_that_skips_a_collective_times_the_others_out() {
 /// parameters for the parent to compare across ranks.
 #[cfg(feature = "ddp")]
 #[test]
+#[ignore = "a rank of a multi-process test: its parent runs it"]
 fn mpi_ddp_rank() {
     use common::ddp_train::{self as t, Model, Opt};
     if !under_mpirun() || std::env::var("OXTRAIN_TEST_MPI_DDP").is_err() {

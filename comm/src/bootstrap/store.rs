@@ -363,6 +363,19 @@ impl TcpStore {
         Ok(u64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8])))
     }
 
+    /// Counts this rank out of barrier `base`; the host returns only once every rank has. A run
+    /// often ends with a barrier, and the host's process exiting right after it took the store
+    /// down while another rank still waited for its reply to `done` (seen in CI under load).
+    fn leave_barrier(&self, base: &str, world: usize) -> Result<()> {
+        if self.add(&format!("{base}/left"), 1)? == world as i64 {
+            self.set(&format!("{base}/all_left"), b"1")?;
+        }
+        if self._server.is_some() {
+            self.get(&format!("{base}/all_left"))?;
+        }
+        Ok(())
+    }
+
     /// Waits until all `world` ranks have called `barrier` the same number of times; on
     /// timeout the error names the ranks that never arrived.
     pub fn barrier(&self, rank: usize, world: usize) -> Result<()> {
@@ -376,7 +389,7 @@ impl TcpStore {
         }
         self.set(&format!("{base}/rank/{rank}"), b"1")?;
         match self.get(&format!("{base}/done")) {
-            Ok(_) => Ok(()),
+            Ok(_) => self.leave_barrier(&base, world),
             Err(_) => {
                 let mut missing = vec![];
                 for r in 0..world {
@@ -391,6 +404,39 @@ impl TcpStore {
                     timeout: self.timeout,
                     hint: "those ranks never reached the barrier (not started, crashed, or stuck)".into(),
                 })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's barrier returns only after every rank has made its last barrier request (the
+    /// count of ranks that left is `world`), so the host's process may exit right after it and
+    /// take the store down without cutting another rank off mid-barrier.
+    #[test]
+    fn the_host_leaves_a_barrier_last() {
+        let timeout = Duration::from_secs(10);
+        for world in [2, 3] {
+            let host = TcpStore::host("127.0.0.1", 0, timeout).unwrap();
+            let port = host.port();
+            let others: Vec<_> = (1..world)
+                .map(|rank| {
+                    std::thread::spawn(move || {
+                        let store = TcpStore::connect("127.0.0.1", port, timeout)?;
+                        // Arrive late, so that the host waits in `done` first.
+                        std::thread::sleep(Duration::from_millis(20 * rank as u64));
+                        store.barrier(rank, world)
+                    })
+                })
+                .collect();
+            host.barrier(0, world).unwrap();
+            let left = host.add("oxtrain/barrier/0/left", 0).unwrap();
+            assert_eq!(left, world as i64, "the host left barrier 0 before the others");
+            for o in others {
+                o.join().unwrap().unwrap();
             }
         }
     }

@@ -16,7 +16,7 @@ pub fn spawn_ranks(child_test: &str, role: &str, world: usize, env: &[(&str, Str
     let children: Vec<_> = (0..world)
         .map(|rank| {
             let mut c = Command::new(&exe);
-            c.args(["--exact", child_test, "--nocapture", "--test-threads=1", "-q"])
+            c.args(["--exact", child_test, "--nocapture", "--include-ignored", "--test-threads=1", "-q"])
                 .env("OXTRAIN_TEST_ROLE", role)
                 .env("OXTRAIN_TEST_RANK", rank.to_string())
                 .env("OXTRAIN_TEST_WORLD", world.to_string())

@@ -37,7 +37,7 @@ pub(super) fn mpirun(net: &Net, role: &str, timeout_s: &str, extra: &[(&str, &st
         .args(["--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet])
         .args(["-x", roles::ROLE, "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "OXTRAIN_COMM_TIMEOUT"])
         .arg(exe)
-        .args(["--exact", "netns_rank", "--nocapture", "--test-threads=1", "-q"])
+        .args(["--exact", "netns_rank", "--nocapture", "--include-ignored", "--test-threads=1", "-q"])
         .env("OXTRAIN_NETNS_HOSTS", net.host_map())
         .env(roles::ROLE, role)
         .env("MASTER_ADDR", &net.hosts[0].addr)

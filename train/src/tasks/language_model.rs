@@ -146,6 +146,10 @@ impl Task for LanguageModel {
     type Model = Gpt2LMHeadModel;
     type Batch = (Tensor, Tensor);
 
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
     fn unit(&self) -> &'static str {
         "tokens/s"
     }

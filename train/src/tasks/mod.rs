@@ -40,6 +40,10 @@ pub trait Task {
     type Model: Module + 'static;
     type Batch;
 
+    /// The run's config with what the data resolved (an image task's class list): what
+    /// checkpoints and the model folder save.
+    fn config(&self) -> &crate::config::Config;
+
     /// What throughput counts: "img/s", "tokens/s", "samples/s".
     fn unit(&self) -> &'static str;
 

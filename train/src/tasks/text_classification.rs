@@ -157,6 +157,10 @@ impl Task for TextClassification {
     type Model = BertForSequenceClassification;
     type Batch = Batch;
 
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
     fn unit(&self) -> &'static str {
         "samples/s"
     }

@@ -7,6 +7,7 @@ mod checkpointing;
 mod error;
 pub mod nonfinite;
 pub mod optim;
+mod run_dir;
 mod save;
 mod strategy;
 
@@ -120,11 +121,9 @@ pub fn train(config: &Config) -> Result<Summary, TrainError> {
     let place = placement(config)?;
     oxtrain_tensor::manual_seed(config.train.seed);
     match config.model.name {
-        ModelName::Gpt2 => fit(tasks::language_model::LanguageModel::new(config, place)?, config, place),
-        ModelName::Bert => {
-            fit(tasks::text_classification::TextClassification::new(config, place)?, config, place)
-        }
-        _ => fit(tasks::image::ImageClassification::new(config, place)?, config, place),
+        ModelName::Gpt2 => fit(tasks::language_model::LanguageModel::new(config, place)?, place),
+        ModelName::Bert => fit(tasks::text_classification::TextClassification::new(config, place)?, place),
+        _ => fit(tasks::image::ImageClassification::new(config, place)?, place),
     }
 }
 
@@ -178,7 +177,8 @@ fn plan(config: &Config, batches_per_epoch: usize) -> Result<(usize, usize, usiz
 
 /// The loop. The task gives model, batches and metrics; the strategy gives the model wrapper,
 /// `no_sync` and the sums over ranks; the loop knows neither the task nor the backend.
-pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summary, TrainError> {
+pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
+    let config = task.config();
     let strategy = make_strategy(task.build_model()?, config, place)?;
     let (rank, world) = (strategy.rank(), strategy.world_size());
     let (per_epoch, epochs, total) = plan(config, task.batches_per_epoch())?;
@@ -198,6 +198,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
     let run_dir = PathBuf::from(&config.log.dir);
     let progress = Progress::new(config.log.progress, rank, total, epochs);
     let say = |line: &str| progress.println(line);
+    run_dir::claim(config, rank)?;
     // Last before the loop: restoring sets the generator that building the model drew from.
     let start =
         checkpointing::resume(config, &task, &strategy, opt.as_mut(), schedule.as_mut(), &mut scaler, &say)?;
@@ -219,6 +220,9 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         world,
         config.train.grad_accum
     ));
+    if let Some(w) = optim::warmup_warning(config, total, per_epoch).filter(|_| rank == 0) {
+        progress.warn(&w);
+    }
 
     let accum = config.train.grad_accum;
     let counters = start.as_ref().map(|s| s.counters.clone()).unwrap_or_default();
@@ -375,7 +379,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                 let r = StepRecord {
                     kind: "train",
                     step,
-                    epoch,
+                    epoch: epoch + 1,
                     loss: train_loss,
                     lr: step_lr,
                     throughput: (timed_units * world) as f64 / secs,
@@ -390,7 +394,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
                 window_start = Instant::now();
             }
             if config.train.eval_every > 0 && step.is_multiple_of(config.train.eval_every) {
-                last_eval = evaluate(&mut log, step, epoch)?.map(|e| (step, e));
+                last_eval = evaluate(&mut log, step, epoch + 1)?.map(|e| (step, e));
             }
             if let Some(why) = saver.due(step, &strategy)? {
                 saver.save(run_state!(epoch))?;
@@ -405,7 +409,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
             }
         }
         if config.train.eval_every == 0 && step < total {
-            last_eval = evaluate(&mut log, step, epoch)?.map(|e| (step, e));
+            last_eval = evaluate(&mut log, step, epoch + 1)?.map(|e| (step, e));
         }
     }
     let seconds = run_start.elapsed().as_secs_f64();
@@ -416,9 +420,9 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
         strategy.barrier().map_err(TrainError::Comm)?;
         let dir = saved.unwrap_or_else(|| checkpoint_dir(config));
         let why = format!(
-            "SIGTERM/SIGINT: saved the checkpoint of step {at} to {}; continue with `oxtrain train --resume` \
-             and the same config",
-            dir.display()
+            "SIGTERM/SIGINT: saved the checkpoint of step {at} to {}; continue with {}",
+            dir.display(),
+            run_dir::resume_command(world)
         );
         return Ok(Summary {
             steps: step,
@@ -438,7 +442,7 @@ pub fn fit<T: Task>(task: T, config: &Config, place: Placement) -> Result<Summar
     }
     let eval = match last_eval {
         Some((s, e)) if s == step => Some(e),
-        _ => evaluate(&mut log, step, epochs - 1)?,
+        _ => evaluate(&mut log, step, epochs)?,
     };
     progress.finish();
     saver.save_at_end(run_state!(last_epoch))?;

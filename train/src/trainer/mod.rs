@@ -10,6 +10,7 @@ pub mod optim;
 mod run_dir;
 mod save;
 mod strategy;
+mod window;
 
 pub use checkpointing::checkpoint_dir;
 pub use error::TrainError;
@@ -228,8 +229,8 @@ pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
     let counters = start.as_ref().map(|s| s.counters.clone()).unwrap_or_default();
     let mut step = start.as_ref().map_or(0, |s| s.step);
     guard.skipped = counters.skipped;
-    let (mut window_loss, mut window_steps, mut window_units) =
-        (counters.window_loss, counters.window_steps, counters.window_units);
+    let mut window = window::LossWindow::new(counters.window_loss, counters.window_steps);
+    let mut window_units = counters.window_units;
     let (mut run_units, mut last_eval) = (counters.run_units, None);
     // Throughput counts what this process trained: the restored counters hold units trained
     // before the stop, in time this process did not measure.
@@ -274,8 +275,8 @@ pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
                 config,
                 counters: checkpointing::Counters {
                     skipped: guard.skipped,
-                    window_loss,
-                    window_steps,
+                    window_loss: window.loss,
+                    window_steps: window.steps,
                     window_units,
                     run_units,
                 },
@@ -294,7 +295,7 @@ pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
     'epochs: for epoch in epoch_range {
         progress.start_epoch(epoch);
         last_epoch = epoch;
-        let (mut micro, mut step_loss) = (0usize, 0.0);
+        let mut micro = 0usize;
         let batches: Box<dyn Iterator<Item = tasks::TaskResult<T::Batch>> + '_> =
             if std::mem::take(&mut skip_first_epoch) {
                 Box::new(std::iter::empty())
@@ -309,13 +310,19 @@ pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
                 Some(dt) => autocast(dt, || task.loss(m, &batch)),
                 None => task.loss(m, &batch),
             });
-            let value = loss.tensor().to_dtype(DType::F32).item();
-            match guard.loss(value, step + 1, epoch + 1, &named_params) {
+            window.add_micro(loss.tensor(), accum);
+            // "skip" decides before the update: a host read per micro-batch, its documented cost.
+            let verdict = match guard.checks_every_step() {
+                true => guard.loss(loss.tensor().item(), step + 1, epoch + 1, &named_params),
+                false => nonfinite::Verdict::Go,
+            };
+            match verdict {
                 nonfinite::Verdict::Go => {}
                 nonfinite::Verdict::Skip(message) => {
                     progress.println(&message);
                     opt.zero_grad();
-                    (micro, step_loss) = (0, 0.0);
+                    window.discard_step();
+                    micro = 0;
                     continue;
                 }
                 nonfinite::Verdict::Stop(e) => {
@@ -323,7 +330,6 @@ pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
                     return Err(e);
                 }
             }
-            step_loss += value / accum as f64;
             let scaled = scaler.scale(&loss.mul_scalar(1.0 / accum as f64));
             // Under DDP the end of backward waits for the gradient all-reduces: a peer that
             // failed or a host cut off is the communicator's error here (its timeout, naming
@@ -346,12 +352,16 @@ pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
                 continue;
             }
             micro = 0;
-            match guard.gradients(step + 1, epoch + 1, &named_params) {
+            let verdict = match guard.checks_every_step() {
+                true => guard.gradients(step + 1, epoch + 1, &named_params),
+                false => nonfinite::Verdict::Go,
+            };
+            match verdict {
                 nonfinite::Verdict::Go => {}
                 nonfinite::Verdict::Skip(message) => {
                     progress.println(&message);
                     opt.zero_grad();
-                    step_loss = 0.0;
+                    window.discard_step();
                     continue;
                 }
                 nonfinite::Verdict::Stop(e) => {
@@ -364,18 +374,21 @@ pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
                 clip_grad_norm_(&params, config.train.clip_grad_norm, 2.0);
             }
             let step_lr = opt.lr(0);
+            let grad_flag = if guard.checks_every_step() { None } else { guard.gradient_flag(&named_params) };
             scaler.step(opt.as_mut());
             scaler.update();
             opt.zero_grad();
             schedule.step(opt.as_mut());
             step += 1;
-            window_loss += step_loss;
-            window_steps += 1;
-            step_loss = 0.0;
+            window.end_step(step, epoch + 1, grad_flag);
             progress.step();
             if step.is_multiple_of(config.log.every_steps) || step == total {
+                if let Some(bad) = window.read(guard.judges_losses()) {
+                    progress.finish();
+                    return Err(guard.stop_at(bad, step));
+                }
                 let secs = window_start.elapsed().as_secs_f64().max(1e-9);
-                train_loss = window_loss / window_steps as f64;
+                train_loss = window.take_mean();
                 let r = StepRecord {
                     kind: "train",
                     step,
@@ -390,13 +403,18 @@ pub fn fit<T: Task>(task: T, place: Placement) -> Result<Summary, TrainError> {
                 };
                 progress.record(&r, total);
                 log.log_step(r)?;
-                (window_loss, window_steps, window_units, timed_units) = (0.0, 0, 0, 0);
+                (window_units, timed_units) = (0, 0);
                 window_start = Instant::now();
             }
             if config.train.eval_every > 0 && step.is_multiple_of(config.train.eval_every) {
                 last_eval = evaluate(&mut log, step, epoch + 1)?.map(|e| (step, e));
             }
             if let Some(why) = saver.due(step, &strategy)? {
+                // The checkpoint holds the window's sums: read it (a save copies to the host anyway).
+                if let Some(bad) = window.read(guard.judges_losses()) {
+                    progress.finish();
+                    return Err(guard.stop_at(bad, step));
+                }
                 saver.save(run_state!(epoch))?;
                 if why == SaveReason::Signal {
                     interrupted = Some(step);

@@ -6,7 +6,7 @@ pub mod progress;
 
 pub use progress::Progress;
 
-use crate::trainer::TrainError;
+use crate::runtime::TrainError;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::{BadFiles, Config, DataKind, ModelName};
-use crate::trainer::{Strategy, TrainError};
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::image_folder::{find_classes, make_dataset, IMG_EXTENSIONS};
 use oxtrain_datasets::{
@@ -166,7 +166,7 @@ impl ImageClassification {
         // Saved with every checkpoint and model folder: evaluation labels by the same list.
         config.data.class_names = classes.clone();
         Ok(ImageClassification {
-            autocast: crate::trainer::autocast_dtype(&config),
+            autocast: crate::runtime::autocast_dtype(&config),
             config,
             place,
             train: loader(train_set, true, true)?,

@@ -4,29 +4,25 @@
 //! and the final model folder.
 
 mod checkpointing;
-mod error;
 pub mod nonfinite;
 pub mod optim;
 mod run_dir;
 mod save;
-mod strategy;
 mod window;
 
+pub use crate::runtime::{autocast_dtype, make_strategy, placement, Strategy, TrainError};
 pub use checkpointing::checkpoint_dir;
-pub use error::TrainError;
 pub use save::{read_model_dir, write_model_dir};
-pub use strategy::Strategy;
 
 use crate::checkpoint::SaveReason;
-use crate::config::{parse_device, Config, DdpBackend, GradCompression, ModelName, PrecisionDtype};
+use crate::config::{Config, PrecisionDtype};
 use crate::metrics::{unix_time, EvalRecord, MetricsLog, Progress, StepRecord};
-use crate::tasks::{self, Evaluation, Placement, Task};
+use crate::runtime::Placement;
+use crate::tasks::{self, Evaluation, Task};
 use oxtrain_autograd::autocast;
-use oxtrain_comm::ddp::{Compression, DdpConfig};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
 use oxtrain_nn::optim::clip_grad_norm_;
 use oxtrain_nn::Module;
-use oxtrain_tensor::{DType, Device};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -94,69 +90,21 @@ impl Summary {
     }
 }
 
-/// The autocast dtype of the config's precision (None for f32).
-pub fn autocast_dtype(config: &Config) -> Option<DType> {
-    match config.precision.dtype {
-        PrecisionDtype::F32 => None,
-        PrecisionDtype::Bf16 => Some(DType::BF16),
-        PrecisionDtype::F16 => Some(DType::F16),
-    }
-}
-
-/// Rank, world size and device, from the launcher's variables (torchrun's, mpirun's or srun's,
-/// as comm reads them) and `train.device`.
-pub fn placement(config: &Config) -> Result<Placement, TrainError> {
-    let env = oxtrain_comm::bootstrap::LaunchEnv::from_env().map_err(|e| TrainError::Comm(e.to_string()))?;
-    let device = match parse_device(&config.train.device).expect("checked with the config") {
-        Some(d) => d,
-        None => Device::cuda_if_available(env.local_rank),
-    };
-    device
-        .check_available()
-        .map_err(|e| TrainError::Device(format!("train.device = {:?}: {e}", config.train.device)))?;
-    Ok(Placement { rank: env.rank, world_size: env.world_size, device })
-}
-
 /// Trains what the config says and returns the summary.
 pub fn train(config: &Config) -> Result<Summary, TrainError> {
     let place = placement(config)?;
     oxtrain_tensor::manual_seed(config.train.seed);
-    match config.model.name {
-        ModelName::Gpt2 => fit(tasks::language_model::LanguageModel::new(config, place)?, place),
-        ModelName::Bert => fit(tasks::text_classification::TextClassification::new(config, place)?, place),
-        _ => fit(tasks::image::ImageClassification::new(config, place)?, place),
-    }
+    tasks::with_task(config, place, Fit(place))
 }
 
-/// One process alone, or DDP over the process group the launcher's variables describe
-/// (`ddp.backend` picks the communicator; auto: nccl on GPUs, comm's choice on CPUs).
-fn make_strategy<M: Module>(model: M, config: &Config, place: Placement) -> Result<Strategy<M>, TrainError> {
-    if place.world_size == 1 {
-        return Ok(Strategy::single(model));
+/// [`fit`] as the work [`tasks::with_task`] hands the config's task to.
+struct Fit(Placement);
+
+impl tasks::WithTask for Fit {
+    type Output = Summary;
+    fn run<T: Task>(self, task: T) -> Result<Summary, TrainError> {
+        fit(task, self.0)
     }
-    let backend = match (config.ddp.backend, place.device) {
-        (DdpBackend::Auto, Device::Cuda(_)) => Some("nccl".to_string()),
-        (DdpBackend::Auto, Device::Cpu) => None,
-        (b, _) => Some(crate::config::enum_name(&b)),
-    };
-    if let Some(b) = backend {
-        if std::env::var_os("OXTRAIN_COMM_BACKEND").is_none() {
-            // Read by comm's init_from_env just below, on this thread, before any other starts.
-            std::env::set_var("OXTRAIN_COMM_BACKEND", b);
-        }
-    }
-    let group = oxtrain_comm::init_from_env().map_err(|e| TrainError::Comm(e.to_string()))?;
-    let ddp = DdpConfig {
-        bucket_cap_mb: config.ddp.bucket_cap_mb,
-        first_bucket_cap_mb: config.ddp.first_bucket_cap_mb,
-        find_unused_parameters: config.ddp.find_unused_parameters,
-        compression: match config.ddp.compression {
-            GradCompression::None => Compression::None,
-            GradCompression::Bf16 => Compression::Bf16,
-        },
-        ..DdpConfig::default()
-    };
-    Strategy::ddp(model, group, ddp, config.ddp.sync_batchnorm).map_err(TrainError::Comm)
 }
 
 /// How far the run goes: optimizer steps per epoch, epochs, total steps.

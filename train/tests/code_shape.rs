@@ -1,7 +1,7 @@
-//! The train crate's top-level modules depend on each other one way only: the vocabulary
-//! (config, runtime, checkpoint, metrics) below the tasks, the tasks below the loop and eval.
-//! This reads every `crate::module` path in train/src outside comments and fails on a cycle
-//! between top-level modules, naming it.
+//! The train crate's shape, read from its source: the top-level modules depend on each other
+//! one way only (the vocabulary - config, runtime, checkpoint, metrics - below the tasks, the
+//! tasks below the loop and eval), read from every `crate::module` path outside comments; no
+//! function is over 80 lines, and `fit` is a short loop over the `Trainer`'s steps.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -101,4 +101,54 @@ fn crate_paths_are_read_from_plain_and_grouped_uses() {
     assert_eq!(crate_paths("use crate::{tasks, runtime::Strategy};"), ["tasks", "runtime"]);
     assert_eq!(crate_paths("let x = crate::trainer::f(crate::tasks::g());"), ["trainer", "tasks"]);
     assert!(crate_paths("pub use crate::{Error, Result};").is_empty(), "types at the root are no module");
+}
+
+/// `(file, function, lines)` of every `fn` in train/src, from its line to the closing brace at
+/// its indentation.
+fn function_lengths(src: &Path) -> Vec<(String, String, usize)> {
+    let mut out = Vec::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let body = line.trim_start();
+                let indent = &line[..line.len() - body.len()];
+                let Some(name) = ["fn ", "pub fn ", "pub(crate) fn ", "pub(super) fn "]
+                    .iter()
+                    .find_map(|p| body.strip_prefix(p))
+                    .map(|rest| {
+                        rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>()
+                    })
+                else {
+                    continue;
+                };
+                if body.ends_with(';') {
+                    continue;
+                }
+                let close = format!("{indent}}}");
+                if let Some(end) = lines[i..].iter().position(|l| l.trim_end() == close) {
+                    out.push((path.display().to_string(), name, end + 1));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_is_over_80_lines_and_fit_is_short() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lengths = function_lengths(&src);
+    assert!(lengths.len() > 300, "the functions were read: {}", lengths.len());
+    let long: Vec<_> = lengths.iter().filter(|(_, _, n)| *n > 80).collect();
+    assert!(long.is_empty(), "functions over 80 lines: {long:?}");
+    let fit = lengths.iter().find(|(f, n, _)| f.ends_with("trainer/mod.rs") && n == "fit").expect("fit");
+    assert!(fit.2 <= 40, "fit is {} lines", fit.2);
 }

@@ -22,11 +22,11 @@ pub enum Error {
 
     /// Every file an epoch tried was bad: nothing to train on.
     #[error(
-        "every image of the epoch failed to load ({bad} bad-file loads, {total} files in the dataset); \
-         the messages above name each file - check the data folder (wrong path, files still downloading, \
-         or a format other than JPEG and PNG)"
+        "every image of the epoch failed to load ({bad} bad-file loads, {total} files in the dataset), \
+         the first: {first}; check the data folder (wrong path, files still downloading, or a format other \
+         than JPEG, PNG, BMP, PPM and PGM)"
     )]
-    NoGoodFiles { bad: usize, total: usize },
+    NoGoodFiles { bad: usize, total: usize, first: String },
 
     /// A setting that cannot work (a batch size of 0, ...): what it was and what to use.
     #[error("invalid setting: {0}")]

@@ -48,4 +48,4 @@ pub use ops::unary::UnaryOp;
 pub use ops::view::ShapeArg;
 pub use shape::{broadcast_shapes, Dim, Dims, Shape};
 pub use storage::{CpuStorage, Storage};
-pub use tensor::{Tensor, TensorData};
+pub use tensor::{host_reads, Tensor, TensorData};

@@ -200,6 +200,8 @@ impl Tensor {
         if self.device.is_cuda() {
             return self.to_host("to_vec").to_vec();
         }
+        // Counted here, on the host copy's read, so a device tensor counts once.
+        count_host_read();
         self.with_cpu("to_vec", |s, l| crate::strided::map(s.as_slice::<T>(), l, |x| x))
     }
 
@@ -207,6 +209,19 @@ impl Tensor {
     pub fn to_f64_vec(&self) -> Vec<f64> {
         if self.device.is_cuda() {
             return self.to_host("to_f64_vec").to_f64_vec();
+        }
+        count_host_read();
+        self.with_cpu(
+            "to_f64_vec",
+            |s, l| with_cpu_storage!(s, v, T => crate::strided::map(v, l, |x: T| x.to_f64())),
+        )
+    }
+
+    /// [`Tensor::to_f64_vec`] for a CPU kernel's own operands: a copy inside the backend, not
+    /// a read the program makes, so [`host_reads`] does not count it.
+    pub(crate) fn kernel_f64_values(&self) -> Vec<f64> {
+        if self.device.is_cuda() {
+            return self.to_f64_vec();
         }
         self.with_cpu(
             "to_f64_vec",
@@ -361,4 +376,20 @@ impl<T: Element, const N: usize, const M: usize, const L: usize> TensorData for 
     fn flatten(self) -> (Vec<T>, Vec<usize>) {
         (self.iter().flatten().flatten().copied().collect(), vec![L, M, N])
     }
+}
+
+thread_local! {
+    static HOST_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn count_host_read() {
+    HOST_READS.with(|n| n.set(n.get() + 1));
+}
+
+/// Reads of tensor values into host memory (`to_vec`, `to_f64_vec`, `item`, ...) made on this
+/// thread so far, on any device. On a GPU each one waits for the work queued before it, so a
+/// training loop that should queue steps ahead counts them: on the CPU as on the GPU, where
+/// [`crate::cuda::host_waits`] counts the waits themselves.
+pub fn host_reads() -> u64 {
+    HOST_READS.with(|n| n.get())
 }

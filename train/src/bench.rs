@@ -150,89 +150,106 @@ fn err(e: impl std::fmt::Display) -> BenchError {
 fn workload(args: &BenchArgs, device: Device) -> Result<Workload, BenchError> {
     let mut gen = Generator::new(0);
     let autocast = matches!(args.precision, BenchPrecision::Bf16);
-    let b = args.batch;
     match args.model {
-        BenchModel::Resnet18 | BenchModel::Resnet50 => {
-            let (config, name) = match args.model {
-                BenchModel::Resnet18 => (ResNetConfig::resnet18(), "resnet18"),
-                _ => (ResNetConfig::resnet50(), "resnet50"),
-            };
-            let config = ResNetConfig { channels_last: args.channels_last, ..config };
-            let model = ResNet::new(&config, device).map_err(err)?;
-            let mut opt =
-                Sgd::new(model.parameters(), SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
-            let x = Distribution::STANDARD_NORMAL
-                .sample_with(&mut gen, [b, 3, args.image, args.image], DType::F32, device)
-                .map_err(err)?;
-            let y = Tensor::randint_with(&mut gen, 0, 1000, [b], device).map_err(err)?;
-            let (state, batch) = (model.state_dict(), vec![("x", x.clone()), ("y", y.clone())]);
-            let x = Var::constant(x);
-            Ok(Workload {
-                name: format!("{name}_b{b}_{}{}", args.image, if args.channels_last { "_cl" } else { "" }),
-                items: b,
-                unit: "img/s",
-                state,
-                batch,
-                step: Box::new(move || {
-                    profile::region("optimizer", "zero_grad", || opt.zero_grad());
-                    // The loss inside autocast, as the peer computes it (f32 there).
-                    let loss =
-                        with_autocast(autocast, || oxtrain_nn::loss::cross_entropy(&model.forward(&x), &y));
-                    loss.backward();
-                    profile::region("optimizer", "step", || opt.step());
-                    loss
-                }),
-            })
-        }
-        BenchModel::Gpt2 | BenchModel::Gpt2_124m => {
-            let small = matches!(args.model, BenchModel::Gpt2);
-            let config = gpt2_config(small);
-            let model = Gpt2LMHeadModel::new(&config, device).map_err(err)?;
-            let mut opt = AdamW::new(model.parameters(), AdamWConfig { lr: 1e-4, ..Default::default() });
-            let ids = Tensor::randint_with(&mut gen, 0, config.vocab_size as i64, [b, args.seq], device)
-                .map_err(err)?;
-            Ok(Workload {
-                name: format!("gpt2_l{}_d{}_b{b}_t{}", config.n_layer, config.n_embd, args.seq),
-                items: b * args.seq,
-                unit: "tokens/s",
-                state: model.state_dict(),
-                batch: vec![("ids", ids.clone())],
-                step: Box::new(move || {
-                    profile::region("optimizer", "zero_grad", || opt.zero_grad());
-                    let loss =
-                        with_autocast(autocast, || Gpt2LMHeadModel::loss(&model.forward(&ids, None), &ids));
-                    loss.backward();
-                    profile::region("optimizer", "step", || opt.step());
-                    loss
-                }),
-            })
-        }
-        BenchModel::Bert => {
-            let config = bert_config();
-            let model = BertForSequenceClassification::new(&config, device).map_err(err)?;
-            let mut opt = AdamW::new(model.parameters(), AdamWConfig { lr: 1e-4, ..Default::default() });
-            let ids = Tensor::randint_with(&mut gen, 0, config.vocab_size as i64, [b, args.seq], device)
-                .map_err(err)?;
-            let labels =
-                Tensor::randint_with(&mut gen, 0, config.num_labels() as i64, [b], device).map_err(err)?;
-            Ok(Workload {
-                name: format!("bert_l4_d256_b{b}_t{}", args.seq),
-                items: b * args.seq,
-                unit: "tokens/s",
-                state: model.state_dict(),
-                batch: vec![("ids", ids.clone()), ("labels", labels.clone())],
-                step: Box::new(move || {
-                    profile::region("optimizer", "zero_grad", || opt.zero_grad());
-                    let loss = with_autocast(autocast, || {
-                        BertForSequenceClassification::loss(&model.forward(&ids, None, None), &labels)
-                    });
-                    loss.backward();
-                    profile::region("optimizer", "step", || opt.step());
-                    loss
-                }),
-            })
-        }
+        BenchModel::Resnet18 | BenchModel::Resnet50 => resnet_workload(args, device, &mut gen, autocast),
+        BenchModel::Gpt2 | BenchModel::Gpt2_124m => gpt2_workload(args, device, &mut gen, autocast),
+        BenchModel::Bert => bert_workload(args, device, &mut gen, autocast),
     }
+}
+
+fn resnet_workload(
+    args: &BenchArgs,
+    device: Device,
+    gen: &mut Generator,
+    autocast: bool,
+) -> Result<Workload, BenchError> {
+    let b = args.batch;
+    let (config, name) = match args.model {
+        BenchModel::Resnet18 => (ResNetConfig::resnet18(), "resnet18"),
+        _ => (ResNetConfig::resnet50(), "resnet50"),
+    };
+    let config = ResNetConfig { channels_last: args.channels_last, ..config };
+    let model = ResNet::new(&config, device).map_err(err)?;
+    let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
+    let x = Distribution::STANDARD_NORMAL
+        .sample_with(gen, [b, 3, args.image, args.image], DType::F32, device)
+        .map_err(err)?;
+    let y = Tensor::randint_with(gen, 0, 1000, [b], device).map_err(err)?;
+    let (state, batch) = (model.state_dict(), vec![("x", x.clone()), ("y", y.clone())]);
+    let x = Var::constant(x);
+    Ok(Workload {
+        name: format!("{name}_b{b}_{}{}", args.image, if args.channels_last { "_cl" } else { "" }),
+        items: b,
+        unit: "img/s",
+        state,
+        batch,
+        step: Box::new(move || {
+            profile::region("optimizer", "zero_grad", || opt.zero_grad());
+            // The loss inside autocast, as the peer computes it (f32 there).
+            let loss = with_autocast(autocast, || oxtrain_nn::loss::cross_entropy(&model.forward(&x), &y));
+            loss.backward();
+            profile::region("optimizer", "step", || opt.step());
+            loss
+        }),
+    })
+}
+
+fn gpt2_workload(
+    args: &BenchArgs,
+    device: Device,
+    gen: &mut Generator,
+    autocast: bool,
+) -> Result<Workload, BenchError> {
+    let b = args.batch;
+    let small = matches!(args.model, BenchModel::Gpt2);
+    let config = gpt2_config(small);
+    let model = Gpt2LMHeadModel::new(&config, device).map_err(err)?;
+    let mut opt = AdamW::new(model.parameters(), AdamWConfig { lr: 1e-4, ..Default::default() });
+    let ids = Tensor::randint_with(gen, 0, config.vocab_size as i64, [b, args.seq], device).map_err(err)?;
+    Ok(Workload {
+        name: format!("gpt2_l{}_d{}_b{b}_t{}", config.n_layer, config.n_embd, args.seq),
+        items: b * args.seq,
+        unit: "tokens/s",
+        state: model.state_dict(),
+        batch: vec![("ids", ids.clone())],
+        step: Box::new(move || {
+            profile::region("optimizer", "zero_grad", || opt.zero_grad());
+            let loss = with_autocast(autocast, || Gpt2LMHeadModel::loss(&model.forward(&ids, None), &ids));
+            loss.backward();
+            profile::region("optimizer", "step", || opt.step());
+            loss
+        }),
+    })
+}
+
+fn bert_workload(
+    args: &BenchArgs,
+    device: Device,
+    gen: &mut Generator,
+    autocast: bool,
+) -> Result<Workload, BenchError> {
+    let b = args.batch;
+    let config = bert_config();
+    let model = BertForSequenceClassification::new(&config, device).map_err(err)?;
+    let mut opt = AdamW::new(model.parameters(), AdamWConfig { lr: 1e-4, ..Default::default() });
+    let ids = Tensor::randint_with(gen, 0, config.vocab_size as i64, [b, args.seq], device).map_err(err)?;
+    let labels = Tensor::randint_with(gen, 0, config.num_labels() as i64, [b], device).map_err(err)?;
+    Ok(Workload {
+        name: format!("bert_l4_d256_b{b}_t{}", args.seq),
+        items: b * args.seq,
+        unit: "tokens/s",
+        state: model.state_dict(),
+        batch: vec![("ids", ids.clone()), ("labels", labels.clone())],
+        step: Box::new(move || {
+            profile::region("optimizer", "zero_grad", || opt.zero_grad());
+            let loss = with_autocast(autocast, || {
+                BertForSequenceClassification::loss(&model.forward(&ids, None, None), &labels)
+            });
+            loss.backward();
+            profile::region("optimizer", "step", || opt.step());
+            loss
+        }),
+    })
 }
 
 fn with_autocast(on: bool, f: impl FnOnce() -> Var) -> Var {
@@ -352,7 +369,8 @@ fn steady_step_waits(ordinal: usize, step: &mut dyn FnMut() -> Var) -> oxtrain_t
 }
 
 /// Runs the benchmark and prints its JSON line.
-pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
+/// The device `--device` names, checked to be here.
+fn bench_device(args: &BenchArgs) -> Result<Device, BenchError> {
     let device = match oxtrain::config::parse_device(&args.device) {
         Some(Some(d)) => d,
         Some(None) => {
@@ -375,6 +393,26 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         }
         cuda::set_allow_tf32(matches!(args.precision, BenchPrecision::Tf32));
     }
+    Ok(device)
+}
+
+/// One step under the op profiler, its table on stderr.
+fn print_profile(device: Device, w: &mut Workload) {
+    let profile = match device {
+        // Each op waits for the GPU, so it is charged its own kernels' time.
+        Device::Cuda(n) => {
+            let sync: &'static (dyn Fn() + Sync) = Box::leak(Box::new(move || {
+                let _ = cuda::synchronize(n);
+            }));
+            profile::record_synced(sync, || drop((w.step)()))
+        }
+        Device::Cpu => oxtrain_autograd::profile::record(|| drop((w.step)())),
+    };
+    eprintln!("{}", profile.table());
+}
+
+pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
+    let device = bench_device(args)?;
     if args.batch == 0 || args.steps == 0 {
         return Err(BenchError("--batch and --steps must be at least 1".into()));
     }
@@ -403,17 +441,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         }
         sync()?;
         if args.profile {
-            let profile = match device {
-                // Each op waits for the GPU, so it is charged its own kernels' time.
-                Device::Cuda(n) => {
-                    let sync: &'static (dyn Fn() + Sync) = Box::leak(Box::new(move || {
-                        let _ = cuda::synchronize(n);
-                    }));
-                    profile::record_synced(sync, || drop((w.step)()))
-                }
-                Device::Cpu => oxtrain_autograd::profile::record(|| drop((w.step)())),
-            };
-            eprintln!("{}", profile.table());
+            print_profile(device, &mut w);
         }
         let mut times = Vec::with_capacity(args.steps);
         for _ in 0..args.steps {

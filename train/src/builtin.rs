@@ -2,7 +2,7 @@
 //! `val/`) into a cache folder, then read through the same path as ImageNet.
 
 use crate::config::Config;
-use crate::trainer::TrainError;
+use crate::runtime::TrainError;
 use oxtrain_datasets::synthetic::write_shapes_image_folder;
 use std::path::{Path, PathBuf};
 

@@ -2,9 +2,10 @@
 //! its config's evaluation data or on `--data`: top-1/top-5 for images, perplexity for
 //! language models, accuracy and loss for classification.
 
-use crate::config::{Config, DataKind, ModelName};
-use crate::tasks::{self, Evaluation, Task};
-use crate::trainer::{placement, read_model_dir, Strategy, TrainError};
+use crate::config::{Config, DataKind};
+use crate::runtime::{placement, Strategy, TrainError};
+use crate::tasks::{self, Evaluation, Task, WithTask};
+use crate::trainer::read_model_dir;
 use oxtrain_nn::Module;
 use std::path::Path;
 
@@ -32,21 +33,23 @@ pub fn evaluate_checkpoint<S: AsRef<str>>(
     }
     config.check()?;
     let place = placement(&config)?;
-    let eval = match config.model.name {
-        ModelName::Gpt2 => run(tasks::language_model::LanguageModel::new(&config, place)?, &weights)?,
-        ModelName::Bert => {
-            run(tasks::text_classification::TextClassification::new(&config, place)?, &weights)?
-        }
-        _ => run(tasks::image::ImageClassification::new(&config, place)?, &weights)?,
-    };
+    let eval = tasks::with_task(&config, place, Evaluate { weights: &weights })?;
     Ok((config, eval))
 }
 
-fn run<T: Task>(task: T, weights: &Path) -> Result<Evaluation, TrainError> {
-    let model = task.build_model()?;
-    model
-        .load_safetensors(weights, true)
-        .map_err(|e| TrainError::Model(format!("{}: {e}", weights.display())))?;
-    let strategy = Strategy::single(model);
-    task.evaluate(&strategy)?.ok_or_else(|| TrainError::Data("no evaluation data".into()))
+/// A task's model with the saved weights, evaluated on its evaluation data.
+struct Evaluate<'a> {
+    weights: &'a Path,
+}
+
+impl WithTask for Evaluate<'_> {
+    type Output = Evaluation;
+    fn run<T: Task>(self, task: T) -> Result<Evaluation, TrainError> {
+        let model = task.build_model()?;
+        model
+            .load_safetensors(self.weights, true)
+            .map_err(|e| TrainError::Model(format!("{}: {e}", self.weights.display())))?;
+        let strategy = Strategy::single(model);
+        task.evaluate(&strategy)?.ok_or_else(|| TrainError::Data("no evaluation data".into()))
+    }
 }

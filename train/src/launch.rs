@@ -75,7 +75,30 @@ impl LaunchError {
 /// The oxtrain subcommands: run with this executable rather than looked up on PATH.
 const SUBCOMMANDS: [&str; 3] = ["train", "eval", "config"];
 
+/// The variable a worker finds this node's launcher in ([`LaunchSpec::launcher_words`]), so a
+/// run stopped by a signal can print the command that continues it.
+pub const LAUNCH_COMMAND_VAR: &str = "OXTRAIN_LAUNCH_COMMAND";
+
 impl LaunchSpec {
+    /// `oxtrain launch` with this node's options (those left at their defaults left out), up
+    /// to the `--` before the workers' command.
+    pub fn launcher_words(&self) -> String {
+        let mut words = format!("oxtrain launch --nproc-per-node {}", self.nproc_per_node);
+        if self.nnodes > 1 {
+            words += &format!(" --nnodes {} --node-rank {}", self.nnodes, self.node_rank);
+        }
+        if self.master_addr != "127.0.0.1" {
+            words += &format!(" --master-addr {}", self.master_addr);
+        }
+        if self.master_port != 29500 {
+            words += &format!(" --master-port {}", self.master_port);
+        }
+        if let Some(b) = &self.backend {
+            words += &format!(" --backend {b}");
+        }
+        words
+    }
+
     fn check(&self) -> Result<(), LaunchError> {
         let usage = |m: String| Err(LaunchError::Usage(m));
         if self.nproc_per_node == 0 {
@@ -119,6 +142,7 @@ impl LaunchSpec {
         if let Some(b) = &self.backend {
             env.push(("OXTRAIN_COMM_BACKEND".into(), b.clone()));
         }
+        env.push((LAUNCH_COMMAND_VAR.into(), self.launcher_words()));
         // CPU workers share the cores: each gets its share of threads unless told otherwise.
         if self.nproc_per_node > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

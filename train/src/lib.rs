@@ -31,6 +31,7 @@ pub mod eval;
 pub mod launch;
 pub mod metrics;
 pub mod prelude;
+pub mod runtime;
 pub mod tasks;
 pub mod trainer;
 

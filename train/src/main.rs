@@ -67,6 +67,10 @@ struct TrainArgs {
     /// or a checkpoints folder. The same as checkpoint.resume=...
     #[arg(long, value_name = "latest|DIR", num_args = 0..=1, default_missing_value = "latest")]
     resume: Option<String>,
+    /// Start afresh where log.dir holds an earlier run, deleting its metrics and checkpoints
+    /// (without it such a start is refused). The same as log.overwrite=true.
+    #[arg(long)]
+    overwrite: bool,
     /// Overrides: section.key=value (or key=value when one section has the key).
     #[arg(value_name = "KEY=VALUE", allow_hyphen_values = true)]
     overrides: Vec<String>,
@@ -150,7 +154,9 @@ fn take_resume_flag(args: &mut TrainArgs) {
     let mut rest = Vec::with_capacity(args.overrides.len());
     let mut words = std::mem::take(&mut args.overrides).into_iter().peekable();
     while let Some(w) = words.next() {
-        if let Some(v) = w.strip_prefix("--resume=") {
+        if w == "--overwrite" {
+            args.overwrite = true;
+        } else if let Some(v) = w.strip_prefix("--resume=") {
             args.resume = Some(v.to_string());
         } else if w == "--resume" {
             let value = words.next_if(|n| !n.contains('=') && !n.starts_with('-'));
@@ -167,6 +173,9 @@ fn train(mut args: TrainArgs) -> ExitCode {
     if let Some(r) = args.resume.take() {
         // After the other overrides, so the flag wins over a checkpoint.resume=... among them.
         args.overrides.push(format!("checkpoint.resume={r}"));
+    }
+    if args.overwrite {
+        args.overrides.push("log.overwrite=true".into());
     }
     let config = match Config::load(args.config.as_deref(), &args.overrides) {
         Ok(c) => c,
@@ -189,6 +198,9 @@ fn train(mut args: TrainArgs) -> ExitCode {
 fn export(args: ExportArgs) -> ExitCode {
     match oxtrain::checkpoint::export(&args.checkpoint, &args.out) {
         Ok(e) => {
+            for s in &e.skipped {
+                eprintln!("oxtrain export: skipped the newer checkpoint {}: {}", s.path.display(), s.problem);
+            }
             println!(
                 "exported the model of {} (step {}) to {} ({} bytes)",
                 e.checkpoint.display(),
@@ -276,7 +288,7 @@ fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
     match cli.command {
-        None => train(TrainArgs { config: None, resume: None, overrides: vec![] }),
+        None => train(TrainArgs { config: None, resume: None, overwrite: false, overrides: vec![] }),
         Some(Command::Export(a)) => export(a),
         Some(Command::Train(a)) => train(a),
         Some(Command::Eval(a)) => eval(a),

@@ -70,6 +70,8 @@ fn a_folder_of_bad_files_only_is_an_error() {
     let r = run(dir.path(), &args(dir.path(), &root, &[]));
     assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("every image of the epoch failed to load"), "{}", r.stderr);
+    // Named, though the search for a replacement met the bad files without a line for each.
+    assert!(r.stderr.contains("the first: bad image file "), "{}", r.stderr);
 }
 
 #[test]

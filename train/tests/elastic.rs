@@ -34,7 +34,7 @@ fn a_killed_worker_is_restarted_from_the_checkpoint_and_the_run_ends_the_same() 
     assert!(status.success(), "the restarted run finishes ({status}):\n{out}");
     let restart = out.lines().find(|l| l.contains("restart 1 of 2")).unwrap_or_else(|| panic!("{out}"));
     assert!(restart.contains("worker 1 (rank 1) was killed by signal 9"), "{restart}");
-    assert!(out.contains("resuming from") && out.contains("step-000004 (step 4, epoch 0)"), "{out}");
+    assert!(out.contains("resuming from") && out.contains("step-000004 (step 4, epoch 1)"), "{out}");
     assert!(!out.contains("restart 2 of 2"), "one restart was enough: {out}");
     assert_same_run(&d.join("reference"), &d.join("elastic"));
 }

@@ -26,7 +26,7 @@ fn sigkill_after_a_checkpoint_then_resume_is_bit_identical() {
     let mut resume = args.clone();
     resume.push("--resume".into());
     let out = run_ok(d, &resume, &[]);
-    assert!(out.contains("resuming from") && out.contains("step-000006 (step 6, epoch 0)"), "{out}");
+    assert!(out.contains("resuming from") && out.contains("step-000006 (step 6, epoch 1)"), "{out}");
     assert_same_run(&d.join("reference"), &d.join("killed"));
 
     // Resumed once more, from the end: nothing to train, said so, and no made-up throughput
@@ -52,11 +52,12 @@ fn sigterm_saves_exits_0_and_the_run_continues_exactly() {
     let (status, out) = w.finish();
     assert!(status.success(), "a preempted run exits 0: {status}\n{out}");
     assert!(out.contains("stopped after 6 steps: SIGTERM/SIGINT: saved the checkpoint of step 6"), "{out}");
-    assert!(out.contains("--resume"), "the message says how to go on: {out}");
+    let hint = format!("continue with `oxtrain {} --resume`", args.join(" "));
+    assert!(out.contains(&hint), "the message says how to go on: {out}");
     assert!(!support::final_weights(&d.join("preempted")).exists(), "a stopped run has no final model");
 
     let out = run_ok(d, &[args, vec!["--resume=latest".into()]].concat(), &[]);
-    assert!(out.contains("step-000006 (step 6, epoch 0)"), "{out}");
+    assert!(out.contains("step-000006 (step 6, epoch 1)"), "{out}");
     assert_same_run(&d.join("reference"), &d.join("preempted"));
 }
 
@@ -82,7 +83,7 @@ fn killed_inside_a_checkpoint_write_resumes_from_the_previous_one() {
     let skipped =
         out.lines().find(|l| l.starts_with("skipped checkpoint")).unwrap_or_else(|| panic!("{out}"));
     assert!(skipped.contains(".step-000008.tmp-") && skipped.contains("partial"), "{skipped}");
-    assert!(out.contains("step-000004 (step 4, epoch 0)"), "{out}");
+    assert!(out.contains("step-000004 (step 4, epoch 1)"), "{out}");
     assert_same_run(&d.join("reference"), &d.join("torn"));
     // The new writer cleared the torn temporary directory and saved step 8 afresh.
     let names: Vec<String> =
@@ -102,7 +103,7 @@ fn resume_of_a_corrupt_checkpoint_names_the_file_and_latest_with_none_starts_fre
 
     // Resuming with another config goes on, but says what differs.
     let out = run_ok(d, &[args.clone(), vec!["optim.lr=0.001".into(), "--resume".into()]].concat(), &[]);
-    assert!(out.contains("step-000012 (step 12, epoch 1)"), "{out}");
+    assert!(out.contains("step-000012 (step 12, epoch 2)"), "{out}");
     assert!(out.contains("note: this run's config differs from the checkpoint's in optim.lr;"), "{out}");
 
     // Every committed checkpoint corrupt: refused, naming each file, never a silent restart.
@@ -150,7 +151,7 @@ fn two_shm_ranks_killed_after_a_checkpoint_resume_bit_identical() {
     assert!(!status.success(), "the launcher reports its killed workers");
 
     let out = run_ok(d, &launch(29813, [args, vec!["--resume".into()]].concat()), &[]);
-    assert!(out.contains("DDP rank 0 of 2 (shm)") && out.contains("step-000006 (step 6, epoch 1)"), "{out}");
+    assert!(out.contains("DDP rank 0 of 2 (shm)") && out.contains("step-000006 (step 6, epoch 2)"), "{out}");
     assert_same_run(&d.join("reference"), &d.join("killed"));
 
     // The same checkpoint with one rank: refused, saying what to do.
@@ -309,7 +310,7 @@ fn a_resnet_with_loader_workers_and_augmentation_resumes_bit_identical() {
     sigkill(pid_in(&halted[0]));
     w.finish();
     let out = run_ok(d, &[args("killed"), vec!["--resume".into()]].concat(), &[]);
-    assert!(out.contains("step-000003 (step 3, epoch 0)"), "{out}");
+    assert!(out.contains("step-000003 (step 3, epoch 1)"), "{out}");
     let (a, b) = (losses(&d.join("reference")), losses(&d.join("killed")));
     assert_eq!(a.len(), 6);
     assert_eq!(a, b, "the losses differ (step, f64 bits)");
@@ -344,7 +345,16 @@ fn sigterm_to_the_launcher_saves_one_step_on_both_ranks_and_resumes_exactly() {
     let part = |name: String| ckpts.join(name).join("manifest.json").is_file();
     assert!(part(format!("step-{step:06}")) && part(format!("step-{step:06}.rank-1")), "{out}");
 
-    let out = run_ok(d, &launch(29833, [args, vec!["--resume".into()]].concat()), &[]);
+    // The hint is the command that continues the run: the launcher's, with --resume added
+    // (a lone `oxtrain train --resume` refuses a checkpoint of two ranks). Run as printed, on
+    // another port.
+    let hint = stopped.split("continue with `").nth(1).and_then(|h| h.strip_suffix('`'));
+    let hint = hint.unwrap_or_else(|| panic!("no command in {stopped:?}"));
+    let words: Vec<String> = hint.split(' ').map(String::from).collect();
+    assert_eq!(words[..3], ["oxtrain", "launch", "--nproc-per-node"], "{hint}");
+    assert_eq!(words.last().unwrap(), "--resume", "{hint}");
+    let again: Vec<String> = words[1..].iter().map(|w| w.replace("29832", "29833")).collect();
+    let out = run_ok(d, &again, &[]);
     assert!(out.contains(&format!("step-{step:06} (step {step},")), "{out}");
     assert_same_run(&d.join("reference"), &d.join("preempted"));
 }

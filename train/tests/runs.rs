@@ -109,7 +109,8 @@ fn a_nan_loss_stops_or_skips_with_a_message() {
     oxtrain_tensor::safetensors::save(&refs, None, &bad).unwrap();
     let init = format!("model.init_from={}", bad.display());
 
-    let r = run(dir.path(), &toy(dir.path(), &[&init]));
+    // New runs in the first one's folder: --overwrite says so.
+    let r = run(dir.path(), &toy(dir.path(), &[&init, "--overwrite"]));
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert!(
         r.stderr.contains("the loss is NaN at step 1 (epoch 1); stopping (train.on_nonfinite = \"stop\")"),
@@ -117,7 +118,10 @@ fn a_nan_loss_stops_or_skips_with_a_message() {
         r.stderr
     );
 
-    let r = run(dir.path(), &toy(dir.path(), &[&init, "train.on_nonfinite=skip", "train.max_skipped=3"]));
+    let r = run(
+        dir.path(),
+        &toy(dir.path(), &[&init, "train.on_nonfinite=skip", "train.max_skipped=3", "--overwrite"]),
+    );
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert_eq!(r.stderr.matches("skipping this update").count(), 3, "{}", r.stderr);
     assert!(r.stderr.contains("more than train.max_skipped steps were skipped"), "{}", r.stderr);

@@ -91,7 +91,7 @@ fn image_reader<'a>(
         .with_guessed_format()
         .map_err(|e| Error::bad_image(path, e.to_string()))?;
     if reader.format().is_none() {
-        return Err(Error::bad_image(path, "not an image this loader can read (JPEG, PNG)"));
+        return Err(Error::bad_image(path, "not an image this loader can read (JPEG, PNG, BMP, PPM, PGM)"));
     }
     let mut l = image::Limits::default();
     l.max_image_width = Some(limits.max_width);

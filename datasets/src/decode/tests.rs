@@ -95,3 +95,38 @@ fn limits_reject_large_images_before_decoding() {
     let few = DecodeLimits { max_pixels: 1000, ..Default::default() };
     assert!(decode_rgb_reduced(&bytes, p(), &few, 2).is_err());
 }
+
+/// Every extension an image folder lists decodes: a file it lists but cannot read would be a
+/// bad file in every epoch. (TIFF and WebP were listed without their decoders.)
+#[test]
+fn every_listed_extension_decodes() {
+    use crate::image_folder::IMG_EXTENSIONS;
+    let (w, h) = (9, 5);
+    let rgb = picture(w, h);
+    let gray: Vec<u8> = rgb.chunks(3).map(|p| p[1]).collect();
+    let encode = |format: image::ImageFormat, data: &[u8], color: ExtendedColorType| {
+        let mut out = std::io::Cursor::new(Vec::new());
+        image::write_buffer_with_format(&mut out, data, w, h, color, format).unwrap();
+        out.into_inner()
+    };
+    for ext in IMG_EXTENSIONS {
+        let (bytes, want) = match ext {
+            ".jpg" | ".jpeg" => (jpeg(w, h, 95), None),
+            ".png" => (png(w, h, ExtendedColorType::Rgb8, &rgb), Some(rgb.clone())),
+            ".bmp" => (encode(image::ImageFormat::Bmp, &rgb, ExtendedColorType::Rgb8), Some(rgb.clone())),
+            ".ppm" => (encode(image::ImageFormat::Pnm, &rgb, ExtendedColorType::Rgb8), Some(rgb.clone())),
+            ".pgm" => {
+                let grey_rgb = gray.iter().flat_map(|&g| [g, g, g]).collect();
+                (encode(image::ImageFormat::Pnm, &gray, ExtendedColorType::L8), Some(grey_rgb))
+            }
+            other => panic!("{other} is listed but this test has no encoder for it"),
+        };
+        let path = std::path::PathBuf::from(format!("test{ext}"));
+        let img = decode_rgb(&bytes, &path, &DecodeLimits::default())
+            .unwrap_or_else(|e| panic!("{ext} is listed in IMG_EXTENSIONS but does not decode: {e}"));
+        assert_eq!((img.width, img.height), (w, h), "{ext}");
+        if let Some(want) = want {
+            assert_eq!(img.data, want, "{ext}: lossless formats decode to the same pixels");
+        }
+    }
+}

@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 #[cfg(test)]
 mod tests;
 
-/// torchvision's `IMG_EXTENSIONS`, matched case-insensitively at the end of the file name.
-pub const IMG_EXTENSIONS: [&str; 9] =
-    [".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"];
+/// The image files a folder lists, matched case-insensitively at the end of the file name:
+/// torchvision's `IMG_EXTENSIONS` less TIFF and WebP, which the decoder is built without (a
+/// listed file that cannot decode would be a bad file in every epoch).
+pub const IMG_EXTENSIONS: [&str; 6] = [".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm"];
 
 /// Whether `name` ends with one of `extensions`, ignoring case (`has_file_allowed_extension`).
 pub fn has_allowed_extension(name: &str, extensions: &[&str]) -> bool {

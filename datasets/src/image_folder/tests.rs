@@ -22,8 +22,10 @@ fn classes_and_samples_in_torchvisions_order() {
         "b/sub/0.png",
         "b/a.txt",
         "B/x.Png",
-        "a/z.webp",
-        "a/y.TIFF",
+        "a/z.ppm",
+        "a/y.pgm",
+        "a/w.webp",
+        "a/v.TIFF",
         "b/sub2/1.jpeg",
         "b/Sub/3.bmp",
     ] {
@@ -39,8 +41,8 @@ fn classes_and_samples_in_torchvisions_order() {
         .collect();
     let want = [
         ("B/x.Png", 0),
-        ("a/y.TIFF", 1),
-        ("a/z.webp", 1),
+        ("a/y.pgm", 1),
+        ("a/z.ppm", 1),
         ("b/10.jpg", 2),
         ("b/2.JPEG", 2),
         ("b/Sub/3.bmp", 2),

@@ -68,6 +68,9 @@ fn a_folder_where_every_file_is_bad_is_an_error_not_empty_epochs() {
             let results: Vec<Result<Batch>> = loader.epoch(0).collect();
             let err = results.into_iter().find_map(|r| r.err()).expect("an error, not an empty epoch");
             assert!(matches!(err, Error::NoGoodFiles { .. }), "{policy:?}: {err}");
+            // Replace meets the bad files while looking for a replacement and names none of
+            // them on its way: the error names the first.
+            assert!(err.to_string().contains("the first: bad image file "), "{policy:?}: {err}");
             let msg = err.to_string();
             assert!(
                 msg.contains("every image of the epoch failed") && msg.contains("check the data folder"),

@@ -47,7 +47,7 @@ fn fill<D: Dataset>(
             Err(e @ Error::BadImage { .. }) if shared.config.bad_files != BadFilePolicy::Fail => e,
             Err(e) => return Err(e),
         };
-        let n = shared.bad_files.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = shared.count_bad(&e);
         if shared.config.bad_files == BadFilePolicy::Skip {
             eprintln!("oxtrain-datasets: skipping sample {index}: {e} ({n} bad files so far)");
             continue;
@@ -74,13 +74,13 @@ fn replacement<D: Dataset>(
         let mut rng = SampleRng::new(shared.config.seed, epoch, index as u64);
         match shared.dataset.load_into(index, &mut rng, slot) {
             Ok(label) => return Ok((label, index)),
-            Err(Error::BadImage { .. }) => {
-                shared.bad_files.fetch_add(1, Ordering::Relaxed);
+            Err(e @ Error::BadImage { .. }) => {
+                shared.count_bad(&e);
             }
             Err(e) => return Err(e),
         }
     }
-    Err(Error::NoGoodFiles { bad: shared.bad_files.load(Ordering::Relaxed), total: len })
+    Err(shared.no_good_files(shared.bad_files.load(Ordering::Relaxed)))
 }
 
 macro_rules! typed_batch {

@@ -87,7 +87,28 @@ pub(crate) struct Shared<D: Dataset> {
     pub dataset: D,
     pub config: LoaderConfig,
     pub bad_files: AtomicUsize,
+    /// The first bad file's message, for the error of an epoch in which every file was bad
+    /// (the replacement search meets the others without naming each).
+    pub first_bad: Mutex<Option<String>>,
     pub pinned: Option<Arc<PinnedPool>>,
+}
+
+impl<D: Dataset> Shared<D> {
+    /// Counts a bad file; returns how many so far.
+    pub(crate) fn count_bad(&self, e: &Error) -> usize {
+        let mut first = self.first_bad.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert_with(|| e.to_string());
+        self.bad_files.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn no_good_files(&self, bad: usize) -> Error {
+        let first = self.first_bad.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Error::NoGoodFiles {
+            bad,
+            total: self.dataset.len(),
+            first: first.unwrap_or_else(|| "none recorded".into()),
+        }
+    }
 }
 
 pub struct DataLoader<D: Dataset> {
@@ -113,7 +134,8 @@ impl<D: Dataset> DataLoader<D> {
             PinMemory::Auto => oxtrain_tensor::Device::cuda_if_available(0).is_cuda().then_some(0),
         };
         let pinned = ordinal.map(|n| Arc::new(PinnedPool::new(n)));
-        let shared = Shared { dataset, config, bad_files: AtomicUsize::new(0), pinned };
+        let shared =
+            Shared { dataset, config, bad_files: AtomicUsize::new(0), first_bad: Mutex::new(None), pinned };
         Ok(DataLoader { shared: Arc::new(shared), sampler: Arc::new(Mutex::new(sampler)) })
     }
 
@@ -330,7 +352,7 @@ impl<D: Dataset> Iterator for EpochIter<D> {
                     self.sampler.lock().unwrap_or_else(|e| e.into_inner()).finish_epoch();
                     let bad = self.shared.bad_files.load(Ordering::Relaxed) - self.bad_at_start;
                     if self.samples_out == 0 && bad > 0 {
-                        return Some(Err(Error::NoGoodFiles { bad, total: self.shared.dataset.len() }));
+                        return Some(Err(self.shared.no_good_files(bad)));
                     }
                     return None;
                 }

@@ -114,7 +114,9 @@ impl fmt::Display for Discovery {
             writeln!(f, "skipped checkpoint {}: {}", s.path.display(), s.problem)?;
         }
         match &self.chosen {
-            Some((p, m)) => write!(f, "resuming from {} (step {}, epoch {})", p.display(), m.step, m.epoch),
+            Some((p, m)) => {
+                write!(f, "resuming from {} (step {}, epoch {})", p.display(), m.step, m.epoch + 1)
+            }
             None => write!(f, "no valid checkpoint in {}", self.dir.display()),
         }
     }

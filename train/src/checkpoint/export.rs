@@ -2,7 +2,7 @@
 //! PyTorch's names, which `model.load_state_dict(safetensors.torch.load_file(path))` and Hugging
 //! Face's `from_pretrained` (beside a config.json) load as they are.
 
-use super::discover::{latest_valid, verify_checkpoint};
+use super::discover::{latest_valid, verify_checkpoint, Skipped};
 use super::error::{io, CheckpointError, Result};
 use super::manifest::MANIFEST;
 use super::snapshot::MODEL_FILE;
@@ -17,6 +17,8 @@ pub struct Exported {
     pub step: u64,
     pub out: PathBuf,
     pub bytes: u64,
+    /// Newer checkpoints of the folder that were passed over, each with its problem.
+    pub skipped: Vec<Skipped>,
 }
 
 /// Writes the model of `checkpoint` (a step directory, or a run's checkpoint folder, whose
@@ -24,6 +26,7 @@ pub struct Exported {
 /// written beside `out` and renamed into place.
 pub fn export(checkpoint: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Exported> {
     let (checkpoint, out) = (checkpoint.as_ref(), out.as_ref());
+    let mut skipped = Vec::new();
     let (dir, manifest) = if checkpoint.join(MANIFEST).exists() {
         let m = verify_checkpoint(checkpoint)?
             .map_err(|problem| CheckpointError::Invalid { path: checkpoint.to_path_buf(), problem })?;
@@ -35,11 +38,13 @@ pub fn export(checkpoint: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Exp
         let found = latest_valid(&folder)?;
         let why =
             found.skipped.iter().map(|s| format!("; skipped {}: {}", s.path.display(), s.problem)).collect();
-        found.chosen.ok_or_else(|| CheckpointError::NotFound {
+        let chosen = found.chosen.ok_or_else(|| CheckpointError::NotFound {
             dir: folder.clone(),
             why,
             hint: hint(&folder),
-        })?
+        })?;
+        skipped = found.skipped;
+        chosen
     };
     let source = dir.join(MODEL_FILE);
     let folder = match out.parent() {
@@ -59,7 +64,7 @@ pub fn export(checkpoint: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Exp
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);
     }
-    Ok(Exported { checkpoint: dir, step: manifest.step, out: out.to_path_buf(), bytes: result? })
+    Ok(Exported { checkpoint: dir, step: manifest.step, out: out.to_path_buf(), bytes: result?, skipped })
 }
 
 /// What to do when `--checkpoint` names no checkpoint, by what it names instead.

@@ -45,6 +45,13 @@ pub fn parse_device(s: &str) -> Option<Option<oxtrain_tensor::Device>> {
 }
 
 pub fn check(c: &Config) -> Result<(), ConfigError> {
+    check_data(c)?;
+    check_model(c)?;
+    check_optim_and_schedule(c)?;
+    check_run(c)
+}
+
+fn check_data(c: &Config) -> Result<(), ConfigError> {
     let d = &c.data;
     at_least("data.batch_size", d.batch_size, 1, "a batch needs at least one sample")?;
     if d.workers > 256 {
@@ -81,6 +88,12 @@ pub fn check(c: &Config) -> Result<(), ConfigError> {
             format!("data.kind = \"{}\" needs data.train: the training data's path", kind_name(d.kind)),
         ));
     }
+    Ok(())
+}
+
+/// The model and its data kind go together; the dropout is a probability.
+fn check_model(c: &Config) -> Result<(), ConfigError> {
+    let d = &c.data;
     let fits = match c.model.name {
         ModelName::Gpt2 => d.kind == DataKind::TextLm,
         ModelName::Bert => d.kind == DataKind::JsonlClassification,
@@ -105,7 +118,10 @@ pub fn check(c: &Config) -> Result<(), ConfigError> {
             "a probability below 1, or negative for the preset's",
         ));
     }
+    Ok(())
+}
 
+fn check_optim_and_schedule(c: &Config) -> Result<(), ConfigError> {
     let o = &c.optim;
     // Above 10 every optimizer here diverges at once; NaN and negative rates are typos.
     in_range("optim.lr", o.lr, 0.0, 10.0, true, false, "the learning rate")?;
@@ -137,7 +153,11 @@ pub fn check(c: &Config) -> Result<(), ConfigError> {
     at_least("schedule.step_epochs", s.step_epochs, 1, "the step schedule's period in epochs")?;
     in_range("schedule.gamma", s.gamma, 0.0, 1.0, true, false, "the step factor")?;
     in_range("schedule.power", s.power, 0.0, 100.0, true, false, "the polynomial's power")?;
+    Ok(())
+}
 
+/// Precision, train, ddp, checkpoint and log.
+fn check_run(c: &Config) -> Result<(), ConfigError> {
     in_range("precision.init_scale", c.precision.init_scale, 0.0, f64::MAX, true, false, "the loss scale")?;
     at_least(
         "precision.growth_interval",

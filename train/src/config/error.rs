@@ -23,6 +23,13 @@ pub enum ConfigError {
         suggestion: Option<String>,
         valid: Vec<String>,
     },
+    /// A `key = value` line above every `[section]` header: TOML puts it in no section.
+    #[error("`{key}` in {origin} is outside any section (above the first [section] line){}", match owners.as_slice() {
+        [] => String::new(),
+        [one] => format!("; it belongs in [{one}]: move it under the [{one}] line, or write {one}.{key}=... on the command line"),
+        many => format!("; it is a key of {}: move it under the one you mean", many.iter().map(|s| format!("[{s}]")).collect::<Vec<_>>().join(", ")),
+    })]
+    KeyOutsideSection { key: String, origin: String, owners: Vec<String> },
     #[error("`{key}` ({origin}) must be {expected}, not {got}")]
     WrongType { key: String, origin: String, expected: String, got: String },
     #[error("`{key}` = {value} is not allowed: {allowed}")]

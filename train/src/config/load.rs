@@ -47,6 +47,13 @@ fn sections(schema: &Table) -> Vec<&str> {
 
 fn check_table(table: &Table, schema: &Table, origin: &str) -> Result<(), ConfigError> {
     for (section, body) in table {
+        if !body.is_table() && !schema.contains_key(section) {
+            return Err(ConfigError::KeyOutsideSection {
+                key: section.clone(),
+                origin: origin.into(),
+                owners: owners(schema, section).into_iter().map(String::from).collect(),
+            });
+        }
         let Some(Value::Table(known)) = schema.get(section) else {
             return Err(unknown_section(section, schema, origin));
         };
@@ -66,6 +73,15 @@ fn check_table(table: &Table, schema: &Table, origin: &str) -> Result<(), Config
         }
     }
     Ok(())
+}
+
+/// The sections that have `key`.
+fn owners<'a>(schema: &'a Table, key: &str) -> Vec<&'a str> {
+    schema
+        .iter()
+        .filter(|(_, t)| t.as_table().is_some_and(|t| t.contains_key(key)))
+        .map(|(s, _)| s.as_str())
+        .collect()
 }
 
 fn unknown_section(section: &str, schema: &Table, origin: &str) -> ConfigError {
@@ -116,6 +132,8 @@ fn check_type(key: &str, value: &Value, default: &Value, origin: &str) -> Result
         | (Value::Float(_), Value::Float(_) | Value::Integer(_))
         | (Value::String(_), Value::String(_))
         | (Value::Boolean(_), Value::Boolean(_)) => return Ok(()),
+        (Value::Array(_), Value::Array(a)) if a.iter().all(Value::is_str) => return Ok(()),
+        (Value::Array(_), _) => "a list of strings ([\"a\", \"b\"])",
         (Value::Integer(_), _) => "a non-negative integer",
         (Value::Float(_), _) => "a number",
         (Value::String(_), _) => "a string (in quotes in a file)",
@@ -141,37 +159,28 @@ fn apply_override(table: &mut Table, schema: &Table, arg: &str) -> Result<(), Co
     let origin = format!("the command line `{arg}`");
     let (section, key) = match path.split_once('.') {
         Some((s, k)) => (s.to_string(), k.to_string()),
-        None => {
-            let owners: Vec<&str> = schema
-                .iter()
-                .filter(|(_, t)| t.as_table().is_some_and(|t| t.contains_key(path)))
-                .map(|(s, _)| s.as_str())
-                .collect();
-            match owners.as_slice() {
-                [one] => (one.to_string(), path.to_string()),
-                [] => {
-                    let all: Vec<(&str, String)> = schema
-                        .iter()
-                        .filter_map(|(s, t)| Some((s, t.as_table()?)))
-                        .flat_map(|(s, t)| t.keys().map(move |k| (k.as_str(), format!("{s}.{k}"))))
-                        .collect();
-                    let hint = nearest(path, all.iter().map(|(k, _)| *k))
-                        .and_then(|near| all.iter().find(|(k, _)| *k == near))
-                        .map(|(_, full)| format!("; did you mean `{full}`?"))
-                        .unwrap_or_default();
-                    return Err(bad(format!(
-                        "no section has a key `{path}`{hint} (write section.key=value)"
-                    )));
-                }
-                many => {
-                    let full: Vec<String> = many.iter().map(|s| format!("{s}.{path}")).collect();
-                    return Err(bad(format!(
-                        "`{path}` is in several sections; write one of {}",
-                        full.join(", ")
-                    )));
-                }
+        None => match owners(schema, path).as_slice() {
+            [one] => (one.to_string(), path.to_string()),
+            [] => {
+                let all: Vec<(&str, String)> = schema
+                    .iter()
+                    .filter_map(|(s, t)| Some((s, t.as_table()?)))
+                    .flat_map(|(s, t)| t.keys().map(move |k| (k.as_str(), format!("{s}.{k}"))))
+                    .collect();
+                let hint = nearest(path, all.iter().map(|(k, _)| *k))
+                    .and_then(|near| all.iter().find(|(k, _)| *k == near))
+                    .map(|(_, full)| format!("; did you mean `{full}`?"))
+                    .unwrap_or_default();
+                return Err(bad(format!("no section has a key `{path}`{hint} (write section.key=value)")));
             }
-        }
+            many => {
+                let full: Vec<String> = many.iter().map(|s| format!("{s}.{path}")).collect();
+                return Err(bad(format!(
+                    "`{path}` is in several sections; write one of {}",
+                    full.join(", ")
+                )));
+            }
+        },
     };
     let Some(Value::Table(known)) = schema.get(&section) else {
         return Err(unknown_section(&section, schema, &origin));

@@ -130,6 +130,10 @@ pub struct DataConfig {
     pub per_class: usize,
     /// Images: "replace" (default), "skip" or "fail" for files that do not decode.
     pub bad_files: BadFiles,
+    /// Images: the class of each label index; []: the class folders of data.train, sorted.
+    /// Training fills it in, so the config saved with a checkpoint or model folder labels
+    /// evaluation data (data.val, `oxtrain eval --data`) the way the model was trained.
+    pub class_names: Vec<String>,
 }
 
 impl Default for DataConfig {
@@ -151,6 +155,7 @@ impl Default for DataConfig {
             classes: 4,
             per_class: 600,
             bad_files: BadFiles::Replace,
+            class_names: Vec::new(),
         }
     }
 }
@@ -436,10 +441,19 @@ pub struct LogConfig {
     pub progress: ProgressMode,
     /// Write loss / accuracy / lr plots (PNG) beside the metrics after every evaluation.
     pub plots: bool,
+    /// Start afresh in a `dir` that holds a run (its metrics and checkpoints are deleted);
+    /// without it such a start is refused (`oxtrain train --overwrite` sets it).
+    pub overwrite: bool,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { dir: "runs/oxtrain".into(), every_steps: 10, progress: ProgressMode::Auto, plots: true }
+        LogConfig {
+            dir: "runs/oxtrain".into(),
+            every_steps: 10,
+            progress: ProgressMode::Auto,
+            plots: true,
+            overwrite: false,
+        }
     }
 }

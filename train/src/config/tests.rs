@@ -33,6 +33,25 @@ fn a_key_of_another_section_says_where_it_belongs() {
 }
 
 #[test]
+fn a_key_above_every_section_says_which_section_has_it() {
+    let m = err("epochs = 1\n[train]\nseed = 1\n", &[]);
+    assert!(!m.contains("unknown section"), "{m}");
+    assert!(m.contains("`epochs` in run.toml is outside any section"), "{m}");
+    assert!(m.contains("it belongs in [train]: move it under the [train] line"), "{m}");
+    let m = err("dir = \"x\"\n", &[]);
+    assert!(m.contains("it is a key of [checkpoint], [log]"), "{m}");
+}
+
+#[test]
+fn class_names_take_a_list_of_strings() {
+    let c = Config::from_toml_str("[data]\nclass_names = [\"cat\", \"dog\"]\n", "run.toml", &[] as &[&str])
+        .unwrap();
+    assert_eq!(c.data.class_names, ["cat", "dog"]);
+    let m = err("[data]\nclass_names = \"cat\"\n", &[]);
+    assert!(m.contains("must be a list of strings"), "{m}");
+}
+
+#[test]
 fn unknown_section_suggests_the_nearest() {
     let m = err("[optimizer]\nlr = 0.1\n", &[]);
     assert!(m.contains("unknown section [optimizer]") && m.contains("did you mean [optim]?"), "{m}");

@@ -6,7 +6,7 @@ pub mod progress;
 
 pub use progress::Progress;
 
-use crate::trainer::TrainError;
+use crate::runtime::TrainError;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,6 +18,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub struct StepRecord {
     pub kind: &'static str,
     pub step: usize,
+    /// The epoch the step belongs to, counted from 1 (as the progress line and every message).
     pub epoch: usize,
     pub loss: f64,
     pub lr: f64,
@@ -34,11 +35,52 @@ pub struct StepRecord {
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalRecord {
     pub step: usize,
+    /// Counted from 1, as in [`StepRecord`].
     pub epoch: usize,
     pub loss: f64,
     pub metrics: Vec<(String, f64)>,
     pub wall_time: f64,
     pub elapsed: f64,
+}
+
+/// A step record read back from metrics.jsonl (for the plots of a resumed run).
+fn step_record(v: &serde_json::Value) -> StepRecord {
+    let unit = ["img/s", "tokens/s", "samples/s"].into_iter().find(|u| v["unit"] == *u).unwrap_or("");
+    StepRecord {
+        kind: "train",
+        step: v["step"].as_u64().unwrap_or(0) as usize,
+        epoch: v["epoch"].as_u64().unwrap_or(0) as usize,
+        loss: v["loss"].as_f64().unwrap_or(f64::NAN),
+        lr: v["lr"].as_f64().unwrap_or(f64::NAN),
+        throughput: v["throughput"].as_f64().unwrap_or(0.0),
+        unit,
+        wall_time: v["wall_time"].as_f64().unwrap_or(0.0),
+        elapsed: v["elapsed"].as_f64().unwrap_or(0.0),
+        bad_files: v["bad_files"].as_u64().unwrap_or(0) as usize,
+    }
+}
+
+/// An evaluation record read back from metrics.jsonl: every key not of the record itself is
+/// one of the task's metrics.
+fn eval_record(v: &serde_json::Value) -> EvalRecord {
+    let own = ["kind", "step", "epoch", "loss", "wall_time", "elapsed"];
+    let metrics = v
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| !own.contains(&k.as_str()))
+                .filter_map(|(k, x)| Some((k.clone(), x.as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    EvalRecord {
+        step: v["step"].as_u64().unwrap_or(0) as usize,
+        epoch: v["epoch"].as_u64().unwrap_or(0) as usize,
+        loss: v["loss"].as_f64().unwrap_or(f64::NAN),
+        metrics,
+        wall_time: v["wall_time"].as_f64().unwrap_or(0.0),
+        elapsed: v["elapsed"].as_f64().unwrap_or(0.0),
+    }
 }
 
 pub fn unix_time() -> f64 {
@@ -76,32 +118,24 @@ impl MetricsLog {
     }
 
     /// Continues `dir/metrics.jsonl` of a resumed run: the records up to `step` (where the
-    /// checkpoint was taken) are kept, later ones (from the steps redone now) dropped.
+    /// checkpoint was taken) are kept, later ones (from the steps redone now) dropped. The kept
+    /// records are the history the plots start from, so they show the whole run.
     pub fn resume(dir: &Path, write: bool, plots: bool, step: usize) -> Result<MetricsLog, TrainError> {
         let path = dir.join("metrics.jsonl");
-        let kept: Vec<String> = if write {
-            match std::fs::read_to_string(&path) {
-                Ok(text) => text
-                    .lines()
-                    .filter(|l| {
-                        serde_json::from_str::<serde_json::Value>(l)
-                            .ok()
-                            .and_then(|v| v["step"].as_u64())
-                            .is_some_and(|s| s as usize <= step)
-                    })
-                    .map(String::from)
-                    .collect(),
-                Err(_) => Vec::new(),
-            }
-        } else {
-            Vec::new()
-        };
+        let text = if write { std::fs::read_to_string(&path).unwrap_or_default() } else { String::new() };
+        let kept: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["step"].as_u64().is_some_and(|s| s as usize <= step))
+            .collect();
         let mut log = MetricsLog::create(dir, write, plots)?;
-        if let Some(f) = &mut log.file {
-            for line in kept {
-                writeln!(f, "{line}").map_err(|e| TrainError::output(&path, e))?;
+        for v in &kept {
+            log.write_line(v)?;
+            match v["kind"].as_str() {
+                Some("eval") => log.evals.push(eval_record(v)),
+                Some(_) => log.steps.push(step_record(v)),
+                None => {}
             }
-            f.flush().map_err(|e| TrainError::output(&path, e))?;
         }
         Ok(log)
     }
@@ -144,5 +178,33 @@ impl MetricsLog {
             plot::write_all(dir, &self.steps, &self.evals)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resumed run's plots are drawn from the records it kept, not only from its own.
+    #[test]
+    fn a_resumed_log_holds_the_history_up_to_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = [
+            r#"{"kind":"train","step":1,"epoch":1,"loss":2.0,"lr":0.1,"throughput":5.0,"unit":"img/s","wall_time":1.0,"elapsed":1.0,"bad_files":0}"#,
+            r#"{"kind":"train","step":2,"epoch":1,"loss":1.5,"lr":0.2,"throughput":5.0,"unit":"img/s","wall_time":2.0,"elapsed":2.0,"bad_files":0}"#,
+            r#"{"kind":"eval","step":2,"epoch":1,"loss":1.7,"accuracy":0.25,"top5":0.75,"wall_time":2.5,"elapsed":2.5}"#,
+            r#"{"kind":"train","step":3,"epoch":2,"loss":1.0,"lr":0.3,"throughput":5.0,"unit":"img/s","wall_time":3.0,"elapsed":3.0,"bad_files":0}"#,
+        ];
+        std::fs::write(dir.path().join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
+        let log = MetricsLog::resume(dir.path(), true, false, 2).unwrap();
+        let steps: Vec<(usize, f64, f64)> = log.steps.iter().map(|r| (r.step, r.loss, r.lr)).collect();
+        assert_eq!(steps, [(1, 2.0, 0.1), (2, 1.5, 0.2)]);
+        assert_eq!(log.steps[0].unit, "img/s");
+        assert_eq!(log.evals.len(), 1);
+        let mut metrics = log.evals[0].metrics.clone();
+        metrics.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(metrics, [("accuracy".to_string(), 0.25), ("top5".to_string(), 0.75)]);
+        let kept = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+        assert_eq!(kept.lines().count(), 3, "{kept}");
     }
 }

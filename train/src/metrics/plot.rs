@@ -4,7 +4,7 @@
 //! system's fonts (or `OXTRAIN_PLOT_FONT`); without one the plots have lines and no labels.
 
 use super::{EvalRecord, StepRecord};
-use crate::trainer::TrainError;
+use crate::runtime::TrainError;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -57,7 +57,7 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.set_message(describe(r));
         } else if self.lines {
-            eprintln!("epoch {}/{} step {}/{} {}", r.epoch + 1, self.epochs, r.step, total, describe(r));
+            eprintln!("epoch {}/{} step {}/{} {}", r.epoch, self.epochs, r.step, total, describe(r));
         }
     }
 
@@ -67,6 +67,15 @@ impl Progress {
             Some(b) => b.println(line),
             None if self.lines => eprintln!("{line}"),
             None => {}
+        }
+    }
+
+    /// A warning: above the bar, or on stderr even with the progress display off. Call it on
+    /// rank 0 only.
+    pub fn warn(&self, line: &str) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
         }
     }
 

@@ -4,8 +4,9 @@
 
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::{BadFiles, Config, DataKind, ModelName};
-use crate::trainer::{Strategy, TrainError};
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
+use oxtrain_datasets::image_folder::{find_classes, make_dataset, IMG_EXTENSIONS};
 use oxtrain_datasets::{
     BadFilePolicy, DataLoader, DistributedSampler, ImageFolder, ImageTransform, LoaderConfig,
 };
@@ -13,6 +14,7 @@ use oxtrain_models::{ResNet, ResNetConfig};
 use oxtrain_nn::loss::{cross_entropy_with, CrossEntropyOptions};
 use oxtrain_nn::Module;
 use oxtrain_tensor::{DType, Tensor};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub struct ImageClassification {
@@ -35,9 +37,66 @@ fn folders(config: &Config) -> TaskResult<(PathBuf, Option<PathBuf>)> {
     Ok((PathBuf::from(&d.train), val))
 }
 
-fn open(path: &Path, transform: ImageTransform, key: &str) -> TaskResult<ImageFolder> {
-    ImageFolder::new(path, transform)
-        .map_err(|e| TrainError::Data(format!("{key} = {:?}: {e}", path.display().to_string())))
+fn data_error(key: &str, path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Data(format!("{key} = {:?}: {e}", path.display().to_string()))
+}
+
+/// The image folder at `path` with its labels numbered by `classes` (the training class list)
+/// rather than by its own sorted folders, which differ whenever a split lacks a class; a
+/// folder of a class the model does not know is an error naming it.
+fn open_labelled(
+    path: &Path,
+    transform: ImageTransform,
+    key: &str,
+    classes: &[String],
+) -> TaskResult<ImageFolder> {
+    let (own, _) = find_classes(path).map_err(|e| data_error(key, path, e))?;
+    let index: BTreeMap<&str, usize> = classes.iter().enumerate().map(|(i, c)| (c.as_str(), i)).collect();
+    let unknown: Vec<&str> = own.iter().map(String::as_str).filter(|c| !index.contains_key(c)).collect();
+    if !unknown.is_empty() {
+        return Err(data_error(
+            key,
+            path,
+            format!(
+                "the class folder(s) {} are not among the {} classes the model is trained on ({}); remove them \
+                 or train with them",
+                unknown.join(", "),
+                classes.len(),
+                classes.join(", ")
+            ),
+        ));
+    }
+    let labels: BTreeMap<String, usize> = own.iter().map(|c| (c.clone(), index[c.as_str()])).collect();
+    let samples = make_dataset(path, &labels, &IMG_EXTENSIONS).map_err(|e| data_error(key, path, e))?;
+    Ok(ImageFolder {
+        root: path.to_path_buf(),
+        classes: classes.to_vec(),
+        class_to_idx: classes.iter().enumerate().map(|(i, c)| (c.clone(), i)).collect(),
+        samples,
+        transform,
+        limits: Default::default(),
+    })
+}
+
+/// The class of each label: `data.class_names`, or the class folders of the training data; a
+/// classifier needs two at least.
+fn class_list(config: &Config, train_dir: &Path) -> TaskResult<Vec<String>> {
+    if !config.data.class_names.is_empty() {
+        return Ok(config.data.class_names.clone());
+    }
+    let (classes, _) = find_classes(train_dir).map_err(|e| data_error("data.train", train_dir, e))?;
+    if classes.len() < 2 {
+        return Err(data_error(
+            "data.train",
+            train_dir,
+            format!(
+                "one class folder ({}): a classifier needs at least two classes, each a folder of its images \
+                 under data.train",
+                classes.join(", ")
+            ),
+        ));
+    }
+    Ok(classes)
 }
 
 impl ImageClassification {
@@ -56,8 +115,8 @@ impl ImageClassification {
             (r, _) => r,
         };
         let eval_tf = ImageTransform::imagenet_eval(resize, size);
-        let train_set = open(&train_dir, train_tf, "data.train")?;
-        let classes = train_set.classes.clone();
+        let classes = class_list(config, &train_dir)?;
+        let train_set = open_labelled(&train_dir, train_tf, "data.train", &classes)?;
         let global_batch = d.batch_size * place.world_size;
         if train_set.len() < global_batch {
             return Err(TrainError::Data(format!(
@@ -100,16 +159,19 @@ impl ImageClassification {
                 DataLoader::new(set, sampler, lc).map_err(|e| TrainError::Data(e.to_string()))
             };
         let val = match val_dir {
-            Some(v) => Some(loader(open(&v, eval_tf, "data.val")?, false, false)?),
+            Some(v) => Some(loader(open_labelled(&v, eval_tf, "data.val", &classes)?, false, false)?),
             None => None,
         };
+        let mut config = config.clone();
+        // Saved with every checkpoint and model folder: evaluation labels by the same list.
+        config.data.class_names = classes.clone();
         Ok(ImageClassification {
-            config: config.clone(),
+            autocast: crate::runtime::autocast_dtype(&config),
+            config,
             place,
             train: loader(train_set, true, true)?,
             val,
             classes,
-            autocast: crate::trainer::autocast_dtype(config),
         })
     }
 
@@ -155,6 +217,10 @@ pub fn load_init<M: Module>(model: &M, init_from: &str) -> TaskResult<()> {
 impl Task for ImageClassification {
     type Model = ResNet;
     type Batch = (Tensor, Tensor);
+
+    fn config(&self) -> &Config {
+        &self.config
+    }
 
     fn unit(&self) -> &'static str {
         "img/s"

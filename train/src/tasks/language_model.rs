@@ -5,7 +5,7 @@
 use super::text_classification::tokenizer_for;
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::Config;
-use crate::trainer::{Strategy, TrainError};
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::{DataLoader, DistributedSampler, LmDataset, LoaderConfig};
 use oxtrain_models::{Gpt2Config, Gpt2LMHeadModel};
@@ -129,7 +129,7 @@ impl LanguageModel {
             train: loader(train_set, true, true)?,
             val: val_set.map(|v| loader(v, false, false)).transpose()?,
             vocab_size: tok.vocab_size(),
-            autocast: crate::trainer::autocast_dtype(config),
+            autocast: crate::runtime::autocast_dtype(config),
         })
     }
 
@@ -145,6 +145,10 @@ impl LanguageModel {
 impl Task for LanguageModel {
     type Model = Gpt2LMHeadModel;
     type Batch = (Tensor, Tensor);
+
+    fn config(&self) -> &Config {
+        &self.config
+    }
 
     fn unit(&self) -> &'static str {
         "tokens/s"

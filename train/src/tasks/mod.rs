@@ -5,19 +5,12 @@ pub mod image;
 pub mod language_model;
 pub mod text_classification;
 
-use crate::trainer::{Strategy, TrainError};
+use crate::config::{Config, ModelName};
+pub use crate::runtime::Placement;
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::Var;
 use oxtrain_datasets::SamplerState;
 use oxtrain_nn::Module;
-use oxtrain_tensor::Device;
-
-/// Where a process sits in the job (from the launcher's variables; 0 of 1 alone).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placement {
-    pub rank: usize,
-    pub world_size: usize,
-    pub device: Device,
-}
 
 /// An evaluation: the mean loss and the task's metrics (`accuracy`, `top5`, `perplexity`).
 #[derive(Clone, Debug, PartialEq)]
@@ -35,10 +28,30 @@ impl Evaluation {
 
 pub type TaskResult<T> = Result<T, TrainError>;
 
+/// Work done with whichever task a config names (training it, evaluating it): the caller
+/// writes it once for every task, and [`with_task`] is the one place a model picks its task.
+pub trait WithTask {
+    type Output;
+    fn run<T: Task>(self, task: T) -> TaskResult<Self::Output>;
+}
+
+/// Builds the task of `config` (by `model.name`) and hands it to `work`.
+pub fn with_task<W: WithTask>(config: &Config, place: Placement, work: W) -> TaskResult<W::Output> {
+    match config.model.name {
+        ModelName::Gpt2 => work.run(language_model::LanguageModel::new(config, place)?),
+        ModelName::Bert => work.run(text_classification::TextClassification::new(config, place)?),
+        _ => work.run(image::ImageClassification::new(config, place)?),
+    }
+}
+
 /// A training task: model, data and metrics.
 pub trait Task {
     type Model: Module + 'static;
     type Batch;
+
+    /// The run's config with what the data resolved (an image task's class list): what
+    /// checkpoints and the model folder save.
+    fn config(&self) -> &Config;
 
     /// What throughput counts: "img/s", "tokens/s", "samples/s".
     fn unit(&self) -> &'static str;

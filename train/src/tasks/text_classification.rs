@@ -3,7 +3,7 @@
 
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::Config;
-use crate::trainer::{Strategy, TrainError};
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::{ByteTokenizer, DistributedSampler, TextClassificationDataset, Tokenizer};
 use oxtrain_models::{BertConfig, BertForSequenceClassification};
@@ -98,7 +98,7 @@ impl TextClassification {
             sampler: Mutex::new(sampler),
             tokenizer: tokenizer_for(config)?,
             num_labels,
-            autocast: crate::trainer::autocast_dtype(config),
+            autocast: crate::runtime::autocast_dtype(config),
         })
     }
 
@@ -156,6 +156,10 @@ impl TextClassification {
 impl Task for TextClassification {
     type Model = BertForSequenceClassification;
     type Batch = Batch;
+
+    fn config(&self) -> &Config {
+        &self.config
+    }
 
     fn unit(&self) -> &'static str {
         "samples/s"

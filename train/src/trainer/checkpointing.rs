@@ -108,7 +108,8 @@ fn find(config: &Config, rank: usize, say: &dyn Fn(&str)) -> Result<Option<PathB
     if let Some(p) = found.path() {
         if rank == 0 {
             let (_, m) = found.chosen.as_ref().expect("a path comes with its manifest");
-            say(&format!("resuming from {} (step {}, epoch {})", p.display(), m.step, m.epoch));
+            // Epochs are counted from 1 wherever a person reads them; the manifest keeps the index.
+            say(&format!("resuming from {} (step {}, epoch {})", p.display(), m.step, m.epoch + 1));
         }
         return Ok(Some(p.to_path_buf()));
     }
@@ -137,7 +138,7 @@ fn config_differences(saved: &str, now: &Config) -> Vec<String> {
         };
         for (key, value) in values {
             let name = format!("{section}.{key}");
-            let ignored = ["checkpoint.resume", "log.progress"].contains(&name.as_str());
+            let ignored = ["checkpoint.resume", "log.progress", "log.overwrite"].contains(&name.as_str());
             if !ignored && old.and_then(|o| o.get(key)) != Some(value) {
                 keys.push(name);
             }

@@ -1,7 +1,9 @@
 //! NaN and inf in a step: the loss of a micro-batch, then the gradients before the optimizer
 //! step. `train.on_nonfinite` says whether the step is skipped (at most `train.max_skipped`
-//! times) or the run stops; either way the message gives the step and the first tensor that
-//! went bad, so the user knows where to look.
+//! times) or the run stops. "skip" must decide before the update, so it reads the loss and a
+//! gradient flag at every step (a host read each, which stops a GPU's queue) and names the
+//! first bad tensor; "stop" decides from the same values read with the loss window
+//! ([`super::window`]) at the logging interval and names the first bad step.
 //!
 //! Under DDP a non-finite loss on one rank does not skip that rank's backward: the other ranks
 //! would wait in the all-reduce for a rank that never comes. The NaN flows into the all-reduced
@@ -81,6 +83,46 @@ impl NonFiniteGuard {
         self.decide(format!("a gradient is {what}"), step, epoch, &first)
     }
 
+    /// Whether this guard decides before each optimizer step ("skip", which reads the loss
+    /// and the gradient flag at every step) or where the loss window is read ("stop").
+    pub fn checks_every_step(&self) -> bool {
+        self.policy == NonFinite::Skip
+    }
+
+    /// Whether a bad loss decides, or only the (all-reduced) gradients, as under DDP.
+    pub fn judges_losses(&self) -> bool {
+        !self.defer_losses
+    }
+
+    /// The finiteness flag of the gradients on the device (no read): `sum(g * 0)` over every
+    /// gradient, NaN when one holds a NaN or inf; `None` when the loss scaler handles them.
+    pub fn gradient_flag(&self, params: &[(String, Var)]) -> Option<Tensor> {
+        if self.scaler_handles_gradients {
+            return None;
+        }
+        finite_flag(params.iter().filter_map(|(_, v)| v.grad()))
+    }
+
+    /// The stop for a bad step found where the loss window was read at step `read_at`.
+    pub(crate) fn stop_at(&self, bad: super::window::BadStep, read_at: usize) -> TrainError {
+        let when = match read_at == bad.step {
+            true => String::new(),
+            false => format!(
+                " (found when the losses were read at step {read_at}: train.on_nonfinite = \"skip\" checks \
+                 before every update, at the cost of a host read per step)"
+            ),
+        };
+        TrainError::NonFinite {
+            what: bad.what,
+            step: bad.step,
+            epoch: bad.epoch,
+            advice: format!(
+                "stopping (train.on_nonfinite = \"stop\"){when}. A lower optim.lr, train.clip_grad_norm or \
+                 precision.dtype = \"f32\" usually helps, or set train.on_nonfinite = \"skip\""
+            ),
+        }
+    }
+
     fn decide(&mut self, what: String, step: usize, epoch: usize, first: &str) -> Verdict {
         let stop =
             |advice: String| Verdict::Stop(TrainError::NonFinite { what: what.clone(), step, epoch, advice });
@@ -107,6 +149,11 @@ impl NonFiniteGuard {
 /// Whether every element of every tensor is finite: `sum(t * 0)` is 0 for finite values and
 /// NaN as soon as one is NaN or inf (GradScaler's test), summed on the device, read once.
 fn all_finite(tensors: impl IntoIterator<Item = Tensor>) -> bool {
+    finite_flag(tensors).is_none_or(|f| f.item().is_finite())
+}
+
+/// `sum(t * 0)` over `tensors`, on the first one's device: 0, or NaN when one is not finite.
+fn finite_flag(tensors: impl IntoIterator<Item = Tensor>) -> Option<Tensor> {
     let mut flag: Option<Tensor> = None;
     for t in tensors {
         let f = t.mul_scalar(0.0).to_dtype(DType::F32).sum_all();
@@ -116,7 +163,7 @@ fn all_finite(tensors: impl IntoIterator<Item = Tensor>) -> bool {
             None => f,
         });
     }
-    flag.is_none_or(|f| f.item().is_finite())
+    flag
 }
 
 /// The first named tensor holding a NaN or inf, and which ("NaN", "inf", "-inf").

@@ -62,6 +62,22 @@ pub fn build_optimizer<M: Module>(config: &Config, model: &M, lr: f64) -> Box<dy
     }
 }
 
+/// A warning when the warmup takes the whole run: the schedule then ends at the peak learning
+/// rate and never decays, which a short trial run hides unless it is said.
+pub fn warmup_warning(config: &Config, total: usize, per_epoch: usize) -> Option<String> {
+    let s = &config.schedule;
+    let warmup = (s.warmup_epochs * per_epoch as f64).round() as usize;
+    (warmup > 0 && warmup >= total).then(|| {
+        format!(
+            "warning: schedule.warmup_epochs = {} is {warmup} steps, but the run has {total}: it ends at the peak \
+             learning rate with no {} decay; lower schedule.warmup_epochs below {:.3} or train longer",
+            s.warmup_epochs,
+            crate::config::enum_name(&s.name),
+            total as f64 / per_epoch as f64
+        )
+    })
+}
+
 /// Warmup then the decay, over `total` optimizer steps of which `per_epoch` make an epoch.
 pub fn build_schedule(
     config: &Config,

@@ -23,9 +23,9 @@ impl Operands {
     fn new(q: &Tensor, k: &Tensor, v: &Tensor) -> Operands {
         let (qd, kd) = (q.dims(), k.dims());
         Operands {
-            q: q.to_f64_vec(),
-            k: k.to_f64_vec(),
-            v: v.to_f64_vec(),
+            q: q.kernel_f64_values(),
+            k: k.kernel_f64_values(),
+            v: v.kernel_f64_values(),
             h: qd[1],
             l: qd[2],
             s: kd[2],
@@ -105,7 +105,7 @@ pub(super) fn backward(
     let ops = Operands::new(q, k, v);
     let (l, s, d) = (ops.l, ops.s, ops.d);
     let bhs = q.dims()[0] * ops.h;
-    let (dout, out, lse) = (dout.to_f64_vec(), out.to_f64_vec(), lse.to_f64_vec());
+    let (dout, out, lse) = (dout.kernel_f64_values(), out.kernel_f64_values(), lse.kernel_f64_values());
     let (mut dq, mut dk, mut dv) = (vec![0.0; bhs * l * d], vec![0.0; bhs * s * d], vec![0.0; bhs * s * d]);
     for row in 0..bhs * l {
         let (bh, i) = (row / l, row % l);

@@ -391,7 +391,7 @@ impl Tensor {
             };
             (Tensor::from_storage(Storage::Cuda(dx), x.dims()), dw, db)
         } else {
-            let (mean, rstd) = (mean.to_f64_vec(), rstd.to_f64_vec());
+            let (mean, rstd) = (mean.kernel_f64_values(), rstd.kernel_f64_values());
             let weight = weight.map(|w| param(w, normalized, "weight", op, x));
             let st = layer_backward::RowStats { mean: &mean, rstd: &rstd, weight: weight.as_deref() };
             let (dx, (dw, db)) = match (&*dy.storage(), &*xc.storage()) {

@@ -67,7 +67,7 @@ fn check_param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor
 /// Statistics or parameters as an f64 vector, checked to have `shape`.
 fn param(t: &Tensor, shape: &[usize], what: &str, op: &str, input: &Tensor) -> Vec<f64> {
     check_param(t, shape, what, op, input);
-    t.to_f64_vec()
+    t.kernel_f64_values()
 }
 
 /// Statistics or parameters as a contiguous f64 tensor on the (CUDA) input's device; a

@@ -18,6 +18,15 @@ pub enum TrainError {
     NonFinite { what: String, step: usize, epoch: usize, advice: String },
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A fresh start in a folder that holds a run: what is there and the three ways on.
+    #[error(
+        "{} holds an earlier run ({}{}); continue it with `oxtrain train --resume`, start a new run \
+         in another folder with log.dir=..., or delete it and start afresh with `oxtrain train --overwrite`",
+        dir.display(),
+        found.iter().take(3).map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+        if found.len() > 3 { format!(" and {} more", found.len() - 3) } else { String::new() }
+    )]
+    RunExists { dir: std::path::PathBuf, found: Vec<std::path::PathBuf> },
     #[error("cannot write {path}: {reason}")]
     Output { path: String, reason: String },
 }

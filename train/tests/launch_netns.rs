@@ -165,7 +165,8 @@ fn launcher(net: &Net, host: usize, role: &str, extra: &[&str], env: &[(&str, St
         "29500",
     ];
     cmd.args(args).args(extra).arg("--").arg(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "netns_rank", "--nocapture", "--include-ignored", "--test-threads=1", "-q"]).env(ROLE, role);
+    cmd.args(["--exact", "netns_rank", "--nocapture", "--include-ignored", "--test-threads=1", "-q"])
+        .env(ROLE, role);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -451,20 +451,12 @@ impl Communicator for NcclCommunicator {
 mod tests {
     use super::*;
 
-    /// Loads NCCL through our own bindings when it is installed (no GPU needed for these two
-    /// calls); skipped otherwise, unless OXTRAIN_REQUIRE_NCCL=1 says it is installed.
+    /// Loads NCCL through our own bindings (no GPU needed for these two calls; pip's
+    /// nvidia-nccl-cu13 is enough). Ignored unless asked for, as CI installs no NCCL.
     #[test]
+    #[ignore = "needs NCCL (pip's nvidia-nccl-cu13 works without a GPU)"]
     fn nccl_loads_and_reports_its_version_and_a_unique_id() {
-        let api = match api() {
-            Ok(api) => api,
-            Err(e) if std::env::var("OXTRAIN_REQUIRE_NCCL").is_ok_and(|v| v == "1") => {
-                panic!("OXTRAIN_REQUIRE_NCCL=1 but {e}")
-            }
-            Err(e) => {
-                eprintln!("skipped: {e}");
-                return;
-            }
-        };
+        let api = api().unwrap_or_else(|e| panic!("{e}"));
         let (major, minor, _) = version().unwrap();
         assert_eq!(major, 2, "NCCL {major}.{minor}");
         let mut id = UniqueId { internal: [0; 128] };

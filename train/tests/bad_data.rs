@@ -3,7 +3,7 @@
 //! error; `data.bad_files = "skip"` (short batches) is refused under DDP.
 
 mod common;
-use common::{metrics, of_kind, oxtrain};
+use common::{metrics, of_kind, oxtrain_with};
 use std::path::Path;
 use std::process::Command;
 
@@ -17,28 +17,8 @@ fn folder(root: &Path, bad: usize) {
     }
 }
 
-fn args<'a>(dir: &'a Path, root: &'a Path, extra: &[&'a str]) -> Vec<String> {
-    let mut a: Vec<String> = vec![
-        "train".into(),
-        "data.kind=image_folder".into(),
-        format!("data.train={}", root.display()),
-        "data.image_size=16".into(),
-        "data.batch_size=4".into(),
-        "data.workers=0".into(),
-        "model.name=resnet18".into(),
-        "train.device=cpu".into(),
-        "train.epochs=1".into(),
-        "log.every_steps=1".into(),
-        "log.progress=lines".into(),
-        "checkpoint.at_end=false".into(),
-        format!("log.dir={}", dir.join("run").display()),
-    ];
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
-}
-
-fn run(dir: &Path, args: &[String]) -> common::Run {
-    oxtrain(dir, &args.iter().map(String::as_str).collect::<Vec<_>>())
+fn args(dir: &Path, root: &Path, extra: &[&str]) -> Vec<String> {
+    common::small_image_train_args(dir, root, &[&["checkpoint.at_end=false"], extra].concat())
 }
 
 #[test]
@@ -47,7 +27,7 @@ fn bad_files_are_replaced_and_counted_in_the_metrics() {
     let root = dir.path().join("images");
     folder(&root, 4);
     // 12 files, batches of 4: one epoch touches every file.
-    let r = run(dir.path(), &args(dir.path(), &root, &[]));
+    let r = oxtrain_with(dir.path(), &args(dir.path(), &root, &[]));
     r.ok();
     assert!(r.stderr.contains("replaced by sample"), "{}", r.stderr);
     let m = metrics(&dir.path().join("run/metrics.jsonl"));
@@ -67,7 +47,7 @@ fn a_folder_of_bad_files_only_is_an_error() {
             std::fs::write(root.join(class).join(format!("{i}.jpg")), b"downloading...").unwrap();
         }
     }
-    let r = run(dir.path(), &args(dir.path(), &root, &[]));
+    let r = oxtrain_with(dir.path(), &args(dir.path(), &root, &[]));
     assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("every image of the epoch failed to load"), "{}", r.stderr);
     // Named, though the search for a replacement met the bad files without a line for each.

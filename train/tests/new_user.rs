@@ -4,33 +4,12 @@
 //! to `eval` and `export`, a warmup longer than the run, and epochs counted one way.
 
 mod common;
-use common::{metrics, of_kind, oxtrain};
+use common::{copy_dir, metrics, of_kind, oxtrain, oxtrain_with};
 use std::path::{Path, PathBuf};
 
-/// `train` on the image folder `train` (16-pixel pictures, ResNet-18, CPU, batches of 4),
-/// logging into `dir/run`, with `extra` overrides.
+/// `train` on the image folder `train` (see `common::small_image_train_args`), without plots.
 fn train_args(dir: &Path, train: &Path, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = vec![
-        "train".into(),
-        "data.kind=image_folder".into(),
-        format!("data.train={}", train.display()),
-        "data.image_size=16".into(),
-        "data.batch_size=4".into(),
-        "data.workers=0".into(),
-        "model.name=resnet18".into(),
-        "train.device=cpu".into(),
-        "train.epochs=1".into(),
-        "log.every_steps=1".into(),
-        "log.progress=lines".into(),
-        "log.plots=false".into(),
-        format!("log.dir={}", dir.join("run").display()),
-    ];
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
-}
-
-fn run(dir: &Path, args: &[String]) -> common::Run {
-    oxtrain(dir, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    common::small_image_train_args(dir, train, &[&["log.plots=false"], extra].concat())
 }
 
 fn shapes(root: &Path, classes: usize, per_class: usize, seed: u64) {
@@ -43,20 +22,12 @@ fn class_dirs(root: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
-
 #[test]
 fn a_training_folder_of_one_class_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("images");
     shapes(&root, 1, 8, 1);
-    let r = run(dir.path(), &train_args(dir.path(), &root, &[]));
+    let r = oxtrain_with(dir.path(), &train_args(dir.path(), &root, &[]));
     assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
     assert!(
         r.stderr.contains("one class folder (circle): a classifier needs at least two classes"),
@@ -83,7 +54,7 @@ fn evaluation_folders_are_labelled_by_the_training_classes() {
     let train = d.join("train");
     shapes(&train, 2, 8, 1);
     let classes = class_dirs(&train);
-    let r = run(d, &train_args(d, &train, &["train.steps=1"]));
+    let r = oxtrain_with(d, &train_args(d, &train, &["train.steps=1"]));
     r.ok();
     let model = d.join("run/checkpoints/final");
 
@@ -110,7 +81,7 @@ fn evaluation_folders_are_labelled_by_the_training_classes() {
     assert_eq!(r.code, Some(2), "{}\n{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("the class folder(s) zebra are not among the 2 classes"), "{}", r.stderr);
     let val = format!("data.val={other}");
-    let r = run(d, &train_args(d, &train, &[&val, "log.dir=run2"]));
+    let r = oxtrain_with(d, &train_args(d, &train, &[&val, "log.dir=run2"]));
     assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("data.val = ") && r.stderr.contains("zebra are not among"), "{}", r.stderr);
 }
@@ -122,12 +93,12 @@ fn a_fresh_start_in_a_runs_folder_is_refused_unless_overwritten() {
     let train = d.join("train");
     shapes(&train, 2, 8, 1);
     let first = train_args(d, &train, &["checkpoint.every_steps=1"]);
-    run(d, &first).ok();
+    oxtrain_with(d, &first).ok();
     let metrics_file = d.join("run/metrics.jsonl");
     let before = std::fs::read_to_string(&metrics_file).unwrap();
     assert!(d.join("run/checkpoints/step-000004").is_dir());
 
-    let r = run(d, &train_args(d, &train, &["train.steps=2"]));
+    let r = oxtrain_with(d, &train_args(d, &train, &["train.steps=2"]));
     assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
     for what in
         ["holds an earlier run", "metrics.jsonl", "`oxtrain train --resume`", "log.dir=", "--overwrite"]
@@ -136,7 +107,8 @@ fn a_fresh_start_in_a_runs_folder_is_refused_unless_overwritten() {
     }
     assert_eq!(std::fs::read_to_string(&metrics_file).unwrap(), before, "the metrics are untouched");
 
-    let r = run(d, &[train_args(d, &train, &["train.steps=2"]), vec!["--overwrite".into()]].concat());
+    let r =
+        oxtrain_with(d, &[train_args(d, &train, &["train.steps=2"]), vec!["--overwrite".into()]].concat());
     r.ok();
     assert!(!d.join("run/checkpoints/step-000004").exists(), "the earlier run's checkpoints are gone");
     assert_eq!(of_kind(&metrics(&metrics_file), "train").len(), 2, "only the new run's steps");
@@ -149,7 +121,7 @@ fn epochs_count_from_one_in_the_metrics_and_on_the_console() {
     let train = d.join("train");
     shapes(&train, 2, 4, 1);
     let val = format!("data.val={}", train.display());
-    let r = run(d, &train_args(d, &train, &["train.epochs=2", &val]));
+    let r = oxtrain_with(d, &train_args(d, &train, &["train.epochs=2", &val]));
     r.ok();
     let m = metrics(&d.join("run/metrics.jsonl"));
     let epochs: Vec<u64> = of_kind(&m, "train").iter().map(|v| v["epoch"].as_u64().unwrap()).collect();
@@ -169,7 +141,7 @@ fn a_warmup_longer_than_the_run_is_warned_of() {
     let d = dir.path();
     let train = d.join("train");
     shapes(&train, 2, 4, 1);
-    let r = run(d, &train_args(d, &train, &["schedule.warmup_epochs=5"]));
+    let r = oxtrain_with(d, &train_args(d, &train, &["schedule.warmup_epochs=5"]));
     r.ok();
     assert!(
         r.stderr.contains(
@@ -186,7 +158,7 @@ fn eval_and_export_check_checkpoints_and_say_what_a_wrong_path_is() {
     let d = dir.path();
     let train = d.join("train");
     shapes(&train, 2, 4, 1);
-    run(d, &train_args(d, &train, &["checkpoint.every_steps=1"])).ok();
+    oxtrain_with(d, &train_args(d, &train, &["checkpoint.every_steps=1"])).ok();
     let ckpts = d.join("run/checkpoints");
     let newest = ckpts.join("step-000002");
     let weights = newest.join("model.safetensors");

@@ -77,3 +77,38 @@ pub fn toy_imagenet(root: &Path, classes: usize, per_class: usize, size: u32) {
     oxtrain_datasets::synthetic::write_shapes_image_folder(root.join("val"), classes, per_class / 2, size, 2)
         .unwrap();
 }
+
+/// `oxtrain train` on the image folder `train` (16-pixel pictures, ResNet-18, CPU, batches of 4,
+/// one epoch, a plain log line a step), logging into `dir/run`, with `extra` overrides.
+pub fn small_image_train_args(dir: &Path, train: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "train".into(),
+        "data.kind=image_folder".into(),
+        format!("data.train={}", train.display()),
+        "data.image_size=16".into(),
+        "data.batch_size=4".into(),
+        "data.workers=0".into(),
+        "model.name=resnet18".into(),
+        "train.device=cpu".into(),
+        "train.epochs=1".into(),
+        "log.every_steps=1".into(),
+        "log.progress=lines".into(),
+        format!("log.dir={}", dir.join("run").display()),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// [`oxtrain`] with owned arguments, as [`small_image_train_args`] makes them.
+pub fn oxtrain_with(dir: &Path, args: &[String]) -> Run {
+    oxtrain(dir, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// Copies the files (not subfolders) of `from` into `to`, made if missing.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}

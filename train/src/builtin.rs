@@ -54,7 +54,7 @@ pub fn ensure_shapes_folder(config: &Config) -> Result<PathBuf, TrainError> {
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_dir_all(&tmp);
-        return Err(TrainError::Data(format!("writing the built-in shapes into {}: {e}", root.display())));
+        return Err(TrainError::data(format!("writing the built-in shapes into {}", root.display()), e));
     }
     if std::fs::rename(&tmp, &dir).is_err() {
         // Another process finished first: use its folder.

@@ -1,17 +1,106 @@
-//! Why a run stopped.
+//! Why a run stopped. Each failure of another crate keeps that crate's error as its source
+//! (through [`crate::Error`], which holds every crate's error), under a variant that says which
+//! part of the run failed and a `context` that says what it was doing; the messages read as
+//! "data: data.train = \"...\": <the crate's message>".
+
+use crate::Error;
+use std::path::PathBuf;
+
+/// `context: ` before the source's message, or nothing when there is no context.
+fn lead(context: &str) -> String {
+    if context.is_empty() {
+        String::new()
+    } else {
+        format!("{context}: ")
+    }
+}
+
+/// Which part of a run refused its settings or input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Data,
+    Model,
+    Comm,
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Part::Data => "data",
+            Part::Model => "model",
+            Part::Comm => "communication",
+        })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    #[error("data: {0}")]
-    Data(String),
-    #[error("model: {0}")]
-    Model(String),
-    #[error("device: {0}")]
-    Device(String),
-    #[error("communication: {0}")]
-    Comm(String),
+    /// Reading, decoding or batching the data failed (or moving a batch to the device).
+    #[error("data: {}{source}", lead(context))]
+    Data {
+        context: String,
+        #[source]
+        source: Error,
+    },
+    /// Building, loading or checking the model failed.
+    #[error("model: {}{source}", lead(context))]
+    Model {
+        context: String,
+        #[source]
+        source: Error,
+    },
+    /// The device named by `train.device` could not be opened.
+    #[error("device: {}{source}", lead(context))]
+    Device {
+        context: String,
+        #[source]
+        source: Error,
+    },
+    /// A collective, the process group or the launcher's variables failed.
+    #[error("communication: {}{source}", lead(context))]
+    Comm {
+        context: String,
+        #[source]
+        source: Error,
+    },
+    /// A backward pass whose end-of-backward work failed (under DDP: a collective that failed
+    /// or timed out). `step` and `epoch` count from 1, as the console does.
+    #[error("communication: DDP backward of step {step} (epoch {epoch}): {source}")]
+    Backward {
+        step: usize,
+        epoch: usize,
+        #[source]
+        source: oxtrain_autograd::BackwardError,
+    },
+    /// The ranks of a resumed run found different newest checkpoints (`found` is this rank's,
+    /// `None` when it found none): each rank must see the same checkpoint folder.
+    #[error(
+        "communication: the ranks found different checkpoints to resume from (rank {rank}: {}); is the \
+         checkpoint folder shared by every rank of this node?",
+        found.as_ref().map_or("none".into(), |p| p.display().to_string())
+    )]
+    CheckpointsDiffer { rank: usize, found: Option<std::path::PathBuf> },
+    /// The image folder `path` (the setting `key`) holds class folders that the training data
+    /// does not: the model has no label for them.
+    #[error(
+        "data: {key} = {:?}: the class folder(s) {} are not among the {} classes the model is trained on ({}); \
+         remove them or train with them",
+        path.display().to_string(),
+        unknown.join(", "),
+        classes.len(),
+        classes.join(", ")
+    )]
+    UnknownClasses { key: String, path: PathBuf, unknown: Vec<String>, classes: Vec<String> },
+    /// The training folder `path` holds fewer than two class folders.
+    #[error(
+        "data: data.train = {:?}: one class folder ({}): a classifier needs at least two classes, each a folder \
+         of its images under data.train",
+        path.display().to_string(),
+        classes.join(", ")
+    )]
+    OneClass { path: PathBuf, classes: Vec<String> },
     /// `what` went bad ("the loss is NaN", "a gradient is inf"); `advice` names the first bad
     /// tensor and what to do.
     #[error("{what} at step {step} (epoch {epoch}); {advice}")]
@@ -27,6 +116,10 @@ pub enum TrainError {
         if found.len() > 3 { format!(" and {} more", found.len() - 3) } else { String::new() }
     )]
     RunExists { dir: std::path::PathBuf, found: Vec<std::path::PathBuf> },
+    /// A setting or input that our own checks refuse (too few samples for a batch, a model
+    /// shape that does not fit the data): `part` says where, `reason` what to change.
+    #[error("{part}: {reason}")]
+    Refused { part: Part, reason: String },
     #[error("cannot write {path}: {reason}")]
     Output { path: String, reason: String },
 }
@@ -34,5 +127,26 @@ pub enum TrainError {
 impl TrainError {
     pub(crate) fn output(path: &std::path::Path, e: impl std::fmt::Display) -> TrainError {
         TrainError::Output { path: path.display().to_string(), reason: e.to_string() }
+    }
+
+    pub(crate) fn refused(part: Part, reason: impl Into<String>) -> TrainError {
+        TrainError::Refused { part, reason: reason.into() }
+    }
+
+    /// A data failure caused by `source` while doing `context` ("" when the source says all).
+    pub(crate) fn data(context: impl Into<String>, source: impl Into<Error>) -> TrainError {
+        TrainError::Data { context: context.into(), source: source.into() }
+    }
+
+    pub(crate) fn model(context: impl Into<String>, source: impl Into<Error>) -> TrainError {
+        TrainError::Model { context: context.into(), source: source.into() }
+    }
+
+    pub(crate) fn device(context: impl Into<String>, source: impl Into<Error>) -> TrainError {
+        TrainError::Device { context: context.into(), source: source.into() }
+    }
+
+    pub(crate) fn comm(context: impl Into<String>, source: impl Into<Error>) -> TrainError {
+        TrainError::Comm { context: context.into(), source: source.into() }
     }
 }

@@ -5,7 +5,7 @@
 use super::text_classification::tokenizer_for;
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::Config;
-use crate::runtime::{Strategy, TrainError};
+use crate::runtime::{Part, Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::{DataLoader, DistributedSampler, LmDataset, LoaderConfig};
 use oxtrain_models::{Gpt2Config, Gpt2LMHeadModel};
@@ -29,9 +29,9 @@ fn dataset(
     block: usize,
 ) -> TaskResult<LmDataset> {
     let ds = LmDataset::from_files(&[PathBuf::from(path)], tok, block)
-        .map_err(|e| TrainError::Data(format!("{key} = {path:?}: {e}")))?;
+        .map_err(|e| TrainError::data(format!("{key} = {path:?}"), e))?;
     if ds.is_empty() {
-        return Err(TrainError::Data(format!(
+        return Err(TrainError::refused(Part::Data, format!(
             "{key} = {path:?} has {} tokens, fewer than one block of data.block_size + 1 = {}; lower data.block_size",
             ds.num_tokens(),
             block + 1
@@ -46,7 +46,7 @@ pub fn gpt2_config(config: &Config, tokenizer_vocab: usize) -> TaskResult<Gpt2Co
     let m = &config.model;
     let json = Path::new(&m.init_from).join("config.json");
     let mut c = if !m.init_from.is_empty() && json.is_file() {
-        Gpt2Config::from_file(&json).map_err(|e| TrainError::Model(e.to_string()))?
+        Gpt2Config::from_file(&json).map_err(|e| TrainError::model("", e))?
     } else {
         let mut c = Gpt2Config::gpt2();
         c.vocab_size = tokenizer_vocab;
@@ -69,22 +69,28 @@ pub fn gpt2_config(config: &Config, tokenizer_vocab: usize) -> TaskResult<Gpt2Co
         (c.embd_pdrop, c.attn_pdrop, c.resid_pdrop) = (m.dropout, m.dropout, m.dropout);
     }
     if c.n_embd % c.n_head != 0 {
-        return Err(TrainError::Model(format!(
+        return Err(TrainError::refused(
+            Part::Model,
+            format!(
             "GPT-2: the width {} is not a multiple of the {} heads; change model.hidden_size or model.heads",
             c.n_embd, c.n_head
-        )));
+        ),
+        ));
     }
     if config.data.block_size > c.n_positions {
-        return Err(TrainError::Model(format!(
+        return Err(TrainError::refused(Part::Model, format!(
             "data.block_size = {} is longer than the model's {} positions; lower it or raise model.max_positions",
             config.data.block_size, c.n_positions
         )));
     }
     if c.vocab_size < tokenizer_vocab {
-        return Err(TrainError::Model(format!(
-            "the model's vocabulary ({}) is smaller than the tokenizer's ({tokenizer_vocab})",
-            c.vocab_size
-        )));
+        return Err(TrainError::refused(
+            Part::Model,
+            format!(
+                "the model's vocabulary ({}) is smaller than the tokenizer's ({tokenizer_vocab})",
+                c.vocab_size
+            ),
+        ));
     }
     Ok(c)
 }
@@ -99,7 +105,7 @@ impl LanguageModel {
             v => Some(dataset(v, "data.val", tok.as_ref(), d.block_size)?),
         };
         if train_set.len() < d.batch_size * place.world_size {
-            return Err(TrainError::Data(format!(
+            return Err(TrainError::refused(Part::Data, format!(
                 "data.train has {} blocks of {} tokens, fewer than data.batch_size = {} x {} process(es); lower \
                  data.batch_size or data.block_size",
                 train_set.len(),
@@ -110,7 +116,7 @@ impl LanguageModel {
         }
         let loader = |set: LmDataset, shuffle: bool, drop_last: bool| -> TaskResult<DataLoader<LmDataset>> {
             let sampler = DistributedSampler::new(set.len(), place.world_size, place.rank)
-                .map_err(|e| TrainError::Data(e.to_string()))?
+                .map_err(|e| TrainError::data("", e))?
                 .shuffle(shuffle)
                 .seed(config.train.seed);
             let lc = LoaderConfig {
@@ -121,7 +127,7 @@ impl LanguageModel {
                 pin_memory: oxtrain_datasets::PinMemory::Off,
                 ..LoaderConfig::default()
             };
-            DataLoader::new(set, sampler, lc).map_err(|e| TrainError::Data(e.to_string()))
+            DataLoader::new(set, sampler, lc).map_err(|e| TrainError::data("", e))
         };
         Ok(LanguageModel {
             config: config.clone(),
@@ -137,7 +143,7 @@ impl LanguageModel {
     fn split(&self, block: Tensor) -> TaskResult<(Tensor, Tensor)> {
         let t = self.config.data.block_size;
         let x = block.narrow(1, 0, t).contiguous();
-        let x = x.to_device(self.place.device).map_err(|e| TrainError::Data(e.to_string()))?;
+        let x = x.to_device(self.place.device).map_err(|e| TrainError::data("", e))?;
         Ok((x.clone(), x))
     }
 }
@@ -165,12 +171,11 @@ impl Task for LanguageModel {
 
     fn build_model(&self) -> TaskResult<Gpt2LMHeadModel> {
         let c = gpt2_config(&self.config, self.vocab_size)?;
-        let model =
-            Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::Model(e.to_string()))?;
+        let model = Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::model("", e))?;
         if !self.config.model.init_from.is_empty() {
             model
                 .load_weights(&self.config.model.init_from)
-                .map_err(|e| TrainError::Model(format!("model.init_from: {e}")))?;
+                .map_err(|e| TrainError::model("model.init_from", e))?;
         }
         Ok(model)
     }
@@ -181,7 +186,7 @@ impl Task for LanguageModel {
 
     fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<(Tensor, Tensor)>> + '_> {
         Box::new(self.train.epoch(epoch).map(move |b| {
-            let mut b = b.map_err(|e| TrainError::Data(e.to_string()))?;
+            let mut b = b.map_err(|e| TrainError::data("", e))?;
             self.split(b.images())
         }))
     }
@@ -208,7 +213,7 @@ impl Task for LanguageModel {
         model.eval();
         let (mut loss_sum, mut samples) = (0.0, 0usize);
         for b in val.epoch(0) {
-            let mut b = b.map_err(|e| TrainError::Data(e.to_string()))?;
+            let mut b = b.map_err(|e| TrainError::data("", e))?;
             let (x, y) = self.split(b.images())?;
             let loss = no_grad(|| match self.autocast {
                 Some(dt) => oxtrain_autograd::autocast(dt, || self.loss(model, &(x.clone(), y.clone()))),

@@ -1,7 +1,9 @@
 //! Why a run stopped. Each failure of another crate keeps that crate's error as its source
 //! (through [`crate::Error`], which holds every crate's error), under a variant that says which
 //! part of the run failed and a `context` that says what it was doing; the messages read as
-//! "data: data.train = \"...\": <the crate's message>".
+//! "data: data.train = \"...\": <the crate's message>". The source is boxed (an `Error` can hold
+//! a `TrainError`): match on it through the field (`TrainError::Data { source, .. }`, then
+//! `**source`); `source()` gives the same error for reporters that walk the chain.
 
 use crate::Error;
 use std::path::PathBuf;
@@ -42,28 +44,28 @@ pub enum TrainError {
     Data {
         context: String,
         #[source]
-        source: Error,
+        source: Box<Error>,
     },
     /// Building, loading or checking the model failed.
     #[error("model: {}{source}", lead(context))]
     Model {
         context: String,
         #[source]
-        source: Error,
+        source: Box<Error>,
     },
     /// The device named by `train.device` could not be opened.
     #[error("device: {}{source}", lead(context))]
     Device {
         context: String,
         #[source]
-        source: Error,
+        source: Box<Error>,
     },
     /// A collective, the process group or the launcher's variables failed.
     #[error("communication: {}{source}", lead(context))]
     Comm {
         context: String,
         #[source]
-        source: Error,
+        source: Box<Error>,
     },
     /// A backward pass whose end-of-backward work failed (under DDP: a collective that failed
     /// or timed out). `step` and `epoch` count from 1, as the console does.
@@ -135,18 +137,18 @@ impl TrainError {
 
     /// A data failure caused by `source` while doing `context` ("" when the source says all).
     pub(crate) fn data(context: impl Into<String>, source: impl Into<Error>) -> TrainError {
-        TrainError::Data { context: context.into(), source: source.into() }
+        TrainError::Data { context: context.into(), source: Box::new(source.into()) }
     }
 
     pub(crate) fn model(context: impl Into<String>, source: impl Into<Error>) -> TrainError {
-        TrainError::Model { context: context.into(), source: source.into() }
+        TrainError::Model { context: context.into(), source: Box::new(source.into()) }
     }
 
     pub(crate) fn device(context: impl Into<String>, source: impl Into<Error>) -> TrainError {
-        TrainError::Device { context: context.into(), source: source.into() }
+        TrainError::Device { context: context.into(), source: Box::new(source.into()) }
     }
 
     pub(crate) fn comm(context: impl Into<String>, source: impl Into<Error>) -> TrainError {
-        TrainError::Comm { context: context.into(), source: source.into() }
+        TrainError::Comm { context: context.into(), source: Box::new(source.into()) }
     }
 }

@@ -316,10 +316,10 @@ mod tests {
     fn a_missing_folder_is_a_data_error_whose_source_is_the_datasets_error() {
         let missing = scratch("missing");
         let err = class_list(&Config::default(), &missing).unwrap_err();
-        let TrainError::Data { context, .. } = &err else { panic!("not a data error: {err:?}") };
+        let TrainError::Data { context, source } = &err else { panic!("not a data error: {err:?}") };
         assert!(context.starts_with("data.train = "), "{context}");
-        let source = err.source().and_then(|s| s.downcast_ref::<crate::Error>());
-        let Some(crate::Error::Data(datasets_error)) = source else { panic!("source: {source:?}") };
+        let crate::Error::Data(datasets_error) = &**source else { panic!("source: {source:?}") };
+        assert_eq!(err.source().map(|s| s.to_string()), Some(datasets_error.to_string()));
         assert_eq!(err.to_string(), format!("data: {context}: {datasets_error}"));
     }
 

@@ -3,7 +3,7 @@
 //! language models, accuracy and loss for classification.
 
 use crate::config::{Config, DataKind};
-use crate::runtime::{placement, Part, Strategy, TrainError};
+use crate::runtime::{placement, Strategy, TrainError};
 use crate::tasks::{self, Evaluation, Task, WithTask};
 use crate::trainer::read_model_dir;
 use oxtrain_nn::Module;
@@ -27,10 +27,7 @@ pub fn evaluate_checkpoint<S: AsRef<str>>(
         }
     }
     if config.data.val.is_empty() && config.data.kind != DataKind::SyntheticShapes {
-        return Err(TrainError::refused(
-            Part::Data,
-            "the checkpoint's config has no data.val: pass the data to evaluate with --data PATH",
-        ));
+        return Err(TrainError::NoValData);
     }
     config.check()?;
     let place = placement(&config)?;
@@ -51,6 +48,6 @@ impl WithTask for Evaluate<'_> {
             .load_safetensors(self.weights, true)
             .map_err(|e| TrainError::model(self.weights.display().to_string(), e))?;
         let strategy = Strategy::single(model);
-        task.evaluate(&strategy)?.ok_or_else(|| TrainError::refused(Part::Data, "no evaluation data"))
+        task.evaluate(&strategy)?.ok_or_else(|| TrainError::NoEvalData)
     }
 }

@@ -17,24 +17,6 @@ fn lead(context: &str) -> String {
     }
 }
 
-/// Which part of a run refused its settings or input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
-    Data,
-    Model,
-    Comm,
-}
-
-impl std::fmt::Display for Part {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Part::Data => "data",
-            Part::Model => "model",
-            Part::Comm => "communication",
-        })
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error(transparent)]
@@ -118,10 +100,65 @@ pub enum TrainError {
         if found.len() > 3 { format!(" and {} more", found.len() - 3) } else { String::new() }
     )]
     RunExists { dir: std::path::PathBuf, found: Vec<std::path::PathBuf> },
-    /// A setting or input that our own checks refuse (too few samples for a batch, a model
-    /// shape that does not fit the data): `part` says where, `reason` what to change.
-    #[error("{part}: {reason}")]
-    Refused { part: Part, reason: String },
+    /// The model's width does not split into its attention heads.
+    #[error("model: {model}: the width {width} is not a multiple of the {heads} heads; change model.hidden_size or model.heads")]
+    HeadsDoNotDivide { model: &'static str, width: usize, heads: usize },
+    /// A sequence setting (`data.block_size`, `data.max_length`) longer than the model reaches.
+    #[error("model: {setting} = {length} is longer than the model's {positions} positions; {advice}")]
+    LongerThanPositions { setting: &'static str, length: usize, positions: usize, advice: &'static str },
+    #[error("model: the model's vocabulary ({model}) is smaller than the tokenizer's ({tokenizer})")]
+    VocabTooSmall { model: usize, tokenizer: usize },
+    /// `dir` lacks the files of a model folder; `problem` says which.
+    #[error("model: {} is not a model folder: {problem}", dir.display())]
+    NotAModelFolder { dir: PathBuf, problem: String },
+    /// A text-classification file without one usable line.
+    #[error("data: {key} = {:?} has no lines of {{\"text\": ..., \"label\": ...}}", path.display().to_string())]
+    NoLines { key: String, path: PathBuf },
+    #[error("data: data.train has the label {label}; labels are 0, 1, 2, ... or names")]
+    NegativeLabel { label: i64 },
+    #[error(
+        "data: data.train has {lines} lines, fewer than data.batch_size = {batch_size} x {world_size} process(es); \
+         lower data.batch_size"
+    )]
+    TooFewLines { lines: usize, batch_size: usize, world_size: usize },
+    #[error(
+        "data: data.batch_size = {batch_size} on {world_size} process(es) needs {} training images per step, but \
+         {} has {images}; lower data.batch_size to at most {}",
+        batch_size * world_size,
+        dir.display(),
+        (images / world_size).max(1)
+    )]
+    TooFewImages { dir: PathBuf, images: usize, batch_size: usize, world_size: usize },
+    /// A token file shorter than one block and its next token.
+    #[error(
+        "data: {key} = {:?} has {tokens} tokens, fewer than one block of data.block_size + 1 = {}; lower \
+         data.block_size",
+        path.display().to_string(),
+        block_size + 1
+    )]
+    TooFewTokens { key: String, path: PathBuf, tokens: usize, block_size: usize },
+    #[error(
+        "data: data.train has {blocks} blocks of {block_size} tokens, fewer than data.batch_size = {batch_size} x \
+         {world_size} process(es); lower data.batch_size or data.block_size"
+    )]
+    TooFewBlocks { blocks: usize, block_size: usize, batch_size: usize, world_size: usize },
+    #[error(
+        "data: an epoch has {batches_per_epoch} batches on this rank, fewer than train.grad_accum = {grad_accum}: \
+         lower train.grad_accum or data.batch_size"
+    )]
+    AccumOverEpoch { batches_per_epoch: usize, grad_accum: usize },
+    /// `data.bad_files = "skip"` under DDP: ranks would train on batches of different sizes.
+    #[error(
+        "data: data.bad_files = \"skip\" leaves a batch short wherever a file does not decode, so the {world_size} \
+         ranks would train on batches of different sizes; use \"replace\" (another sample takes the bad one's \
+         place) or \"fail\""
+    )]
+    SkipUnderDdp { world_size: usize },
+    /// `oxtrain eval` of a checkpoint whose config names no validation data, without `--data`.
+    #[error("data: the checkpoint's config has no data.val: pass the data to evaluate with --data PATH")]
+    NoValData,
+    #[error("data: no evaluation data")]
+    NoEvalData,
     #[error("cannot write {path}: {reason}")]
     Output { path: String, reason: String },
 }
@@ -129,10 +166,6 @@ pub enum TrainError {
 impl TrainError {
     pub(crate) fn output(path: &std::path::Path, e: impl std::fmt::Display) -> TrainError {
         TrainError::Output { path: path.display().to_string(), reason: e.to_string() }
-    }
-
-    pub(crate) fn refused(part: Part, reason: impl Into<String>) -> TrainError {
-        TrainError::Refused { part, reason: reason.into() }
     }
 
     /// A data failure caused by `source` while doing `context` ("" when the source says all).

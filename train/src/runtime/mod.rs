@@ -5,7 +5,7 @@
 mod error;
 mod strategy;
 
-pub use error::{Part, TrainError};
+pub use error::TrainError;
 pub use strategy::Strategy;
 
 use crate::config::{parse_device, Config, DdpBackend, GradCompression, PrecisionDtype};

@@ -4,7 +4,7 @@
 
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::{BadFiles, Config, DataKind, ModelName};
-use crate::runtime::{Part, Strategy, TrainError};
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::image_folder::{find_classes, make_dataset, IMG_EXTENSIONS};
 use oxtrain_datasets::{
@@ -106,28 +106,17 @@ impl ImageClassification {
         let train_set = open_labelled(&train_dir, train_tf, "data.train", &classes)?;
         let global_batch = d.batch_size * place.world_size;
         if train_set.len() < global_batch {
-            return Err(TrainError::refused(Part::Data, format!(
-                "data.batch_size = {} on {} process(es) needs {global_batch} training images per step, but {} has {}; \
-                 lower data.batch_size to at most {}",
-                d.batch_size,
-                place.world_size,
-                train_dir.display(),
-                train_set.len(),
-                (train_set.len() / place.world_size).max(1)
-            )));
+            return Err(TrainError::TooFewImages {
+                dir: train_dir.clone(),
+                images: train_set.len(),
+                batch_size: d.batch_size,
+                world_size: place.world_size,
+            });
         }
         let bad_files = match d.bad_files {
             BadFiles::Replace => BadFilePolicy::Replace,
             BadFiles::Skip if place.world_size > 1 => {
-                return Err(TrainError::refused(
-                    Part::Data,
-                    format!(
-                "data.bad_files = \"skip\" leaves a batch short wherever a file does not decode, so the {} \
-                     ranks would train on batches of different sizes; use \"replace\" (another sample takes \
-                     the bad one's place) or \"fail\"",
-                place.world_size
-            ),
-                ))
+                return Err(TrainError::SkipUnderDdp { world_size: place.world_size })
             }
             BadFiles::Skip => BadFilePolicy::Skip,
             BadFiles::Fail => BadFilePolicy::Fail,

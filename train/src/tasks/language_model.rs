@@ -5,7 +5,7 @@
 use super::text_classification::tokenizer_for;
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::Config;
-use crate::runtime::{Part, Strategy, TrainError};
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::{DataLoader, DistributedSampler, LmDataset, LoaderConfig};
 use oxtrain_models::{Gpt2Config, Gpt2LMHeadModel};
@@ -31,11 +31,12 @@ fn dataset(
     let ds = LmDataset::from_files(&[PathBuf::from(path)], tok, block)
         .map_err(|e| TrainError::data(format!("{key} = {path:?}"), e))?;
     if ds.is_empty() {
-        return Err(TrainError::refused(Part::Data, format!(
-            "{key} = {path:?} has {} tokens, fewer than one block of data.block_size + 1 = {}; lower data.block_size",
-            ds.num_tokens(),
-            block + 1
-        )));
+        return Err(TrainError::TooFewTokens {
+            key: key.to_string(),
+            path: PathBuf::from(path),
+            tokens: ds.num_tokens(),
+            block_size: block,
+        });
     }
     Ok(ds)
 }
@@ -69,28 +70,18 @@ pub fn gpt2_config(config: &Config, tokenizer_vocab: usize) -> TaskResult<Gpt2Co
         (c.embd_pdrop, c.attn_pdrop, c.resid_pdrop) = (m.dropout, m.dropout, m.dropout);
     }
     if c.n_embd % c.n_head != 0 {
-        return Err(TrainError::refused(
-            Part::Model,
-            format!(
-            "GPT-2: the width {} is not a multiple of the {} heads; change model.hidden_size or model.heads",
-            c.n_embd, c.n_head
-        ),
-        ));
+        return Err(TrainError::HeadsDoNotDivide { model: "GPT-2", width: c.n_embd, heads: c.n_head });
     }
     if config.data.block_size > c.n_positions {
-        return Err(TrainError::refused(Part::Model, format!(
-            "data.block_size = {} is longer than the model's {} positions; lower it or raise model.max_positions",
-            config.data.block_size, c.n_positions
-        )));
+        return Err(TrainError::LongerThanPositions {
+            setting: "data.block_size",
+            length: config.data.block_size,
+            positions: c.n_positions,
+            advice: "lower it or raise model.max_positions",
+        });
     }
     if c.vocab_size < tokenizer_vocab {
-        return Err(TrainError::refused(
-            Part::Model,
-            format!(
-                "the model's vocabulary ({}) is smaller than the tokenizer's ({tokenizer_vocab})",
-                c.vocab_size
-            ),
-        ));
+        return Err(TrainError::VocabTooSmall { model: c.vocab_size, tokenizer: tokenizer_vocab });
     }
     Ok(c)
 }
@@ -105,14 +96,12 @@ impl LanguageModel {
             v => Some(dataset(v, "data.val", tok.as_ref(), d.block_size)?),
         };
         if train_set.len() < d.batch_size * place.world_size {
-            return Err(TrainError::refused(Part::Data, format!(
-                "data.train has {} blocks of {} tokens, fewer than data.batch_size = {} x {} process(es); lower \
-                 data.batch_size or data.block_size",
-                train_set.len(),
-                d.block_size,
-                d.batch_size,
-                place.world_size
-            )));
+            return Err(TrainError::TooFewBlocks {
+                blocks: train_set.len(),
+                block_size: d.block_size,
+                batch_size: d.batch_size,
+                world_size: place.world_size,
+            });
         }
         let loader = |set: LmDataset, shuffle: bool, drop_last: bool| -> TaskResult<DataLoader<LmDataset>> {
             let sampler = DistributedSampler::new(set.len(), place.world_size, place.rank)

@@ -3,7 +3,7 @@
 
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::Config;
-use crate::runtime::{Part, Strategy, TrainError};
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::{ByteTokenizer, DistributedSampler, TextClassificationDataset, Tokenizer};
 use oxtrain_models::{BertConfig, BertForSequenceClassification};
@@ -47,10 +47,7 @@ pub struct TextClassification {
 fn read(path: &str, key: &str) -> TaskResult<TextClassificationDataset> {
     let ds = TextClassificationDataset::from_jsonl(path).map_err(|e| TrainError::data(key, e))?;
     if ds.is_empty() {
-        return Err(TrainError::refused(
-            Part::Data,
-            format!("{key} = {path:?} has no lines of {{\"text\": ..., \"label\": ...}}"),
-        ));
+        return Err(TrainError::NoLines { key: key.to_string(), path: path.into() });
     }
     Ok(ds)
 }
@@ -69,22 +66,18 @@ impl TextClassification {
         let max_label =
             train.labels.iter().chain(val.iter().flat_map(|v| &v.labels)).copied().max().unwrap_or(0);
         if let Some(bad) = train.labels.iter().find(|&&l| l < 0) {
-            return Err(TrainError::refused(
-                Part::Data,
-                format!("data.train has the label {bad}; labels are 0, 1, 2, ... or names"),
-            ));
+            return Err(TrainError::NegativeLabel { label: *bad });
         }
         let num_labels = match config.model.num_classes {
             0 => (max_label + 1).max(2) as usize,
             n => n,
         };
         if train.len() < d.batch_size * place.world_size {
-            return Err(TrainError::refused(Part::Data, format!(
-                "data.train has {} lines, fewer than data.batch_size = {} x {} process(es); lower data.batch_size",
-                train.len(),
-                d.batch_size,
-                place.world_size
-            )));
+            return Err(TrainError::TooFewLines {
+                lines: train.len(),
+                batch_size: d.batch_size,
+                world_size: place.world_size,
+            });
         }
         let sampler = DistributedSampler::new(train.len(), place.world_size, place.rank)
             .map_err(|e| TrainError::data("", e))?
@@ -139,19 +132,19 @@ impl TextClassification {
         }
         c.id2label = Some((0..self.num_labels).map(|i| (i.to_string(), format!("LABEL_{i}"))).collect());
         if c.hidden_size % c.num_attention_heads != 0 {
-            return Err(TrainError::refused(Part::Model, format!(
-                "BERT: the width {} is not a multiple of the {} heads; change model.hidden_size or model.heads",
-                c.hidden_size, c.num_attention_heads
-            )));
+            return Err(TrainError::HeadsDoNotDivide {
+                model: "BERT",
+                width: c.hidden_size,
+                heads: c.num_attention_heads,
+            });
         }
         if self.config.data.max_length > c.max_position_embeddings {
-            return Err(TrainError::refused(
-                Part::Model,
-                format!(
-                    "data.max_length = {} is longer than the model's {} positions; lower it",
-                    self.config.data.max_length, c.max_position_embeddings
-                ),
-            ));
+            return Err(TrainError::LongerThanPositions {
+                setting: "data.max_length",
+                length: self.config.data.max_length,
+                positions: c.max_position_embeddings,
+                advice: "lower it",
+            });
         }
         Ok(c)
     }

@@ -1,7 +1,7 @@
 //! The model folder a run ends with: `model.safetensors` (the state dict, PyTorch's names) and
 //! `config.toml` (the resolved config), the part of a checkpoint that `oxtrain eval` reads.
 
-use super::{Part, TrainError};
+use super::TrainError;
 use crate::checkpoint::manifest::MANIFEST;
 use crate::checkpoint::{verify_checkpoint, CheckpointError, CONFIG_FILE, MODEL_FILE};
 use crate::config::Config;
@@ -37,10 +37,7 @@ pub fn read_model_dir(dir: &Path) -> Result<(Config, PathBuf), TrainError> {
         verify_checkpoint(dir)?
             .map_err(|problem| CheckpointError::Invalid { path: dir.to_path_buf(), problem })?;
     } else if !(weights.is_file() && cfg.is_file()) {
-        return Err(TrainError::refused(
-            Part::Model,
-            format!("{} is not a model folder: {}", dir.display(), not_a_model(dir)),
-        ));
+        return Err(TrainError::NotAModelFolder { dir: dir.to_path_buf(), problem: not_a_model(dir) });
     }
     let config = Config::load::<&str>(Some(&cfg), &[])?;
     Ok((config, weights))

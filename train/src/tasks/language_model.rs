@@ -219,3 +219,34 @@ impl Task for LanguageModel {
         Ok(Some(e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape checks are variants a caller can match, with the numbers that failed.
+    #[test]
+    fn shape_refusals_are_typed_variants() {
+        let mut config = Config::default();
+        (config.model.hidden_size, config.model.heads) = (100, 12);
+        let err = gpt2_config(&config, 256).unwrap_err();
+        assert!(
+            matches!(err, TrainError::HeadsDoNotDivide { model: "GPT-2", width: 100, heads: 12 }),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with("model: GPT-2: the width 100 is not a multiple of the 12 heads"));
+
+        let mut config = Config::default();
+        (config.model.max_positions, config.data.block_size) = (64, 128);
+        let err = gpt2_config(&config, 256).unwrap_err();
+        let TrainError::LongerThanPositions { setting, length, positions, .. } = err else {
+            panic!("not LongerThanPositions: {err:?}")
+        };
+        assert_eq!((setting, length, positions), ("data.block_size", 128, 64));
+
+        let mut config = Config::default();
+        (config.model.vocab_size, config.data.block_size) = (100, 16);
+        let err = gpt2_config(&config, 256).unwrap_err();
+        assert!(matches!(err, TrainError::VocabTooSmall { model: 100, tokenizer: 256 }), "{err:?}");
+    }
+}

@@ -60,7 +60,10 @@ pub fn ensure_shapes_folder(config: &Config) -> Result<PathBuf, TrainError> {
         // Another process finished first: use its folder.
         let _ = std::fs::remove_dir_all(&tmp);
         if !dir.join("train").is_dir() {
-            return Err(TrainError::output(&dir, "could not move the written shapes into place"));
+            return Err(TrainError::output(
+                &dir,
+                crate::Error::other("could not move the written shapes into place"),
+            ));
         }
     }
     Ok(dir)

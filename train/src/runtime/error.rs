@@ -159,13 +159,19 @@ pub enum TrainError {
     NoValData,
     #[error("data: no evaluation data")]
     NoEvalData,
-    #[error("cannot write {path}: {reason}")]
-    Output { path: String, reason: String },
+    /// A file or folder of the run's output (metrics, plots, the model folder) could not be
+    /// written; `source` is why (mostly `Error::Io`).
+    #[error("cannot write {}: {source}", path.display())]
+    Output {
+        path: PathBuf,
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl TrainError {
-    pub(crate) fn output(path: &std::path::Path, e: impl std::fmt::Display) -> TrainError {
-        TrainError::Output { path: path.display().to_string(), reason: e.to_string() }
+    pub(crate) fn output(path: &std::path::Path, source: impl Into<Error>) -> TrainError {
+        TrainError::Output { path: path.to_path_buf(), source: Box::new(source.into()) }
     }
 
     /// A data failure caused by `source` while doing `context` ("" when the source says all).

@@ -54,13 +54,16 @@ pub fn ensure_shapes_folder(config: &Config) -> Result<PathBuf, TrainError> {
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_dir_all(&tmp);
-        return Err(TrainError::Data(format!("writing the built-in shapes into {}: {e}", root.display())));
+        return Err(TrainError::data(format!("writing the built-in shapes into {}", root.display()), e));
     }
     if std::fs::rename(&tmp, &dir).is_err() {
         // Another process finished first: use its folder.
         let _ = std::fs::remove_dir_all(&tmp);
         if !dir.join("train").is_dir() {
-            return Err(TrainError::output(&dir, "could not move the written shapes into place"));
+            return Err(TrainError::output(
+                &dir,
+                crate::Error::other("could not move the written shapes into place"),
+            ));
         }
     }
     Ok(dir)

@@ -34,7 +34,25 @@ pub enum Error {
     #[error(transparent)]
     Io(#[from] std::io::Error),
 
-    /// Anything else (the trainer's own errors, a user's): see [`Error::other`].
+    /// A config file or override that does not parse or check (`Config::load`).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+
+    /// A checkpoint that cannot be written, found or trusted.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+
+    /// `oxtrain launch`: its arguments, or a rank that failed.
+    #[error(transparent)]
+    Launch(#[from] crate::launch::LaunchError),
+
+    /// Why a run (or an evaluation, an export) stopped; its config and checkpoint errors come
+    /// as [`Error::Config`] and [`Error::Checkpoint`], so each has one place to match.
+    /// Boxed: a `TrainError` holds an `Error` as its source.
+    #[error(transparent)]
+    Train(Box<crate::runtime::TrainError>),
+
+    /// Anything else (a user's own errors): see [`Error::other`].
     #[error(transparent)]
     Other(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
@@ -43,6 +61,17 @@ impl Error {
     /// Wraps any other error (`io::Error::other` style).
     pub fn other(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Error {
         Error::Other(error.into())
+    }
+}
+
+impl From<crate::runtime::TrainError> for Error {
+    fn from(error: crate::runtime::TrainError) -> Error {
+        use crate::runtime::TrainError;
+        match error {
+            TrainError::Config(e) => Error::Config(e),
+            TrainError::Checkpoint(e) => Error::Checkpoint(e),
+            other => Error::Train(Box::new(other)),
+        }
     }
 }
 
@@ -88,5 +117,28 @@ mod tests {
 
         let other = Error::other("the trainer's own reason");
         assert_eq!(other.to_string(), "the trainer's own reason");
+    }
+
+    /// The trainer's errors join the rest: a typed variant to match on, whose message is the
+    /// trainer's, and config errors in one place whether they came through a run or not.
+    #[test]
+    fn trainer_errors_are_one_of_the_variants() {
+        use crate::runtime::TrainError;
+        use std::error::Error as _;
+
+        let bad_override = crate::config::Config::load::<&str>(None, &["no_such_section.key=1"]).unwrap_err();
+        let through_run = Error::from(TrainError::from(bad_override));
+        assert!(matches!(through_run, Error::Config(_)), "{through_run:?}");
+
+        let missing = std::env::temp_dir().join(format!("oxtrain-no-such-data-{}", std::process::id()));
+        let data = oxtrain_datasets::image_folder::find_classes(&missing).unwrap_err();
+        let train = TrainError::data("data.train", data);
+        let message = train.to_string();
+        let error = Error::from(train);
+        let Error::Train(train) = &error else { panic!("not Error::Train: {error:?}") };
+        let TrainError::Data { source, .. } = &**train else { panic!("not TrainError::Data: {train:?}") };
+        assert!(matches!(**source, Error::Data(_)), "{source:?}");
+        assert_eq!(error.to_string(), message);
+        assert_eq!(train.source().map(|s| s.to_string()), Some(source.to_string()));
     }
 }

@@ -27,9 +27,7 @@ pub fn evaluate_checkpoint<S: AsRef<str>>(
         }
     }
     if config.data.val.is_empty() && config.data.kind != DataKind::SyntheticShapes {
-        return Err(TrainError::Data(
-            "the checkpoint's config has no data.val: pass the data to evaluate with --data PATH".into(),
-        ));
+        return Err(TrainError::NoValData);
     }
     config.check()?;
     let place = placement(&config)?;
@@ -48,8 +46,8 @@ impl WithTask for Evaluate<'_> {
         let model = task.build_model()?;
         model
             .load_safetensors(self.weights, true)
-            .map_err(|e| TrainError::Model(format!("{}: {e}", self.weights.display())))?;
+            .map_err(|e| TrainError::model(self.weights.display().to_string(), e))?;
         let strategy = Strategy::single(model);
-        task.evaluate(&strategy)?.ok_or_else(|| TrainError::Data("no evaluation data".into()))
+        task.evaluate(&strategy)?.ok_or_else(|| TrainError::NoEvalData)
     }
 }

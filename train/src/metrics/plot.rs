@@ -68,7 +68,7 @@ fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
 
 /// Draws `series` into `path` (800 x 480 PNG).
 pub fn line_plot(path: &Path, title: &str, y_name: &str, series: &[Series]) -> Result<(), TrainError> {
-    let err = |e: &dyn std::fmt::Display| TrainError::output(path, e);
+    let err = |e: &dyn std::fmt::Display| TrainError::output(path, crate::Error::other(e.to_string()));
     let root = BitMapBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let (x0, x1) = range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));

@@ -33,14 +33,14 @@ pub fn autocast_dtype(config: &Config) -> Option<DType> {
 /// Rank, world size and device, from the launcher's variables (torchrun's, mpirun's or srun's,
 /// as comm reads them) and `train.device`.
 pub fn placement(config: &Config) -> Result<Placement, TrainError> {
-    let env = oxtrain_comm::bootstrap::LaunchEnv::from_env().map_err(|e| TrainError::Comm(e.to_string()))?;
+    let env = oxtrain_comm::bootstrap::LaunchEnv::from_env().map_err(|e| TrainError::comm("", e))?;
     let device = match parse_device(&config.train.device).expect("checked with the config") {
         Some(d) => d,
         None => Device::cuda_if_available(env.local_rank),
     };
     device
         .check_available()
-        .map_err(|e| TrainError::Device(format!("train.device = {:?}: {e}", config.train.device)))?;
+        .map_err(|e| TrainError::device(format!("train.device = {:?}", config.train.device), e))?;
     Ok(Placement { rank: env.rank, world_size: env.world_size, device })
 }
 
@@ -65,7 +65,7 @@ pub fn make_strategy<M: Module>(
             std::env::set_var("OXTRAIN_COMM_BACKEND", b);
         }
     }
-    let group = oxtrain_comm::init_from_env().map_err(|e| TrainError::Comm(e.to_string()))?;
+    let group = oxtrain_comm::init_from_env().map_err(|e| TrainError::comm("", e))?;
     let ddp = DdpConfig {
         bucket_cap_mb: config.ddp.bucket_cap_mb,
         first_bucket_cap_mb: config.ddp.first_bucket_cap_mb,
@@ -76,5 +76,5 @@ pub fn make_strategy<M: Module>(
         },
         ..DdpConfig::default()
     };
-    Strategy::ddp(model, group, ddp, config.ddp.sync_batchnorm).map_err(TrainError::Comm)
+    Strategy::ddp(model, group, ddp, config.ddp.sync_batchnorm).map_err(|e| TrainError::comm("", e))
 }

@@ -4,7 +4,7 @@
 
 use oxtrain_autograd::Var;
 use oxtrain_comm::ddp::{DdpConfig, DistributedDataParallel};
-use oxtrain_comm::{Communicator, ProcessGroup, ReduceOp};
+use oxtrain_comm::{CommError, Communicator, ProcessGroup, ReduceOp};
 use oxtrain_nn::Module;
 use oxtrain_tensor::{Device, Tensor};
 use std::sync::Arc;
@@ -29,13 +29,13 @@ impl<M: Module> Strategy<M> {
         group: ProcessGroup,
         config: DdpConfig,
         sync_batchnorm: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CommError> {
         let ProcessGroup { comm, store, env: _, heap } = group;
         let comm: Arc<dyn Communicator> = comm.into();
         if sync_batchnorm {
             oxtrain_comm::ddp::convert_sync_batchnorm(&model, comm.clone());
         }
-        let ddp = DistributedDataParallel::new(model, comm.clone(), config).map_err(|e| e.to_string())?;
+        let ddp = DistributedDataParallel::new(model, comm.clone(), config)?;
         Ok(Strategy::Ddp { ddp: Box::new(ddp), comm, _keep: Box::new((store, heap)) })
     }
 
@@ -80,23 +80,24 @@ impl<M: Module> Strategy<M> {
     }
 
     /// The sum over ranks of each value (eval counts, loss sums).
-    pub fn sum(&self, values: &[f64]) -> Result<Vec<f64>, String> {
+    pub fn sum(&self, values: &[f64]) -> Result<Vec<f64>, CommError> {
         match self {
             Strategy::Single(_) => Ok(values.to_vec()),
             Strategy::Ddp { comm, .. } => {
                 let v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
-                let t = Tensor::from_vec(v, [values.len()], Device::Cpu).map_err(|e| e.to_string())?;
-                comm.all_reduce(&t, ReduceOp::Sum).and_then(|w| w.wait()).map_err(|e| e.to_string())?;
+                let t = Tensor::from_vec(v, [values.len()], Device::Cpu)
+                    .map_err(|e| CommError::Unsupported(format!("the values to sum: {e}")))?;
+                comm.all_reduce(&t, ReduceOp::Sum).and_then(|w| w.wait())?;
                 Ok(t.to_vec::<f32>().into_iter().map(f64::from).collect())
             }
         }
     }
 
     /// Waits until every rank gets here.
-    pub fn barrier(&self) -> Result<(), String> {
+    pub fn barrier(&self) -> Result<(), CommError> {
         match self {
             Strategy::Single(_) => Ok(()),
-            Strategy::Ddp { comm, .. } => comm.barrier().and_then(|w| w.wait()).map_err(|e| e.to_string()),
+            Strategy::Ddp { comm, .. } => comm.barrier().and_then(|w| w.wait()),
         }
     }
 

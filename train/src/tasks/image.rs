@@ -37,8 +37,8 @@ fn folders(config: &Config) -> TaskResult<(PathBuf, Option<PathBuf>)> {
     Ok((PathBuf::from(&d.train), val))
 }
 
-fn data_error(key: &str, path: &Path, e: impl std::fmt::Display) -> TrainError {
-    TrainError::Data(format!("{key} = {:?}: {e}", path.display().to_string()))
+fn data_error(key: &str, path: &Path, e: impl Into<crate::Error>) -> TrainError {
+    TrainError::data(format!("{key} = {:?}", path.display().to_string()), e)
 }
 
 /// The image folder at `path` with its labels numbered by `classes` (the training class list)
@@ -54,17 +54,12 @@ fn open_labelled(
     let index: BTreeMap<&str, usize> = classes.iter().enumerate().map(|(i, c)| (c.as_str(), i)).collect();
     let unknown: Vec<&str> = own.iter().map(String::as_str).filter(|c| !index.contains_key(c)).collect();
     if !unknown.is_empty() {
-        return Err(data_error(
-            key,
-            path,
-            format!(
-                "the class folder(s) {} are not among the {} classes the model is trained on ({}); remove them \
-                 or train with them",
-                unknown.join(", "),
-                classes.len(),
-                classes.join(", ")
-            ),
-        ));
+        return Err(TrainError::UnknownClasses {
+            key: key.to_string(),
+            path: path.to_path_buf(),
+            unknown: unknown.into_iter().map(String::from).collect(),
+            classes: classes.to_vec(),
+        });
     }
     let labels: BTreeMap<String, usize> = own.iter().map(|c| (c.clone(), index[c.as_str()])).collect();
     let samples = make_dataset(path, &labels, &IMG_EXTENSIONS).map_err(|e| data_error(key, path, e))?;
@@ -86,15 +81,7 @@ fn class_list(config: &Config, train_dir: &Path) -> TaskResult<Vec<String>> {
     }
     let (classes, _) = find_classes(train_dir).map_err(|e| data_error("data.train", train_dir, e))?;
     if classes.len() < 2 {
-        return Err(data_error(
-            "data.train",
-            train_dir,
-            format!(
-                "one class folder ({}): a classifier needs at least two classes, each a folder of its images \
-                 under data.train",
-                classes.join(", ")
-            ),
-        ));
+        return Err(TrainError::OneClass { path: train_dir.to_path_buf(), classes });
     }
     Ok(classes)
 }
@@ -119,25 +106,17 @@ impl ImageClassification {
         let train_set = open_labelled(&train_dir, train_tf, "data.train", &classes)?;
         let global_batch = d.batch_size * place.world_size;
         if train_set.len() < global_batch {
-            return Err(TrainError::Data(format!(
-                "data.batch_size = {} on {} process(es) needs {global_batch} training images per step, but {} has {}; \
-                 lower data.batch_size to at most {}",
-                d.batch_size,
-                place.world_size,
-                train_dir.display(),
-                train_set.len(),
-                (train_set.len() / place.world_size).max(1)
-            )));
+            return Err(TrainError::TooFewImages {
+                dir: train_dir.clone(),
+                images: train_set.len(),
+                batch_size: d.batch_size,
+                world_size: place.world_size,
+            });
         }
         let bad_files = match d.bad_files {
             BadFiles::Replace => BadFilePolicy::Replace,
             BadFiles::Skip if place.world_size > 1 => {
-                return Err(TrainError::Data(format!(
-                "data.bad_files = \"skip\" leaves a batch short wherever a file does not decode, so the {} \
-                     ranks would train on batches of different sizes; use \"replace\" (another sample takes \
-                     the bad one's place) or \"fail\"",
-                place.world_size
-            )))
+                return Err(TrainError::SkipUnderDdp { world_size: place.world_size })
             }
             BadFiles::Skip => BadFilePolicy::Skip,
             BadFiles::Fail => BadFilePolicy::Fail,
@@ -145,7 +124,7 @@ impl ImageClassification {
         let loader =
             |set: ImageFolder, shuffle: bool, drop_last: bool| -> TaskResult<DataLoader<ImageFolder>> {
                 let sampler = DistributedSampler::new(set.len(), place.world_size, place.rank)
-                    .map_err(|e| TrainError::Data(e.to_string()))?
+                    .map_err(|e| TrainError::data("", e))?
                     .shuffle(shuffle)
                     .seed(config.train.seed);
                 let lc = LoaderConfig {
@@ -156,7 +135,7 @@ impl ImageClassification {
                     bad_files,
                     ..LoaderConfig::default()
                 };
-                DataLoader::new(set, sampler, lc).map_err(|e| TrainError::Data(e.to_string()))
+                DataLoader::new(set, sampler, lc).map_err(|e| TrainError::data("", e))
             };
         let val = match val_dir {
             Some(v) => Some(loader(open_labelled(&v, eval_tf, "data.val", &classes)?, false, false)?),
@@ -211,7 +190,7 @@ pub fn load_init<M: Module>(model: &M, init_from: &str) -> TaskResult<()> {
     model
         .load_safetensors(&path, true)
         .map(|_| ())
-        .map_err(|e| TrainError::Model(format!("model.init_from = {init_from:?}: {e}")))
+        .map_err(|e| TrainError::model(format!("model.init_from = {init_from:?}"), e))
 }
 
 impl Task for ImageClassification {
@@ -240,7 +219,7 @@ impl Task for ImageClassification {
 
     fn build_model(&self) -> TaskResult<ResNet> {
         let model = ResNet::new(&resnet_config(&self.config, self.num_classes()), self.place.device)
-            .map_err(|e| TrainError::Model(e.to_string()))?;
+            .map_err(|e| TrainError::model("", e))?;
         load_init(&model, &self.config.model.init_from)?;
         Ok(model)
     }
@@ -252,8 +231,8 @@ impl Task for ImageClassification {
     fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<(Tensor, Tensor)>> + '_> {
         let device = self.place.device;
         Box::new(self.train.epoch(epoch).map(move |b| {
-            let b = b.map_err(|e| TrainError::Data(e.to_string()))?;
-            b.to(device).map_err(|e| TrainError::Data(e.to_string()))
+            let b = b.map_err(|e| TrainError::data("", e))?;
+            b.to(device).map_err(|e| TrainError::data("", e))
         }))
     }
 
@@ -286,8 +265,8 @@ impl Task for ImageClassification {
         let (mut loss_sum, mut samples, mut top1, mut top5) = (0.0, 0usize, 0.0, 0.0);
         let k = self.num_classes().min(5);
         for b in val.epoch(0) {
-            let b = b.map_err(|e| TrainError::Data(e.to_string()))?;
-            let (images, labels) = b.to(self.place.device).map_err(|e| TrainError::Data(e.to_string()))?;
+            let b = b.map_err(|e| TrainError::data("", e))?;
+            let (images, labels) = b.to(self.place.device).map_err(|e| TrainError::data("", e))?;
             let logits = no_grad(|| {
                 let x = Var::constant(images);
                 match self.autocast {
@@ -310,5 +289,37 @@ impl Task for ImageClassification {
             counts.push(("top5", top5));
         }
         finish_eval(strategy, loss_sum, samples, &counts).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn scratch(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("oxtrain-image-task-{name}-{}", std::process::id()))
+    }
+
+    #[test]
+    fn a_missing_folder_is_a_data_error_whose_source_is_the_datasets_error() {
+        let missing = scratch("missing");
+        let err = class_list(&Config::default(), &missing).unwrap_err();
+        let TrainError::Data { context, source } = &err else { panic!("not a data error: {err:?}") };
+        assert!(context.starts_with("data.train = "), "{context}");
+        let crate::Error::Data(datasets_error) = &**source else { panic!("source: {source:?}") };
+        assert_eq!(err.source().map(|s| s.to_string()), Some(datasets_error.to_string()));
+        assert_eq!(err.to_string(), format!("data: {context}: {datasets_error}"));
+    }
+
+    #[test]
+    fn one_class_folder_is_refused_with_its_own_variant() {
+        let dir = scratch("one-class");
+        std::fs::create_dir_all(dir.join("cat")).unwrap();
+        let err = class_list(&Config::default(), &dir).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let TrainError::OneClass { path, classes } = &err else { panic!("not OneClass: {err:?}") };
+        assert_eq!((path, classes.as_slice()), (&dir, ["cat".to_string()].as_slice()));
+        assert!(err.to_string().contains("a classifier needs at least two classes"), "{err}");
     }
 }

@@ -29,13 +29,14 @@ fn dataset(
     block: usize,
 ) -> TaskResult<LmDataset> {
     let ds = LmDataset::from_files(&[PathBuf::from(path)], tok, block)
-        .map_err(|e| TrainError::Data(format!("{key} = {path:?}: {e}")))?;
+        .map_err(|e| TrainError::data(format!("{key} = {path:?}"), e))?;
     if ds.is_empty() {
-        return Err(TrainError::Data(format!(
-            "{key} = {path:?} has {} tokens, fewer than one block of data.block_size + 1 = {}; lower data.block_size",
-            ds.num_tokens(),
-            block + 1
-        )));
+        return Err(TrainError::TooFewTokens {
+            key: key.to_string(),
+            path: PathBuf::from(path),
+            tokens: ds.num_tokens(),
+            block_size: block,
+        });
     }
     Ok(ds)
 }
@@ -46,7 +47,7 @@ pub fn gpt2_config(config: &Config, tokenizer_vocab: usize) -> TaskResult<Gpt2Co
     let m = &config.model;
     let json = Path::new(&m.init_from).join("config.json");
     let mut c = if !m.init_from.is_empty() && json.is_file() {
-        Gpt2Config::from_file(&json).map_err(|e| TrainError::Model(e.to_string()))?
+        Gpt2Config::from_file(&json).map_err(|e| TrainError::model("", e))?
     } else {
         let mut c = Gpt2Config::gpt2();
         c.vocab_size = tokenizer_vocab;
@@ -69,22 +70,18 @@ pub fn gpt2_config(config: &Config, tokenizer_vocab: usize) -> TaskResult<Gpt2Co
         (c.embd_pdrop, c.attn_pdrop, c.resid_pdrop) = (m.dropout, m.dropout, m.dropout);
     }
     if c.n_embd % c.n_head != 0 {
-        return Err(TrainError::Model(format!(
-            "GPT-2: the width {} is not a multiple of the {} heads; change model.hidden_size or model.heads",
-            c.n_embd, c.n_head
-        )));
+        return Err(TrainError::HeadsDoNotDivide { model: "GPT-2", width: c.n_embd, heads: c.n_head });
     }
     if config.data.block_size > c.n_positions {
-        return Err(TrainError::Model(format!(
-            "data.block_size = {} is longer than the model's {} positions; lower it or raise model.max_positions",
-            config.data.block_size, c.n_positions
-        )));
+        return Err(TrainError::LongerThanPositions {
+            setting: "data.block_size",
+            length: config.data.block_size,
+            positions: c.n_positions,
+            advice: "lower it or raise model.max_positions",
+        });
     }
     if c.vocab_size < tokenizer_vocab {
-        return Err(TrainError::Model(format!(
-            "the model's vocabulary ({}) is smaller than the tokenizer's ({tokenizer_vocab})",
-            c.vocab_size
-        )));
+        return Err(TrainError::VocabTooSmall { model: c.vocab_size, tokenizer: tokenizer_vocab });
     }
     Ok(c)
 }
@@ -99,18 +96,16 @@ impl LanguageModel {
             v => Some(dataset(v, "data.val", tok.as_ref(), d.block_size)?),
         };
         if train_set.len() < d.batch_size * place.world_size {
-            return Err(TrainError::Data(format!(
-                "data.train has {} blocks of {} tokens, fewer than data.batch_size = {} x {} process(es); lower \
-                 data.batch_size or data.block_size",
-                train_set.len(),
-                d.block_size,
-                d.batch_size,
-                place.world_size
-            )));
+            return Err(TrainError::TooFewBlocks {
+                blocks: train_set.len(),
+                block_size: d.block_size,
+                batch_size: d.batch_size,
+                world_size: place.world_size,
+            });
         }
         let loader = |set: LmDataset, shuffle: bool, drop_last: bool| -> TaskResult<DataLoader<LmDataset>> {
             let sampler = DistributedSampler::new(set.len(), place.world_size, place.rank)
-                .map_err(|e| TrainError::Data(e.to_string()))?
+                .map_err(|e| TrainError::data("", e))?
                 .shuffle(shuffle)
                 .seed(config.train.seed);
             let lc = LoaderConfig {
@@ -121,7 +116,7 @@ impl LanguageModel {
                 pin_memory: oxtrain_datasets::PinMemory::Off,
                 ..LoaderConfig::default()
             };
-            DataLoader::new(set, sampler, lc).map_err(|e| TrainError::Data(e.to_string()))
+            DataLoader::new(set, sampler, lc).map_err(|e| TrainError::data("", e))
         };
         Ok(LanguageModel {
             config: config.clone(),
@@ -137,7 +132,7 @@ impl LanguageModel {
     fn split(&self, block: Tensor) -> TaskResult<(Tensor, Tensor)> {
         let t = self.config.data.block_size;
         let x = block.narrow(1, 0, t).contiguous();
-        let x = x.to_device(self.place.device).map_err(|e| TrainError::Data(e.to_string()))?;
+        let x = x.to_device(self.place.device).map_err(|e| TrainError::data("", e))?;
         Ok((x.clone(), x))
     }
 }
@@ -165,12 +160,11 @@ impl Task for LanguageModel {
 
     fn build_model(&self) -> TaskResult<Gpt2LMHeadModel> {
         let c = gpt2_config(&self.config, self.vocab_size)?;
-        let model =
-            Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::Model(e.to_string()))?;
+        let model = Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::model("", e))?;
         if !self.config.model.init_from.is_empty() {
             model
                 .load_weights(&self.config.model.init_from)
-                .map_err(|e| TrainError::Model(format!("model.init_from: {e}")))?;
+                .map_err(|e| TrainError::model("model.init_from", e))?;
         }
         Ok(model)
     }
@@ -181,7 +175,7 @@ impl Task for LanguageModel {
 
     fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<(Tensor, Tensor)>> + '_> {
         Box::new(self.train.epoch(epoch).map(move |b| {
-            let mut b = b.map_err(|e| TrainError::Data(e.to_string()))?;
+            let mut b = b.map_err(|e| TrainError::data("", e))?;
             self.split(b.images())
         }))
     }
@@ -208,7 +202,7 @@ impl Task for LanguageModel {
         model.eval();
         let (mut loss_sum, mut samples) = (0.0, 0usize);
         for b in val.epoch(0) {
-            let mut b = b.map_err(|e| TrainError::Data(e.to_string()))?;
+            let mut b = b.map_err(|e| TrainError::data("", e))?;
             let (x, y) = self.split(b.images())?;
             let loss = no_grad(|| match self.autocast {
                 Some(dt) => oxtrain_autograd::autocast(dt, || self.loss(model, &(x.clone(), y.clone()))),
@@ -223,5 +217,36 @@ impl Task for LanguageModel {
         let mut e = finish_eval(strategy, loss_sum, samples, &[])?;
         e.metrics.push(("perplexity".into(), e.loss.exp()));
         Ok(Some(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape checks are variants a caller can match, with the numbers that failed.
+    #[test]
+    fn shape_refusals_are_typed_variants() {
+        let mut config = Config::default();
+        (config.model.hidden_size, config.model.heads) = (100, 12);
+        let err = gpt2_config(&config, 256).unwrap_err();
+        assert!(
+            matches!(err, TrainError::HeadsDoNotDivide { model: "GPT-2", width: 100, heads: 12 }),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with("model: GPT-2: the width 100 is not a multiple of the 12 heads"));
+
+        let mut config = Config::default();
+        (config.model.max_positions, config.data.block_size) = (64, 128);
+        let err = gpt2_config(&config, 256).unwrap_err();
+        let TrainError::LongerThanPositions { setting, length, positions, .. } = err else {
+            panic!("not LongerThanPositions: {err:?}")
+        };
+        assert_eq!((setting, length, positions), ("data.block_size", 128, 64));
+
+        let mut config = Config::default();
+        (config.model.vocab_size, config.data.block_size) = (100, 16);
+        let err = gpt2_config(&config, 256).unwrap_err();
+        assert!(matches!(err, TrainError::VocabTooSmall { model: 100, tokenizer: 256 }), "{err:?}");
     }
 }

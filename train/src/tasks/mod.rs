@@ -100,7 +100,7 @@ pub(crate) fn finish_eval<M: Module>(
 ) -> TaskResult<Evaluation> {
     let mut values = vec![loss_sum, samples as f64];
     values.extend(counts.iter().map(|(_, v)| *v));
-    let summed = strategy.sum(&values).map_err(TrainError::Comm)?;
+    let summed = strategy.sum(&values).map_err(|e| TrainError::comm("", e))?;
     let n = summed[1].max(1.0);
     Ok(Evaluation {
         loss: summed[0] / n,
@@ -114,8 +114,8 @@ pub(crate) fn restore_loader<D: oxtrain_datasets::Dataset>(
     loader: &oxtrain_datasets::DataLoader<D>,
     state: &SamplerState,
 ) -> TaskResult<usize> {
-    loader.load_state_dict(state).map_err(|e| {
-        TrainError::Data(format!("the checkpoint's data position does not fit this run's data: {e}"))
-    })?;
+    loader
+        .load_state_dict(state)
+        .map_err(|e| TrainError::data("the checkpoint's data position does not fit this run's data", e))?;
     Ok(loader.remaining_batches())
 }

@@ -21,7 +21,7 @@ pub fn tokenizer_for(config: &Config) -> TaskResult<Box<dyn Tokenizer>> {
         p => p.into(),
     };
     let tok = oxtrain_models::Tokenizer::from_file(&path)
-        .map_err(|e| TrainError::Data(format!("data.tokenizer = {:?}: {e}", path.display().to_string())))?;
+        .map_err(|e| TrainError::data(format!("data.tokenizer = {:?}", path.display().to_string()), e))?;
     let eos = ["<|endoftext|>", "[SEP]", "</s>"].iter().find_map(|t| tok.token_to_id(t));
     let vocab = tok.inner().get_vocab_size(true);
     Ok(Box::new(oxtrain_datasets::text::FnTokenizer {
@@ -45,12 +45,9 @@ pub struct TextClassification {
 }
 
 fn read(path: &str, key: &str) -> TaskResult<TextClassificationDataset> {
-    let ds =
-        TextClassificationDataset::from_jsonl(path).map_err(|e| TrainError::Data(format!("{key}: {e}")))?;
+    let ds = TextClassificationDataset::from_jsonl(path).map_err(|e| TrainError::data(key, e))?;
     if ds.is_empty() {
-        return Err(TrainError::Data(format!(
-            "{key} = {path:?} has no lines of {{\"text\": ..., \"label\": ...}}"
-        )));
+        return Err(TrainError::NoLines { key: key.to_string(), path: path.into() });
     }
     Ok(ds)
 }
@@ -69,24 +66,21 @@ impl TextClassification {
         let max_label =
             train.labels.iter().chain(val.iter().flat_map(|v| &v.labels)).copied().max().unwrap_or(0);
         if let Some(bad) = train.labels.iter().find(|&&l| l < 0) {
-            return Err(TrainError::Data(format!(
-                "data.train has the label {bad}; labels are 0, 1, 2, ... or names"
-            )));
+            return Err(TrainError::NegativeLabel { label: *bad });
         }
         let num_labels = match config.model.num_classes {
             0 => (max_label + 1).max(2) as usize,
             n => n,
         };
         if train.len() < d.batch_size * place.world_size {
-            return Err(TrainError::Data(format!(
-                "data.train has {} lines, fewer than data.batch_size = {} x {} process(es); lower data.batch_size",
-                train.len(),
-                d.batch_size,
-                place.world_size
-            )));
+            return Err(TrainError::TooFewLines {
+                lines: train.len(),
+                batch_size: d.batch_size,
+                world_size: place.world_size,
+            });
         }
         let sampler = DistributedSampler::new(train.len(), place.world_size, place.rank)
-            .map_err(|e| TrainError::Data(e.to_string()))?
+            .map_err(|e| TrainError::data("", e))?
             .shuffle(true)
             .seed(config.train.seed)
             .drop_last(true);
@@ -106,9 +100,9 @@ impl TextClassification {
         let pad = 0;
         let (ids, mask, labels) = ds
             .batch(indices, self.tokenizer.as_ref(), self.config.data.max_length, pad)
-            .map_err(|e| TrainError::Data(e.to_string()))?;
+            .map_err(|e| TrainError::data("", e))?;
         let dev = self.place.device;
-        let to = |t: Tensor| t.to_device(dev).map_err(|e| TrainError::Data(e.to_string()));
+        let to = |t: Tensor| t.to_device(dev).map_err(|e| TrainError::data("", e));
         Ok((to(ids)?, to(mask)?, to(labels)?))
     }
 
@@ -116,7 +110,7 @@ impl TextClassification {
         let m = &self.config.model;
         let json = Path::new(&m.init_from).join("config.json");
         let mut c = if !m.init_from.is_empty() && json.is_file() {
-            BertConfig::from_file(&json).map_err(|e| TrainError::Model(e.to_string()))?
+            BertConfig::from_file(&json).map_err(|e| TrainError::model("", e))?
         } else {
             let mut c = BertConfig::bert_base();
             c.vocab_size = self.tokenizer.vocab_size();
@@ -138,16 +132,19 @@ impl TextClassification {
         }
         c.id2label = Some((0..self.num_labels).map(|i| (i.to_string(), format!("LABEL_{i}"))).collect());
         if c.hidden_size % c.num_attention_heads != 0 {
-            return Err(TrainError::Model(format!(
-                "BERT: the width {} is not a multiple of the {} heads; change model.hidden_size or model.heads",
-                c.hidden_size, c.num_attention_heads
-            )));
+            return Err(TrainError::HeadsDoNotDivide {
+                model: "BERT",
+                width: c.hidden_size,
+                heads: c.num_attention_heads,
+            });
         }
         if self.config.data.max_length > c.max_position_embeddings {
-            return Err(TrainError::Model(format!(
-                "data.max_length = {} is longer than the model's {} positions; lower it",
-                self.config.data.max_length, c.max_position_embeddings
-            )));
+            return Err(TrainError::LongerThanPositions {
+                setting: "data.max_length",
+                length: self.config.data.max_length,
+                positions: c.max_position_embeddings,
+                advice: "lower it",
+            });
         }
         Ok(c)
     }
@@ -171,11 +168,11 @@ impl Task for TextClassification {
 
     fn build_model(&self) -> TaskResult<BertForSequenceClassification> {
         let model = BertForSequenceClassification::new(&self.bert_config()?, self.place.device)
-            .map_err(|e| TrainError::Model(e.to_string()))?;
+            .map_err(|e| TrainError::model("", e))?;
         if !self.config.model.init_from.is_empty() {
             model
                 .load_weights(&self.config.model.init_from)
-                .map_err(|e| TrainError::Model(format!("model.init_from: {e}")))?;
+                .map_err(|e| TrainError::model("model.init_from", e))?;
         }
         Ok(model)
     }
@@ -208,7 +205,7 @@ impl Task for TextClassification {
     fn restore_data_state(&self, state: &oxtrain_datasets::SamplerState) -> TaskResult<usize> {
         let mut s = self.sampler.lock().unwrap_or_else(|e| e.into_inner());
         s.load_state_dict(state).map_err(|e| {
-            TrainError::Data(format!("the checkpoint's data position does not fit this run's data: {e}"))
+            TrainError::data("the checkpoint's data position does not fit this run's data", e)
         })?;
         Ok(s.num_samples().saturating_sub(s.position()) / self.config.data.batch_size)
     }

@@ -163,13 +163,9 @@ pub(crate) fn resume<T: Task>(
     if world > 1 {
         // Every rank looked on its own; they must have picked the same step (or none).
         let mine = path.as_ref().map_or(-1.0, |p| step_of(p).map_or(-2.0, |s| s as f64));
-        let sum = strategy.sum(&[mine]).map_err(TrainError::Comm)?[0];
+        let sum = strategy.sum(&[mine]).map_err(|e| TrainError::comm("", e))?[0];
         if sum != mine * world as f64 {
-            return Err(TrainError::Comm(format!(
-                "the ranks found different checkpoints to resume from (rank {rank}: {}); is the checkpoint \
-                 folder shared by every rank of this node?",
-                path.as_ref().map_or("none".into(), |p| p.display().to_string())
-            )));
+            return Err(TrainError::CheckpointsDiffer { rank, found: path });
         }
     }
     let Some(path) = path else { return Ok(None) };
@@ -250,8 +246,9 @@ impl Saver {
             return Ok(local);
         }
         let flag = |r: SaveReason| if local == Some(r) { 1.0 } else { 0.0 };
-        let votes =
-            strategy.sum(&[flag(SaveReason::Signal), flag(SaveReason::Time)]).map_err(TrainError::Comm)?;
+        let votes = strategy
+            .sum(&[flag(SaveReason::Signal), flag(SaveReason::Time)])
+            .map_err(|e| TrainError::comm("", e))?;
         Ok(if votes[0] > 0.0 {
             Some(SaveReason::Signal)
         } else if local == Some(SaveReason::Steps) {

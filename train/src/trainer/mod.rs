@@ -106,10 +106,7 @@ fn plan(config: &Config, batches_per_epoch: usize) -> Result<run::Plan, TrainErr
     let accum = config.train.grad_accum;
     let per_epoch = batches_per_epoch / accum;
     if per_epoch == 0 {
-        return Err(TrainError::Data(format!(
-            "an epoch has {batches_per_epoch} batches on this rank, fewer than train.grad_accum = {accum}: lower \
-             train.grad_accum or data.batch_size"
-        )));
+        return Err(TrainError::AccumOverEpoch { batches_per_epoch, grad_accum: accum });
     }
     let total = match config.train.steps {
         0 => config.train.epochs * per_epoch,

@@ -130,7 +130,7 @@ impl<'a, T: Task> Trainer<'a, T> {
         run_dir::claim(config, rank)?;
         let resumed = self.load_state_dict()?;
         // Every rank has looked before any writer clears its unfinished writes.
-        self.strategy.barrier().map_err(TrainError::Comm)?;
+        self.strategy.barrier().map_err(|e| TrainError::comm("", e))?;
         self.saver = Some(Saver::new(config, rank, self.strategy.world_size())?);
         let dir = PathBuf::from(&config.log.dir);
         self.log = Some(match resumed {
@@ -279,12 +279,10 @@ impl<'a, T: Task> Trainer<'a, T> {
         // ranks), which ends the run with that message instead of a panic.
         let backward =
             if last { scaled.try_backward() } else { self.strategy.no_sync(|| scaled.try_backward()) };
-        backward.map_err(|e| {
-            TrainError::Comm(format!(
-                "DDP backward of step {} (epoch {}): {e}",
-                self.tally.step + 1,
-                epoch + 1
-            ))
+        backward.map_err(|source| TrainError::Backward {
+            step: self.tally.step + 1,
+            epoch: epoch + 1,
+            source,
         })?;
         let units = task.units(batch);
         let t = &mut self.tally;
@@ -422,7 +420,7 @@ impl<'a, T: Task> Trainer<'a, T> {
         let seconds = run_start.elapsed().as_secs_f64();
         let saved = self.saver.as_mut().expect("started").wait()?;
         self.progress.finish();
-        self.strategy.barrier().map_err(TrainError::Comm)?;
+        self.strategy.barrier().map_err(|e| TrainError::comm("", e))?;
         let dir = saved.unwrap_or_else(|| super::checkpoint_dir(self.config));
         let why = format!(
             "SIGTERM/SIGINT: saved the checkpoint of step {at} to {}; continue with {}",
@@ -453,7 +451,7 @@ impl<'a, T: Task> Trainer<'a, T> {
         } else {
             None
         };
-        self.strategy.barrier().map_err(TrainError::Comm)?;
+        self.strategy.barrier().map_err(|e| TrainError::comm("", e))?;
         let eval = self.tally.last_eval.take().map(|(_, e)| e);
         Ok(self.summary(seconds, eval, model_dir, None))
     }

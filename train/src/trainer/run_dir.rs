@@ -48,8 +48,12 @@ pub(crate) fn claim(config: &Config, rank: usize) -> Result<(), TrainError> {
         for path in &found {
             let removed =
                 if path.is_dir() { std::fs::remove_dir_all(path) } else { std::fs::remove_file(path) };
-            removed
-                .map_err(|e| TrainError::output(path, format!("cannot delete it for --overwrite: {e}")))?;
+            removed.map_err(|e| {
+                TrainError::output(
+                    path,
+                    crate::Error::other(format!("cannot delete it for --overwrite: {e}")),
+                )
+            })?;
         }
     }
     Ok(())

@@ -37,11 +37,7 @@ pub fn read_model_dir(dir: &Path) -> Result<(Config, PathBuf), TrainError> {
         verify_checkpoint(dir)?
             .map_err(|problem| CheckpointError::Invalid { path: dir.to_path_buf(), problem })?;
     } else if !(weights.is_file() && cfg.is_file()) {
-        return Err(TrainError::Model(format!(
-            "{} is not a model folder: {}",
-            dir.display(),
-            not_a_model(dir)
-        )));
+        return Err(TrainError::NotAModelFolder { dir: dir.to_path_buf(), problem: not_a_model(dir) });
     }
     let config = Config::load::<&str>(Some(&cfg), &[])?;
     Ok((config, weights))

@@ -4,40 +4,46 @@
 //! function is over 80 lines, and `fit` is a short loop over the `Trainer`'s steps.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// `module -> modules it names`, over the library's files (main.rs and bench.rs belong to the
 /// binary, whose `crate` is another crate).
 fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let rel = path.strip_prefix(src).unwrap();
-            let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
-            let module = first.trim_end_matches(".rs").to_string();
-            if ["lib", "main", "bench"].contains(&module.as_str())
-                || path.extension().is_none_or(|e| e != "rs")
-            {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let named = edges.entry(module.clone()).or_default();
-            for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
-                for target in crate_paths(line) {
-                    if target != module {
-                        named.insert(target);
-                    }
+    for path in rust_files(src) {
+        let rel = path.strip_prefix(src).unwrap();
+        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+        let module = first.trim_end_matches(".rs").to_string();
+        if ["lib", "main", "bench"].contains(&module.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let named = edges.entry(module.clone()).or_default();
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for target in crate_paths(line) {
+                if target != module {
+                    named.insert(target);
                 }
             }
         }
     }
     edges
+}
+
+/// Every `.rs` file below `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let (mut files, mut stack) = (Vec::new(), vec![dir.to_path_buf()]);
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
 }
 
 /// The first segment of every `crate::...` path in `line`, `crate::{a, b::c}` included.
@@ -107,35 +113,27 @@ fn crate_paths_are_read_from_plain_and_grouped_uses() {
 /// its indentation.
 fn function_lengths(src: &Path) -> Vec<(String, String, usize)> {
     let mut out = Vec::new();
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
+    for path in rust_files(src) {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let body = line.trim_start();
+            let indent = &line[..line.len() - body.len()];
+            let Some(name) = ["fn ", "pub fn ", "pub(crate) fn ", "pub(super) fn "]
+                .iter()
+                .find_map(|p| body.strip_prefix(p))
+                .map(|rest| {
+                    rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>()
+                })
+            else {
+                continue;
+            };
+            if body.ends_with(';') {
                 continue;
             }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let lines: Vec<&str> = text.lines().collect();
-            for (i, line) in lines.iter().enumerate() {
-                let body = line.trim_start();
-                let indent = &line[..line.len() - body.len()];
-                let Some(name) = ["fn ", "pub fn ", "pub(crate) fn ", "pub(super) fn "]
-                    .iter()
-                    .find_map(|p| body.strip_prefix(p))
-                    .map(|rest| {
-                        rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>()
-                    })
-                else {
-                    continue;
-                };
-                if body.ends_with(';') {
-                    continue;
-                }
-                let close = format!("{indent}}}");
-                if let Some(end) = lines[i..].iter().position(|l| l.trim_end() == close) {
-                    out.push((path.display().to_string(), name, end + 1));
-                }
+            let close = format!("{indent}}}");
+            if let Some(end) = lines[i..].iter().position(|l| l.trim_end() == close) {
+                out.push((path.display().to_string(), name, end + 1));
             }
         }
     }

@@ -1,4 +1,4 @@
-//! Data-parallel training of a ResNet-18 with `oxtrain_comm::ddp`, the way a PyTorch script
+//! Data-parallel training of a ResNet-18 with `oxtrain_ddp`, the way a PyTorch script
 //! uses `DistributedDataParallel`: the single-process loop with the model wrapped.
 //!
 //! Under a launcher each process is one rank (the backend comes from the environment: `shm`
@@ -15,8 +15,8 @@
 //! `--sync-bn` converts the batch norms to SyncBatchNorm; `--steps N` (default 10).
 
 use oxtrain_autograd::Var;
-use oxtrain_comm::ddp::{convert_sync_batchnorm, Ddp, DdpConfig};
 use oxtrain_comm::Communicator;
+use oxtrain_ddp::{convert_sync_batchnorm, Ddp, DdpConfig};
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_nn::optim::{Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{loss, Module};

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of oxtrain-comm on one node with 2 GPUs joined by NVLink (made for 2x H200).
 # Run from the repository root with comm-bench prebuilt in .gpu/bin/ (e.g. by
-# `../shared/tools/gpu-pack -p oxtrain-comm`, or `cargo build --release -p oxtrain-comm --bin
+# `../shared/tools/gpu-pack -p oxtrain-bench`, or `cargo build --release -p oxtrain-bench --bin
 # comm-bench` and a copy of target/release/comm-bench). Needs pip's nvidia-nccl-cu13,
 # nvidia-nvshmem-cu13, nvrtc and nvjitlink (a PyTorch install has them) and CUDA 13 headers
 # (/usr/local/cuda/include, or pip's nvidia-cuda-runtime + nvidia-cuda-cccl).

@@ -8,8 +8,7 @@
 //!   for tests), `mpi` (feature `mpi`). GPU backends plug into the same traits.
 //! - Bootstrap: [`LaunchEnv`] reads torchrun / mpirun / srun variables, [`TcpStore`] exchanges
 //!   ids, [`init_from_env`] makes a process group.
-//! - `ddp` (default feature): `DistributedDataParallel`, gradient buckets all-reduced while
-//!   backward runs, `SyncBatchNorm`.
+//! - DistributedDataParallel lives in its own crate, `oxtrain-ddp`, built on this one.
 #![doc = include_str!("../README.md")]
 
 #[macro_use]
@@ -17,8 +16,6 @@ mod element;
 pub mod bootstrap;
 mod check;
 mod communicator;
-#[cfg(feature = "ddp")]
-pub mod ddp;
 mod engine;
 mod error;
 mod gpu;

@@ -167,7 +167,6 @@ fn a_rank_that_skips_a_collective_times_the_others_out() {
 /// One rank of DDP over MPI: a small CNN (SGD momentum) and a small Transformer (AdamW) for 5
 /// steps, checked against one process on the combined batch; prints a digest of the final
 /// parameters for the parent to compare across ranks.
-#[cfg(feature = "ddp")]
 #[test]
 #[ignore = "a rank of a multi-process test: its parent runs it"]
 fn mpi_ddp_rank() {
@@ -179,7 +178,7 @@ fn mpi_ddp_rank() {
         std::sync::Arc::new(oxtrain_comm::mpi::connect(&CommOptions::default()).unwrap());
     let (rank, world) = (comm.rank(), comm.world_size());
     for (model, opt) in [(Model::Cnn, Opt::SgdMomentum), (Model::Transformer, Opt::AdamW)] {
-        let ddp = t::train_rank(comm.clone(), model, opt, 5, 3, 1, oxtrain_comm::ddp::DdpConfig::default());
+        let ddp = t::train_rank(comm.clone(), model, opt, 5, 3, 1, oxtrain_ddp::DdpConfig::default());
         let got = t::params(ddp.module());
         let reference = t::params(&t::train_single(model, opt, 5, 3 * world, 1));
         t::assert_close(&format!("{model:?} on MPI rank {rank}"), &got, &reference, 1e-6);
@@ -193,7 +192,6 @@ fn mpi_ddp_rank() {
     }
 }
 
-#[cfg(feature = "ddp")]
 #[test]
 fn ddp_on_2_and_3_mpi_ranks() {
     if under_mpirun() {

@@ -16,7 +16,7 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[cfg(all(feature = "mpi", feature = "ddp"))]
+#[cfg(feature = "mpi")]
 #[path = "netns/ddp.rs"]
 mod ddp;
 #[path = "netns/harness.rs"]
@@ -48,7 +48,7 @@ fn netns_rank() {
         "mpi-all-reduce" => mpi::all_reduce_role(),
         #[cfg(feature = "mpi")]
         "mpi-cut-off" => mpi::cut_off_role(),
-        #[cfg(all(feature = "mpi", feature = "ddp"))]
+        #[cfg(feature = "mpi")]
         "ddp" => ddp::ddp_role(),
         other => panic!("unknown {} {other}", roles::ROLE),
     }

@@ -11,7 +11,7 @@
 # and writes one results file (default bench/results/comm-netns-cpu.json).
 #
 # Needs root, iproute2, Open MPI, and comm-bench built with the mpi feature:
-#   cargo build --release -p oxtrain-comm --features mpi --bin comm-bench
+#   cargo build --release -p oxtrain-bench --features mpi --bin comm-bench
 # Usage: scripts/netns/comm_bench.sh [OUT.json]   (from anywhere; paths are the repo's)
 # On a shared, loaded machine run it as `nice -n -15 scripts/netns/comm_bench.sh`: ranks that
 # wait for a core otherwise dominate the small-message times.

@@ -26,6 +26,11 @@ pub enum Error {
     #[error(transparent)]
     Comm(#[from] oxtrain_comm::CommError),
 
+    /// DistributedDataParallel: wrapping a model (same model on every rank, dtypes, bucket
+    /// sizes) and reducing its gradients.
+    #[error(transparent)]
+    Ddp(#[from] oxtrain_ddp::DdpError),
+
     /// A backward pass whose end-of-backward work failed (under DDP: a collective that failed
     /// or timed out, a parameter that got no gradient), from `loss.try_backward()`.
     #[error(transparent)]

@@ -42,5 +42,5 @@ pub use oxtrain_datasets::{
     Sample, TextClassificationDataset,
 };
 
-pub use oxtrain_comm::ddp::{convert_sync_batchnorm, Ddp, DdpConfig, DistributedDataParallel, SyncBatchNorm};
 pub use oxtrain_comm::{init_from_env, CommOptions, Communicator, ProcessGroup, ReduceOp};
+pub use oxtrain_ddp::{convert_sync_batchnorm, Ddp, DdpConfig, DistributedDataParallel, SyncBatchNorm};

@@ -11,10 +11,10 @@
 //! nvshmem; NCCL refuses two ranks on one GPU). Prints one JSON summary line at the end.
 
 use oxtrain_autograd::{autocast, Var};
-use oxtrain_comm::ddp::{convert_sync_batchnorm, Ddp, DdpConfig};
 use oxtrain_comm::nccl::NcclCommunicator;
 use oxtrain_comm::nvshmem::{NvshmemCommunicator, NvshmemOptions};
 use oxtrain_comm::{Communicator, LaunchEnv};
+use oxtrain_ddp::{convert_sync_batchnorm, Ddp, DdpConfig};
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_models::{Gpt2Config, Gpt2LMHeadModel};
 use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};

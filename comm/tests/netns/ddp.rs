@@ -9,8 +9,8 @@ use super::common::ddp_train::{self as t, Model, Opt};
 use super::harness::Net;
 use super::procs::{all_output, wait_all, Proc};
 use super::{roles, start_rank, Vars};
-use oxtrain_comm::ddp::DdpConfig;
 use oxtrain_comm::Communicator;
+use oxtrain_ddp::DdpConfig;
 use std::sync::Arc;
 use std::time::Duration;
 

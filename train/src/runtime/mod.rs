@@ -9,7 +9,7 @@ pub use error::TrainError;
 pub use strategy::Strategy;
 
 use crate::config::{parse_device, Config, DdpBackend, GradCompression, PrecisionDtype};
-use oxtrain_comm::ddp::{Compression, DdpConfig};
+use oxtrain_ddp::{Compression, DdpConfig};
 use oxtrain_nn::Module;
 use oxtrain_tensor::{DType, Device};
 

@@ -3,8 +3,8 @@
 //! through it, and asks it to combine metrics; it never names a backend.
 
 use oxtrain_autograd::Var;
-use oxtrain_comm::ddp::{DdpConfig, DistributedDataParallel};
 use oxtrain_comm::{CommError, Communicator, ProcessGroup, ReduceOp};
+use oxtrain_ddp::{DdpConfig, DdpError, DistributedDataParallel};
 use oxtrain_nn::Module;
 use oxtrain_tensor::{Device, Tensor};
 use std::sync::Arc;
@@ -29,11 +29,11 @@ impl<M: Module> Strategy<M> {
         group: ProcessGroup,
         config: DdpConfig,
         sync_batchnorm: bool,
-    ) -> Result<Self, CommError> {
+    ) -> Result<Self, DdpError> {
         let ProcessGroup { comm, store, env: _, heap } = group;
         let comm: Arc<dyn Communicator> = comm.into();
         if sync_batchnorm {
-            oxtrain_comm::ddp::convert_sync_batchnorm(&model, comm.clone());
+            oxtrain_ddp::convert_sync_batchnorm(&model, comm.clone());
         }
         let ddp = DistributedDataParallel::new(model, comm.clone(), config)?;
         Ok(Strategy::Ddp { ddp: Box::new(ddp), comm, _keep: Box::new((store, heap)) })
@@ -85,8 +85,9 @@ impl<M: Module> Strategy<M> {
             Strategy::Single(_) => Ok(values.to_vec()),
             Strategy::Ddp { comm, .. } => {
                 let v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
-                let t = Tensor::from_vec(v, [values.len()], Device::Cpu)
-                    .map_err(|e| CommError::Unsupported(format!("the values to sum: {e}")))?;
+                // A host vector of its own length: this cannot fail.
+                let t =
+                    Tensor::from_vec(v, [values.len()], Device::Cpu).expect("a host tensor of the values");
                 comm.all_reduce(&t, ReduceOp::Sum).and_then(|w| w.wait())?;
                 Ok(t.to_vec::<f32>().into_iter().map(f64::from).collect())
             }

@@ -24,7 +24,7 @@ use oxtrain_autograd::Var;
 use oxtrain_bench::{
     git_commit, load_average, median, today, torchrun_command, Benchmark, OtherLoad, Report,
 };
-use oxtrain_comm::ddp::{Ddp, DdpConfig};
+use oxtrain_ddp::{Ddp, DdpConfig};
 use oxtrain_models::resnet::{ResNet, ResNetConfig};
 use oxtrain_nn::optim::{Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{loss, Module};

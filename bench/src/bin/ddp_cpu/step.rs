@@ -15,8 +15,8 @@
 //!   interleave lines), else prints it.
 
 use oxtrain_bench::median;
-use oxtrain_comm::ddp::{Ddp, DdpConfig};
 use oxtrain_comm::Communicator;
+use oxtrain_ddp::{Ddp, DdpConfig};
 use oxtrain_nn::optim::{Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{loss, Module};
 use serde_json::{json, Value};

@@ -1,14 +1,13 @@
 //! DDP across processes on the `shm` backend: 2 and 3 ranks train a small CNN (SGD momentum)
 //! and a small Transformer (AdamW) for 5 steps from different initial weights; every rank
 //! ends with the same parameters bit for bit, equal to one process on the combined batch.
-#![cfg(feature = "ddp")]
 
 mod common;
 
 use common::ddp_train::{self as t, Model, Opt};
 use common::procs::{assert_all_succeeded, child_role, spawn_ranks};
-use oxtrain_comm::ddp::DdpConfig;
 use oxtrain_comm::{shm, CommOptions, Communicator, ShmOptions, TcpStore};
+use oxtrain_ddp::DdpConfig;
 use std::sync::Arc;
 use std::time::Duration;
 

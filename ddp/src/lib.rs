@@ -3,7 +3,7 @@
 //! all-reduce overlapped with the backward pass, as PyTorch's `DistributedDataParallel`.
 //!
 //! ```no_run
-//! # use oxtrain_comm::ddp::{Ddp, DdpConfig};
+//! # use oxtrain_ddp::{Ddp, DdpConfig};
 //! # fn demo(model: oxtrain_nn::Linear, x: oxtrain_autograd::Var) -> Result<(), Box<dyn std::error::Error>> {
 //! let pg = oxtrain_comm::init_from_env()?;             // torchrun / mpirun / srun variables
 //! let ddp = Ddp::new(model, pg.comm, DdpConfig::default())?;
@@ -17,20 +17,23 @@
 //! - [`sync_batch_norm`]: batch norm with statistics over every rank's batch.
 //! - [`trace`]: the spans of each step as Chrome trace JSON, and [`StepStats`].
 
+#![doc = include_str!("../README.md")]
+
 mod bucket;
+mod error;
 mod options;
 mod reducer;
 mod state_sync;
 mod sync_batch_norm;
 mod trace;
 
+pub use error::{DdpError, Result};
 pub use options::{Compression, DdpConfig, Reduction};
 pub use sync_batch_norm::{convert_sync_batchnorm, SyncBatchNorm};
 pub use trace::StepStats;
 
-use crate::Communicator;
-use crate::{CommError, Result};
 use oxtrain_autograd::{is_grad_enabled, HookHandle, Var};
+use oxtrain_comm::Communicator;
 use oxtrain_nn::{Forward, Module, TrainingFlag, Visitor};
 use reducer::Reducer;
 use std::path::Path;
@@ -92,19 +95,13 @@ impl<M: Module> DistributedDataParallel<M> {
             [("bucket_cap_mb", config.bucket_cap_mb), ("first_bucket_cap_mb", config.first_bucket_cap_mb)]
         {
             if !(mb.is_finite() && mb > 0.0) {
-                return Err(CommError::Unsupported(format!(
-                    "DdpConfig: {what} must be a positive number of MiB, got {mb}"
-                )));
+                return Err(DdpError::BadBucketCap { field: what, value: mb });
             }
         }
         let named = module.named_parameters();
         let (names, params): (Vec<String>, Vec<Var>) = named.into_iter().unzip();
         if let Some((i, p)) = params.iter().enumerate().find(|(_, p)| !reducer::reducible(p.dtype())) {
-            return Err(CommError::Unsupported(format!(
-                "DDP: parameter `{}` has dtype {}; only floating-point parameters can be reduced",
-                names[i],
-                p.dtype()
-            )));
+            return Err(DdpError::NotReducible { name: names[i].clone(), dtype: p.dtype() });
         }
         let param_tensors: Vec<(String, _)> =
             names.iter().cloned().zip(params.iter().map(|p| p.tensor().clone())).collect();

@@ -2,8 +2,8 @@
 //! the same deterministic data, split by rank, and helpers that compare the results.
 
 use oxtrain_autograd::Var;
-use oxtrain_comm::ddp::{Ddp, DdpConfig};
 use oxtrain_comm::Communicator;
+use oxtrain_ddp::{Ddp, DdpConfig};
 use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{
     AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Embedding, Flatten, Forward, LayerNorm, Linear,

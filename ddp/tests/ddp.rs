@@ -1,13 +1,12 @@
 //! DDP on the `local` backend (ranks as threads): data-parallel training equals one process on
 //! the combined batch, every rank ends bit-identical, and the reducer's contracts (no copy,
 //! overlap read from the trace, no_sync, bf16 compression, unused and mismatched parameters).
-#![cfg(feature = "ddp")]
 
 mod common;
 
 use common::ddp_train::{self as t, Model, Opt};
-use oxtrain_comm::ddp::{convert_sync_batchnorm, Compression, Ddp, DdpConfig};
 use oxtrain_comm::{Communicator, ShmOptions};
+use oxtrain_ddp::{convert_sync_batchnorm, Compression, Ddp, DdpConfig};
 use oxtrain_nn::Module;
 use std::sync::Arc;
 

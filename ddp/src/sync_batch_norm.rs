@@ -8,10 +8,9 @@
 //! panic inside forward or backward: forward falls back to local statistics, and the error is
 //! what `loss.try_backward()` returns.
 
-use crate::CommError;
-use crate::Communicator;
-use crate::ReduceOp;
+use crate::DdpError;
 use oxtrain_autograd::{in_backward, queue_callback, BackwardError, Var};
+use oxtrain_comm::{Communicator, ReduceOp};
 use oxtrain_nn::{BatchNorm2d, BatchNormConfig, CrossReplicaNorm, Module};
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::sync::{Arc, Mutex};
@@ -21,7 +20,7 @@ use std::sync::{Arc, Mutex};
 pub struct SyncBatchNorm {
     comm: Arc<dyn Communicator>,
     /// A failure in a forward, reported at the next backward.
-    failed: Arc<Mutex<Option<CommError>>>,
+    failed: Arc<Mutex<Option<DdpError>>>,
 }
 
 impl SyncBatchNorm {
@@ -53,13 +52,13 @@ impl SyncBatchNorm {
         match self.comm.all_reduce(t, ReduceOp::Sum).and_then(|w| w.wait()) {
             Ok(()) => true,
             Err(e) => {
-                *failed = Some(e);
+                *failed = Some(e.into());
                 false
             }
         }
     }
 
-    fn report_failure(failed: &Arc<Mutex<Option<CommError>>>) {
+    fn report_failure(failed: &Arc<Mutex<Option<DdpError>>>) {
         if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
             if in_backward() {
                 queue_callback(move || Err(BackwardError::new(e)));

@@ -2,8 +2,9 @@
 //! (before any collective whose size depends on it), and coalesced broadcasts of parameters
 //! and buffers.
 
-use crate::Communicator;
-use crate::{CommError, Result};
+use crate::error::tensor_error;
+use crate::{DdpError, Result};
+use oxtrain_comm::Communicator;
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::hash::{Hash, Hasher};
 
@@ -55,17 +56,19 @@ pub(crate) fn check_same_model(
     // As 16-bit pieces in f32 (exact), since some backends (nvshmem) move float dtypes only.
     let pieces: Vec<f32> = mine.iter().flat_map(|&v| to_pieces(v)).collect();
     let n = pieces.len();
-    let input = Tensor::from_vec(pieces, n, Device::Cpu).map_err(io("the model signature"))?;
-    let output = Tensor::zeros(n * world, DType::F32, Device::Cpu).map_err(io("the model signature"))?;
+    let input = Tensor::from_vec(pieces, n, Device::Cpu).map_err(tensor_error("the model signature"))?;
+    let output =
+        Tensor::zeros(n * world, DType::F32, Device::Cpu).map_err(tensor_error("the model signature"))?;
     let (input, output) = match device_of(params) {
         Device::Cpu => (input, output),
         d => (
-            input.to_device(d).map_err(io("the model signature"))?,
-            output.to_device(d).map_err(io("the model signature"))?,
+            input.to_device(d).map_err(tensor_error("the model signature"))?,
+            output.to_device(d).map_err(tensor_error("the model signature"))?,
         ),
     };
     comm.all_gather(&output, &input)?.synchronize()?;
-    let gathered: Vec<f32> = output.to_device(Device::Cpu).map_err(io("the model signature"))?.to_vec();
+    let gathered: Vec<f32> =
+        output.to_device(Device::Cpu).map_err(tensor_error("the model signature"))?.to_vec();
     let all: Vec<i64> = gathered.chunks(PIECES).map(from_pieces).collect();
     let first = &all[0..5];
     for r in 1..world {
@@ -77,10 +80,7 @@ pub(crate) fn check_same_model(
             } else {
                 format!("{} against rank 0's {}", describe(other), describe(first))
             };
-            return Err(CommError::Unsupported(format!(
-                "DDP: rank {r} wraps a different model than rank 0 ({how}); every rank must build the same \
-                 model (same architecture and configuration) before wrapping it"
-            )));
+            return Err(DdpError::DifferentModel { rank: r, how });
         }
     }
     Ok(())
@@ -100,10 +100,6 @@ fn from_pieces(p: &[f32]) -> i64 {
 
 fn device_of(tensors: &[(String, Tensor)]) -> Device {
     tensors.first().map(|(_, t)| t.device()).unwrap_or(Device::Cpu)
-}
-
-fn io(what: &'static str) -> impl Fn(oxtrain_tensor::Error) -> CommError {
-    move |e| CommError::Io { what: what.to_string(), message: e.to_string() }
 }
 
 /// Every rank's `tensors` become rank `src`'s, in one broadcast per dtype and device (the
@@ -147,23 +143,24 @@ fn broadcast_integers(
     src: usize,
     device: Device,
 ) -> Result<Tensor> {
-    let host = packed.to_device(Device::Cpu).map_err(io("integer buffers"))?;
+    let host = packed.to_device(Device::Cpu).map_err(tensor_error("integer buffers"))?;
     let values: Vec<i64> = host.to_dtype(DType::I64).to_vec();
     let pieces: Vec<f32> = values.iter().flat_map(|&v| to_pieces(v)).collect();
     let n = pieces.len();
-    let mut t = Tensor::from_vec(pieces, n, Device::Cpu).map_err(io("integer buffers"))?;
+    let mut t = Tensor::from_vec(pieces, n, Device::Cpu).map_err(tensor_error("integer buffers"))?;
     if device != Device::Cpu {
-        t = t.to_device(device).map_err(io("integer buffers"))?;
+        t = t.to_device(device).map_err(tensor_error("integer buffers"))?;
     }
     comm.broadcast(&t, src)?.synchronize()?;
-    let got: Vec<f32> = t.to_device(Device::Cpu).map_err(io("integer buffers"))?.to_vec();
+    let got: Vec<f32> = t.to_device(Device::Cpu).map_err(tensor_error("integer buffers"))?.to_vec();
     let decoded: Vec<i64> = got.chunks(PIECES).map(from_pieces).collect();
     let len = decoded.len();
-    let out =
-        Tensor::from_vec(decoded, len, Device::Cpu).map_err(io("integer buffers"))?.to_dtype(packed.dtype());
+    let out = Tensor::from_vec(decoded, len, Device::Cpu)
+        .map_err(tensor_error("integer buffers"))?
+        .to_dtype(packed.dtype());
     match device {
         Device::Cpu => Ok(out),
-        d => out.to_device(d).map_err(io("integer buffers")),
+        d => out.to_device(d).map_err(tensor_error("integer buffers")),
     }
 }
 

@@ -10,11 +10,10 @@
 use super::bucket::{view_of, Bucket, Slot};
 use super::trace::{Recorder, StepStats};
 use super::{Compression, Reduction};
-use crate::CommError;
-use crate::Communicator;
-use crate::ReduceOp;
-use crate::Work;
+use crate::error::tensor_error;
+use crate::DdpError;
 use oxtrain_autograd::{in_backward, queue_callback, BackwardError, Var};
+use oxtrain_comm::{Communicator, ReduceOp, Work};
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -35,7 +34,7 @@ struct Pass {
     in_flight: Vec<Option<InFlight>>,
     /// A failure of a launch or of the forward's buffer broadcast, returned at the end of
     /// backward.
-    error: Option<CommError>,
+    error: Option<DdpError>,
     backward_start: Option<Instant>,
     last_ready: Option<Instant>,
     forward: Duration,
@@ -146,7 +145,7 @@ impl Reducer {
     }
 
     /// A failure before backward (the buffer broadcast), returned at the end of backward.
-    pub fn record_error(&self, e: CommError) {
+    pub fn record_error(&self, e: DdpError) {
         self.pass().error.get_or_insert(e);
     }
 
@@ -191,12 +190,7 @@ impl Reducer {
         p.backward_start.get_or_insert(now);
         p.last_ready = Some(now);
         if p.ready[i] {
-            p.error.get_or_insert(CommError::Unsupported(format!(
-                "DDP: parameter `{}` got its gradient twice in one backward pass (a second backward through \
-                 the same graph with retain_graph, or the parameter reached twice by autograd); DDP reduces each \
-                 gradient once per backward: accumulate over several backward passes inside ddp.no_sync(..) instead",
-                self.names[i]
-            )));
+            p.error.get_or_insert(DdpError::GradientTwice(self.names[i].clone()));
             return;
         }
         p.ready[i] = true;
@@ -232,13 +226,14 @@ impl Reducer {
             Reduction::Mean => ReduceOp::Avg,
             Reduction::Sum => ReduceOp::Sum,
         };
-        match (&bucket.compressed, self.compression) {
+        let work = match (&bucket.compressed, self.compression) {
             (Some(c), Compression::Bf16) => {
                 c.copy_(&bucket.flat);
                 self.comm.all_reduce(c, op)
             }
             _ => self.comm.all_reduce(&bucket.flat, op),
-        }
+        };
+        Ok(work?)
     }
 
     /// The end of backward: launches what is left (unused parameters), waits for every
@@ -271,15 +266,12 @@ impl Reducer {
             let map: Vec<f32> = p.used.iter().map(|&u| if u { 1.0 } else { 0.0 }).collect();
             let device = self.buckets.first().map(|b| b.flat.device()).unwrap_or(Device::Cpu);
             match Tensor::from_vec(map, self.params.len(), Device::Cpu)
-                .map_err(|e| CommError::Io { what: "the used-parameter map".into(), message: e.to_string() })
+                .map_err(tensor_error("the used-parameter map"))
                 .and_then(|t| match device {
                     Device::Cpu => Ok(t),
-                    d => t.to_device(d).map_err(|e| CommError::Io {
-                        what: "the used-parameter map".into(),
-                        message: e.to_string(),
-                    }),
+                    d => t.to_device(d).map_err(tensor_error("the used-parameter map")),
                 })
-                .and_then(|t| self.comm.all_reduce(&t, ReduceOp::Max).map(|w| (t, w)))
+                .and_then(|t| Ok(self.comm.all_reduce(&t, ReduceOp::Max).map(|w| (t, w))?))
             {
                 Ok((t, w)) => used_map = Some((t, w)),
                 Err(e) => {
@@ -315,14 +307,14 @@ impl Reducer {
                 ],
             );
             if let Err(e) = result {
-                wait_error.get_or_insert(e);
+                wait_error.get_or_insert(DdpError::from(e));
             }
         }
         let used = match used_map {
             Some((t, w)) => match w.wait() {
                 Ok(()) => Some(t.to_device(Device::Cpu).map(|t| t.to_vec::<f32>()).unwrap_or_default()),
                 Err(e) => {
-                    wait_error.get_or_insert(e);
+                    wait_error.get_or_insert(DdpError::from(e));
                     None
                 }
             },

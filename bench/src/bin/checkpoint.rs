@@ -10,7 +10,7 @@
 //!   to host memory and the hand-off to the writer thread), against the 50 ms budget
 //!   (ratio = budget / stall).
 //!
-//! Run `cargo bench -p oxtrain --bench checkpoint [-- DIR]`, where DIR
+//! Run `cargo run --release -p oxtrain-bench --bin checkpoint [-- DIR]`, where DIR
 //! (default: the system temp dir) is the folder to write into; writes
 //! `bench/results/checkpoint.json`.
 
@@ -183,8 +183,8 @@ fn main() {
         ],
     };
     println!("{}", serde_json::to_string_pretty(&report.to_json()).unwrap());
-    // `cargo bench` runs this from the package's folder (train/), a user may run the binary
-    // from the repository root: the results folder is beside either.
+    // `cargo run` keeps the caller's folder: the repository root, or bench/ for a user who
+    // runs it from there.
     match ["bench/results", "../bench/results"].iter().map(Path::new).find(|d| d.is_dir()) {
         Some(dir) => {
             let file = dir.join("checkpoint.json").display().to_string();

@@ -8,9 +8,9 @@
 //! parameter's gradient is a view into it (gradient as bucket view): backward accumulates
 //! straight into bucket memory.
 
-use crate::Communicator;
 use crate::Result;
 use oxtrain_autograd::Var;
+use oxtrain_comm::Communicator;
 use oxtrain_tensor::{DType, Device, Tensor};
 
 /// Gradient views start on 64-byte boundaries, so a vectorised kernel reading one gradient

@@ -1,0 +1,47 @@
+//! The one error type of oxtrain-ddp: what a wrapper or a step can refuse, each with the
+//! fields a caller may match on, and the collective's own error as a source.
+
+use oxtrain_comm::CommError;
+use oxtrain_tensor::DType;
+
+/// Why DDP could not wrap a model or reduce a step's gradients.
+#[derive(Debug, thiserror::Error)]
+pub enum DdpError {
+    /// A collective failed (a peer died, a timeout, a backend error).
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// A bucket capacity in [`crate::DdpConfig`] is zero, negative or not a number.
+    #[error("DdpConfig: {field} must be a positive number of MiB, got {value}")]
+    BadBucketCap { field: &'static str, value: f64 },
+    /// Only floating-point parameters can be averaged across ranks.
+    #[error("DDP: parameter `{name}` has dtype {dtype}; only floating-point parameters can be reduced")]
+    NotReducible { name: String, dtype: DType },
+    /// Rank `rank` wraps another architecture or configuration than rank 0.
+    #[error(
+        "DDP: rank {rank} wraps a different model than rank 0 ({how}); every rank must build the same \
+         model (same architecture and configuration) before wrapping it"
+    )]
+    DifferentModel { rank: usize, how: String },
+    /// One backward pass produced a parameter's gradient twice.
+    #[error(
+        "DDP: parameter `{0}` got its gradient twice in one backward pass (a second backward through the \
+         same graph with retain_graph, or the parameter reached twice by autograd); DDP reduces each \
+         gradient once per backward: accumulate over several backward passes inside ddp.no_sync(..) instead"
+    )]
+    GradientTwice(String),
+    /// Moving or packing a tensor the reducer needs failed (device memory, a dead device).
+    #[error("DDP: {what}: {source}")]
+    Tensor {
+        what: &'static str,
+        #[source]
+        source: oxtrain_tensor::Error,
+    },
+}
+
+/// Results of this crate.
+pub type Result<T, E = DdpError> = std::result::Result<T, E>;
+
+/// The [`DdpError::Tensor`] for a failure while handling `what`.
+pub(crate) fn tensor_error(what: &'static str) -> impl Fn(oxtrain_tensor::Error) -> DdpError {
+    move |source| DdpError::Tensor { what, source }
+}

@@ -2,23 +2,10 @@
 //! whose every part checks out against its manifest, with the reason each newer one was skipped.
 
 use super::error::{io, Result};
+use super::layout::{parse_step_dir as parse, part_name};
 use super::manifest::{verify, Manifest, Problem};
 use std::fmt;
 use std::path::{Path, PathBuf};
-
-/// The name of step `step`'s directory (rank 0's part): `step-000100`.
-pub fn step_dir_name(step: u64) -> String {
-    format!("step-{step:06}")
-}
-
-/// The name of rank `rank`'s part of step `step`: rank 0's is the step directory itself,
-/// the others sit beside it (`step-000100.rank-1`), each committed on its own.
-pub fn part_name(step: u64, rank: usize) -> String {
-    match rank {
-        0 => step_dir_name(step),
-        r => format!("{}.rank-{r}", step_dir_name(step)),
-    }
-}
 
 /// What lies in a checkpoint folder for one step.
 #[derive(Debug, Clone)]
@@ -27,19 +14,6 @@ pub(crate) struct Entry {
     pub path: PathBuf,
     /// A temporary directory left by a write that never finished.
     pub partial: bool,
-}
-
-/// Parses `step-000100` (a committed step) or `.step-000100.tmp-...` (an unfinished write).
-fn parse(name: &str) -> Option<(u64, bool)> {
-    if let Some(digits) = name.strip_prefix("step-") {
-        return digits.parse().ok().map(|s| (s, false));
-    }
-    let rest = name.strip_prefix(".step-")?;
-    let (digits, tail) = rest.split_once('.')?;
-    if tail.starts_with("tmp-") {
-        return digits.parse().ok().map(|s| (s, true));
-    }
-    None
 }
 
 /// Step directories and unfinished writes of rank 0, newest step first.

@@ -33,7 +33,7 @@ pub fn export(checkpoint: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Exp
         (checkpoint.to_path_buf(), m)
     } else {
         // A run's folder (`log.dir`) holds its checkpoints in `checkpoints/`.
-        let runs_checkpoints = checkpoint.join("checkpoints");
+        let runs_checkpoints = checkpoint.join(super::layout::CHECKPOINTS_DIR);
         let folder = if runs_checkpoints.is_dir() { runs_checkpoints } else { checkpoint.to_path_buf() };
         let found = latest_valid(&folder)?;
         let why =

@@ -1,7 +1,8 @@
 //! Reading a checkpoint back and restoring it into the live objects of a run.
 
-use super::discover::{part_name, verify_checkpoint};
+use super::discover::verify_checkpoint;
 use super::error::{io, CheckpointError, Result};
+use super::layout::part_name;
 use super::manifest::{verify, Manifest};
 use super::snapshot::{
     rank_file, RankState, TrainerState, CONFIG_FILE, GROUPS_KEY, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE,

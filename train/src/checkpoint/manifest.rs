@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::Path;
 use xxhash_rust::xxh3::Xxh3;
 
-pub const MANIFEST: &str = "manifest.json";
+pub use super::layout::MANIFEST;
 pub const FORMAT: &str = "oxtrain-checkpoint";
 /// Bumped when the layout changes in a way older readers cannot follow.
 pub const VERSION: u32 = 1;

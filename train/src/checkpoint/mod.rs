@@ -73,8 +73,10 @@ mod durable;
 mod error;
 mod export;
 mod image;
+pub mod layout;
 mod load;
 pub mod manifest;
+mod model_folder;
 mod retention;
 mod session;
 mod snapshot;
@@ -82,13 +84,17 @@ mod triggers;
 mod write;
 mod writer;
 
-pub use discover::{latest_valid, part_name, step_dir_name, verify_checkpoint, Discovery, Skipped};
+pub use discover::{latest_valid, verify_checkpoint, Discovery, Skipped};
 pub use error::{CheckpointError, Result};
 pub use export::{export, Exported};
+pub use layout::{
+    part_name, rank_file, step_dir_name, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE,
+};
 pub use load::Checkpoint;
 pub use manifest::{Manifest, Problem};
+pub use model_folder::write_model_folder;
 pub use retention::to_remove;
-pub use snapshot::{rank_file, Snapshot, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE};
+pub use snapshot::Snapshot;
 pub use triggers::{SavePolicy, SaveReason, SaveTriggers};
 pub use write::{ProgressFn, WriteProgress};
 pub use writer::{CheckpointConfig, Checkpointer, Saved};

@@ -3,8 +3,8 @@
 //! ones, the manifest, and the commit. A snapshot dropped unsaved is discarded together with
 //! what was written of it.
 
-use super::discover::part_name;
 use super::error::{io, CheckpointError, Result};
+use super::layout::part_name;
 use super::manifest::FileEntry;
 use super::snapshot::{Snapshot, Staging};
 use super::write::{available_bytes, commit, is_disk_full, Content, PartFile, PartInfo, PartWrite};

@@ -18,16 +18,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub const MODEL_FILE: &str = "model.safetensors";
-pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
-pub const TRAINER_FILE: &str = "trainer.json";
-pub const CONFIG_FILE: &str = "config.toml";
+pub use super::layout::{rank_file, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE};
 /// The optimizer's param_groups JSON, in the safetensors metadata (as `OptimizerState::save`).
 pub(crate) const GROUPS_KEY: &str = "param_groups";
-
-pub fn rank_file(rank: usize) -> String {
-    format!("rank-{rank}.json")
-}
 
 /// The replicated, small state of rank 0: `trainer.json`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

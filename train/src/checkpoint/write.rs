@@ -69,10 +69,7 @@ pub(crate) struct PartWrite {
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// The prefix of `name`'s temporary directories (hidden, so tools listing checkpoints skip them).
-pub(crate) fn temp_prefix(name: &str) -> String {
-    format!(".{name}.tmp-")
-}
+pub(crate) use super::layout::temp_prefix;
 
 impl PartWrite {
     /// Creates a fresh temporary directory for the part `name` in `parent`.
@@ -187,7 +184,7 @@ pub(crate) fn commit(temp: &Path, target: &Path) -> Result<()> {
     let parent = target.parent().expect("a part has a parent folder");
     let aside = target.exists().then(|| {
         let name = target.file_name().expect("a part has a name").to_string_lossy();
-        parent.join(format!(".{name}.replaced-{}", std::process::id()))
+        parent.join(super::layout::replaced_name(&name))
     });
     if let Some(aside) = &aside {
         std::fs::rename(target, aside).map_err(io(target, "moving the older copy of this step aside"))?;

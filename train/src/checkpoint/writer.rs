@@ -3,8 +3,9 @@
 //! and the pruning, while training goes on. One save is in flight at a time; the next snapshot
 //! waits for it, and its error (if any) comes back then or at `finish`.
 
-use super::discover::{list, part_name, remove_stale_temps};
+use super::discover::{list, remove_stale_temps};
 use super::error::{CheckpointError, Result};
+use super::layout::part_name;
 use super::retention::to_remove;
 use super::session::Session;
 use super::snapshot::{HandOver, Snapshot, Staging};

@@ -35,7 +35,7 @@ use std::time::Duration;
 /// The run's checkpoint folder: `checkpoint.dir`, or `<log.dir>/checkpoints`.
 pub fn checkpoint_dir(config: &Config) -> PathBuf {
     match config.checkpoint.dir.as_str() {
-        "" => PathBuf::from(&config.log.dir).join("checkpoints"),
+        "" => PathBuf::from(&config.log.dir).join(crate::checkpoint::layout::CHECKPOINTS_DIR),
         d => PathBuf::from(d),
     }
 }

@@ -8,6 +8,7 @@ use super::checkpointing::{self, Counters, RunState, Saver};
 use super::nonfinite::{NonFiniteGuard, Verdict};
 use super::window::LossWindow;
 use super::{optim, run_dir, Summary};
+use crate::checkpoint::layout::final_dir_name;
 use crate::checkpoint::SaveReason;
 use crate::config::{Config, PrecisionDtype};
 use crate::metrics::{unix_time, EvalRecord, MetricsLog, Progress, StepRecord};
@@ -445,9 +446,14 @@ impl<'a, T: Task> Trainer<'a, T> {
         self.saver = Some(saver);
         let (config, rank) = (self.config, self.strategy.rank());
         let model_dir = if config.checkpoint.at_end && (rank == 0 || config.checkpoint.all_ranks) {
-            let name = if rank == 0 { "final".to_string() } else { format!("final-rank{rank}") };
-            let dir = super::checkpoint_dir(config).join(name);
-            Some(super::write_model_dir(&dir, self.strategy.module(), config)?)
+            let dir = super::checkpoint_dir(config).join(final_dir_name(rank));
+            Some(super::write_model_dir(
+                &dir,
+                self.strategy.module(),
+                config,
+                step as u64,
+                last_epoch as u64,
+            )?)
         } else {
             None
         };

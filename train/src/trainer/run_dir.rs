@@ -4,6 +4,7 @@
 //! new checkpoints beside old ones would make a later `--resume` mix two runs.
 
 use super::{checkpoint_dir, TrainError};
+use crate::checkpoint::layout::is_run_output;
 use crate::config::Config;
 use std::path::{Path, PathBuf};
 
@@ -19,10 +20,7 @@ pub(crate) fn earlier_run(config: &Config) -> Vec<PathBuf> {
     if let Ok(entries) = std::fs::read_dir(&dir) {
         let mut saved: Vec<PathBuf> = entries
             .flatten()
-            .filter(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.starts_with("step-") || name.starts_with("final")
-            })
+            .filter(|e| is_run_output(&e.file_name().to_string_lossy()))
             .map(|e| e.path())
             .collect();
         saved.sort();

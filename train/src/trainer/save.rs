@@ -2,29 +2,22 @@
 //! `config.toml` (the resolved config), the part of a checkpoint that `oxtrain eval` reads.
 
 use super::TrainError;
-use crate::checkpoint::manifest::MANIFEST;
-use crate::checkpoint::{verify_checkpoint, CheckpointError, CONFIG_FILE, MODEL_FILE};
+use crate::checkpoint::layout::{CHECKPOINTS_DIR, CONFIG_FILE, FINAL_DIR, MANIFEST, MODEL_FILE};
+use crate::checkpoint::{verify_checkpoint, write_model_folder, CheckpointError};
 use crate::config::Config;
 use oxtrain_nn::Module;
 use std::path::{Path, PathBuf};
 
-/// Writes `dir` atomically: into a temporary folder beside it, then renamed over it.
-pub fn write_model_dir<M: Module>(dir: &Path, model: &M, config: &Config) -> Result<PathBuf, TrainError> {
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| TrainError::output(parent, e))?;
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| TrainError::output(&tmp, e))?;
-    let weights = tmp.join("model.safetensors");
-    model.save_safetensors(&weights).map_err(|e| TrainError::output(&weights, e))?;
-    let cfg = tmp.join("config.toml");
-    std::fs::write(&cfg, config.to_toml()).map_err(|e| TrainError::output(&cfg, e))?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| TrainError::output(dir, e))?;
-    }
-    std::fs::rename(&tmp, dir).map_err(|e| TrainError::output(dir, e))?;
-    Ok(dir.to_path_buf())
+/// Writes the model folder `dir` (weights, config, manifest) with the checkpoints' durable
+/// writer: complete or not there, and verified by whoever reads it.
+pub fn write_model_dir<M: Module>(
+    dir: &Path,
+    model: &M,
+    config: &Config,
+    step: u64,
+    epoch: u64,
+) -> Result<PathBuf, TrainError> {
+    Ok(write_model_folder(dir, model, &config.to_toml(), step, epoch)?)
 }
 
 /// The config of a model folder (or checkpoint) and the path of its weights. A checkpoint's
@@ -45,16 +38,18 @@ pub fn read_model_dir(dir: &Path) -> Result<(Config, PathBuf), TrainError> {
 
 /// What `dir` is instead of a model folder, and what to pass.
 fn not_a_model(dir: &Path) -> String {
-    let folder = "--checkpoint takes a folder with model.safetensors and config.toml: a run's \
-                  checkpoints/final or one of its checkpoints/step-NNNNNN";
+    let folder = format!(
+        "--checkpoint takes a folder with {MODEL_FILE} and {CONFIG_FILE}: a run's \
+         {CHECKPOINTS_DIR}/{FINAL_DIR} or one of its {CHECKPOINTS_DIR}/step-NNNNNN"
+    );
     if !dir.exists() {
         return format!("it does not exist; {folder}");
     }
     if !dir.is_dir() {
         return format!("it is a file; {folder}");
     }
-    for inner in ["final", "checkpoints/final"] {
-        if dir.join(inner).join(MODEL_FILE).is_file() {
+    for inner in [Path::new(FINAL_DIR).to_path_buf(), Path::new(CHECKPOINTS_DIR).join(FINAL_DIR)] {
+        if dir.join(&inner).join(MODEL_FILE).is_file() {
             return format!(
                 "it holds a run; evaluate its final model with --checkpoint {}",
                 dir.join(inner).display()

@@ -7,6 +7,15 @@
 //! GPU backends (`--backend nccl,nvshmem`, see `gpu.rs`) start one process per GPU (this
 //! program again, with torchrun's variables), time with CUDA events on the communication
 //! stream, and with `--compare nccl` emit the NVSHMEM-vs-NCCL entries of the results file.
+//!
+//! Variables it reads (set by it for its children, or by the user):
+//! - `OXTRAIN_COMMIT`: the commit written into results files (default `git rev-parse --short
+//!   HEAD`; a copied tree may carry a stale `.git`).
+//! - `OXTRAIN_BENCH_RANK`, `OXTRAIN_BENCH_WORLD`, `OXTRAIN_BENCH_STORE_PORT`: how the CPU
+//!   sweep's parent tells each child process its rank, the world and the store.
+//! - `OXTRAIN_BENCH_GPU_CHILD`: marks a GPU sweep's child process.
+//! - `OXTRAIN_BENCH_NCCL_DESTROY`: set, the NCCL communicator is destroyed at the end of a GPU
+//!   sweep (default: left to exit).
 
 mod gpu;
 

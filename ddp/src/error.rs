@@ -29,6 +29,35 @@ pub enum DdpError {
          gradient once per backward: accumulate over several backward passes inside ddp.no_sync(..) instead"
     )]
     GradientTwice(String),
+    /// A [`crate::ZeroOptimizer`] over a wrapper made without `shard_optimizer`.
+    #[error(
+        "ZeroOptimizer: the DDP wrapper reduces whole gradients; wrap the model with \
+         DdpConfig {{ shard_optimizer: true, .. }} so its buckets are reduce-scattered into shards"
+    )]
+    NotSharded,
+    /// Sharding and bf16 compression together.
+    #[error(
+        "DDP: shard_optimizer does not combine with bf16 gradient compression yet; turn one of them off"
+    )]
+    ShardedCompression,
+    /// A parameter whose memory is not one contiguous block cannot be sliced into shards.
+    #[error(
+        "ZeroOptimizer: parameter `{0}` is not contiguous, so its shard cannot be a view of it; make \
+         the module's parameters contiguous (`.contiguous()` before wrapping) or leave shard_optimizer off"
+    )]
+    NotContiguous(String),
+    /// A parameter group names a parameter the wrapped module does not have.
+    #[error(
+        "ZeroOptimizer: a parameter of shape {shape:?} in the groups is not one of the wrapped module's \
+         parameters; build the groups from ddp.module().parameters() or named_parameters()"
+    )]
+    NotInModel { shape: Vec<usize> },
+    /// An optimizer whose update needs whole parameters (LARS's per-parameter norms).
+    #[error(
+        "ZeroOptimizer: {0} needs each parameter whole (LARS's trust ratio is a per-parameter norm), \
+         but a shard holds slices of parameters; use SGD or AdamW with shard_optimizer, or leave it off"
+    )]
+    NeedsWholeParameters(&'static str),
     /// Moving or packing a tensor the reducer needs failed (device memory, a dead device).
     #[error("DDP: {what}: {source}")]
     Tensor {

@@ -26,11 +26,13 @@ mod reducer;
 mod state_sync;
 mod sync_batch_norm;
 mod trace;
+mod zero;
 
 pub use error::{DdpError, Result};
 pub use options::{Compression, DdpConfig, Reduction};
 pub use sync_batch_norm::{convert_sync_batchnorm, SyncBatchNorm};
 pub use trace::StepStats;
+pub use zero::ZeroOptimizer;
 
 use oxtrain_autograd::{is_grad_enabled, HookHandle, Var};
 use oxtrain_comm::Communicator;
@@ -116,6 +118,10 @@ impl<M: Module> DistributedDataParallel<M> {
         let assignment = bucket::assign(&sizes, mib(config.first_bucket_cap_mb), mib(config.bucket_cap_mb));
         let compress = config.compression == Compression::Bf16;
         let (buckets, slots) = bucket::build(&*comm, &params, &assignment, compress)?;
+        let shards = match config.shard_optimizer {
+            true => Some(zero::GradShards::new(&*comm, &buckets, config.compression)?),
+            false => None,
+        };
         let trace = trace::Recorder::new(comm.rank(), config.trace.is_some());
         let reducer = Arc::new(Reducer::new(
             comm.clone(),
@@ -127,6 +133,7 @@ impl<M: Module> DistributedDataParallel<M> {
             config.compression,
             config.find_unused_parameters,
             trace,
+            shards,
         ));
         let hooks = reducer
             .params
@@ -250,6 +257,10 @@ impl<M: Module> DistributedDataParallel<M> {
     pub fn bucket_layout(&self) -> Vec<Vec<String>> {
         let r = &self.attachment.reducer;
         r.buckets.iter().map(|b| b.params.iter().map(|&i| r.names[i].clone()).collect()).collect()
+    }
+
+    pub(crate) fn reducer(&self) -> &Arc<Reducer> {
+        &self.attachment.reducer
     }
 
     /// The flat gradient memory of bucket `b` (its parameters' `.grad()` are views into it).

@@ -40,6 +40,10 @@ pub struct DdpConfig {
     /// Write the Chrome trace of every step here when the wrapper is dropped (per rank:
     /// `trace.rank3.json`); `Default` takes it from `OXTRAIN_TRACE`.
     pub trace: Option<PathBuf>,
+    /// ZeRO-1: each bucket's gradients are reduce-scattered instead of all-reduced, and a
+    /// [`crate::ZeroOptimizer`] steps only this rank's shard of each bucket, then all-gathers
+    /// the parameters (`ddp.shard_optimizer` in a run's config).
+    pub shard_optimizer: bool,
 }
 
 impl Default for DdpConfig {
@@ -52,6 +56,7 @@ impl Default for DdpConfig {
             reduction: Reduction::Mean,
             compression: Compression::None,
             trace: std::env::var_os("OXTRAIN_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from),
+            shard_optimizer: false,
         }
     }
 }

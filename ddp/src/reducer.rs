@@ -9,6 +9,7 @@
 
 use super::bucket::{view_of, Bucket, Slot};
 use super::trace::{Recorder, StepStats};
+use super::zero::GradShards;
 use super::{Compression, Reduction};
 use crate::error::tensor_error;
 use crate::DdpError;
@@ -85,6 +86,8 @@ pub(crate) struct Reducer {
     pub compression: Compression,
     pub find_unused: bool,
     pub trace: Recorder,
+    /// ZeRO-1: each bucket is reduce-scattered into this rank's shard instead of all-reduced.
+    pub shards: Option<GradShards>,
     pass: Mutex<Pass>,
 }
 
@@ -100,6 +103,7 @@ impl Reducer {
         compression: Compression,
         find_unused: bool,
         trace: Recorder,
+        shards: Option<GradShards>,
     ) -> Reducer {
         let n = params.len();
         let pending = buckets.iter().map(|b| b.params.len()).collect();
@@ -114,6 +118,7 @@ impl Reducer {
             compression,
             find_unused,
             trace,
+            shards,
             pass: Mutex::new(Pass {
                 sync: true,
                 finishing: false,
@@ -226,6 +231,9 @@ impl Reducer {
             Reduction::Mean => ReduceOp::Avg,
             Reduction::Sum => ReduceOp::Sum,
         };
+        if let Some(shards) = &self.shards {
+            return Ok(self.comm.reduce_scatter(&shards.buckets[b].grad, &bucket.flat, op)?);
+        }
         let work = match (&bucket.compressed, self.compression) {
             (Some(c), Compression::Bf16) => {
                 c.copy_(&bucket.flat);
@@ -296,8 +304,9 @@ impl Reducer {
             if end <= last_ready {
                 done_during_backward += 1;
             }
+            let collective = if self.shards.is_some() { "reduce_scatter" } else { "all_reduce" };
             self.trace.span_with(
-                format!("all_reduce bucket {b}"),
+                format!("{collective} bucket {b}"),
                 "comm",
                 f.launched,
                 end,
@@ -322,6 +331,13 @@ impl Reducer {
         };
         let wait_end = Instant::now();
         p.gpu_wait = gpu_before.zip(GpuWait::record(device)).map(|(a, b)| GpuWait(a, b));
+        if let (Some(shards), None, None, None) = (&self.shards, &p.error, &wait_error, &unused_error) {
+            // Every rank must agree on skipping a step for an overflow (the grad scaler), but
+            // each sees only its shard: the flag is all-reduced here.
+            if let Err(e) = shards.share_overflow(&*self.comm) {
+                wait_error = Some(e);
+            }
+        }
         let error = p.error.take().or(wait_error).map(BackwardError::new).or(unused_error);
         if error.is_none() {
             for bucket in &self.buckets {

@@ -5,3 +5,4 @@
 pub mod ddp_train;
 #[path = "../../../comm/tests/common/procs.rs"]
 pub mod procs;
+pub mod zero_train;

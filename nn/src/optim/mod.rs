@@ -75,6 +75,47 @@ pub trait Optimizer {
     fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()>;
 }
 
+/// A boxed optimizer is one (`Box<dyn Optimizer>` where the optimizer is picked at run time,
+/// wrapped by a generic one such as ZeRO's).
+impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
+    fn step(&mut self) {
+        (**self).step()
+    }
+    fn params(&self) -> Vec<Var> {
+        (**self).params()
+    }
+    fn zero_grad(&mut self) {
+        (**self).zero_grad()
+    }
+    fn num_groups(&self) -> usize {
+        (**self).num_groups()
+    }
+    fn lr(&self, group: usize) -> f64 {
+        (**self).lr(group)
+    }
+    fn set_group_lr(&mut self, group: usize, lr: f64) {
+        (**self).set_group_lr(group, lr)
+    }
+    fn set_lr(&mut self, lr: f64) {
+        (**self).set_lr(lr)
+    }
+    fn initial_lr(&self, group: usize) -> Option<f64> {
+        (**self).initial_lr(group)
+    }
+    fn set_initial_lr(&mut self, group: usize, lr: f64) {
+        (**self).set_initial_lr(group, lr)
+    }
+    fn state_dict(&self) -> OptimizerState {
+        (**self).state_dict()
+    }
+    fn state_dict_shared(&self) -> OptimizerState {
+        (**self).state_dict_shared()
+    }
+    fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()> {
+        (**self).load_state_dict(state)
+    }
+}
+
 /// Implements the bookkeeping part of [`Optimizer`] for a type with `held: groups::Groups<C>`,
 /// and its `param_groups` accessors; the type provides
 /// `fn update(&mut self)`.

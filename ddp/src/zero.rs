@@ -1,0 +1,357 @@
+//! ZeRO-1 (DeepSpeed's stage 1, PyTorch's `ZeroRedundancyOptimizer` over DDP's buckets): each
+//! rank keeps the optimizer state of one shard of every gradient bucket.
+//!
+//! With `DdpConfig { shard_optimizer: true, .. }` the reducer launches a bucket's
+//! `reduce_scatter` (instead of its all-reduce) the moment the bucket is ready, so rank r ends
+//! backward with the averaged gradient of [`shard_range`]`(bucket length, world, r)` only.
+//! [`ZeroOptimizer`] steps the parameters' slices that fall in those shards, then all-gathers
+//! every bucket's updated slices back into the whole parameters.
+//!
+//! The inner optimizer runs, unchanged, over one parameter per slice: a `Var` whose tensor is
+//! a view of the model parameter's memory (flattened, narrowed to the slice) and whose
+//! gradient is a view of the reduced shard. SGD and AdamW update element by element, so a
+//! slice steps exactly as the same elements of the whole parameter; their state (momentum,
+//! moments) exists for the slice only. Running the optimizer over one flat tensor per bucket
+//! instead would mix parameter groups (weight decay on and off) in one tensor. LARS's trust
+//! ratio is a norm over the whole parameter, which no slice has: it is refused.
+
+use crate::bucket::Bucket;
+use crate::error::tensor_error;
+use crate::reducer::Reducer;
+use crate::{Compression, DdpError, DistributedDataParallel, Result};
+use oxtrain_autograd::{no_grad, Var};
+use oxtrain_comm::{shard_range, Communicator, ReduceOp};
+use oxtrain_nn::optim::{IntoParamGroups, Optimizer, OptimizerState, ParamGroupSpec};
+use oxtrain_nn::Module;
+use oxtrain_tensor::{DType, Device, Tensor};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// This rank's shard of one bucket: where it lies in the flat bucket, and its reduced gradient.
+pub(crate) struct ShardBucket {
+    pub range: Range<usize>,
+    pub grad: Tensor,
+}
+
+/// The reducer's side of ZeRO-1: the reduce-scatter outputs, and the overflow flag every rank
+/// agrees on.
+pub(crate) struct GradShards {
+    pub buckets: Vec<ShardBucket>,
+    /// One element: 0 when every rank's reduced shard is finite, NaN otherwise.
+    pub overflow: Tensor,
+}
+
+impl GradShards {
+    pub fn new(comm: &dyn Communicator, buckets: &[Bucket], compression: Compression) -> Result<GradShards> {
+        if compression != Compression::None {
+            return Err(DdpError::ShardedCompression);
+        }
+        let (world, rank) = (comm.world_size(), comm.rank());
+        let buckets = buckets
+            .iter()
+            .map(|b| {
+                let range = shard_range(b.flat.elem_count(), world, rank);
+                let grad = Tensor::zeros(range.len(), b.flat.dtype(), b.flat.device())
+                    .map_err(tensor_error("a gradient shard"))?;
+                Ok(ShardBucket { range, grad })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let device = buckets.first().map_or(Device::Cpu, |b| b.grad.device());
+        let overflow = Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the overflow flag"))?;
+        Ok(GradShards { buckets, overflow })
+    }
+
+    /// Sets `overflow` to the sum over ranks of `0 * every reduced gradient element`: NaN on
+    /// every rank as soon as one rank's shard holds an inf or NaN.
+    pub fn share_overflow(&self, comm: &dyn Communicator) -> Result<()> {
+        let partials: Vec<Tensor> =
+            self.buckets.iter().map(|b| b.grad.mul_scalar(0.0).to_dtype(DType::F32).sum_all()).collect();
+        if partials.is_empty() {
+            return Ok(());
+        }
+        self.overflow.copy_(&Tensor::stack(&partials, 0).sum_all().reshape(1));
+        comm.all_reduce(&self.overflow, ReduceOp::Sum)?.wait()?;
+        Ok(())
+    }
+}
+
+/// The slice of one parameter that lies in this rank's shard of its bucket.
+struct Piece {
+    /// Index into the wrapper's parameters.
+    param: usize,
+    bucket: usize,
+    /// First element of the slice in the bucket's shard.
+    at_shard: usize,
+    len: usize,
+    /// The slice as a parameter of the inner optimizer (a view of the model's parameter).
+    var: Var,
+}
+
+/// An optimizer that keeps state for this rank's shards only (ZeRO-1), over a wrapper made
+/// with `DdpConfig { shard_optimizer: true, .. }`.
+///
+/// ```no_run
+/// # use oxtrain_ddp::{Ddp, DdpConfig, ZeroOptimizer};
+/// # use oxtrain_nn::{Module, optim::{AdamW, AdamWConfig, Optimizer, decay_groups}};
+/// # fn demo(ddp: Ddp<oxtrain_nn::Linear>) -> Result<(), Box<dyn std::error::Error>> {
+/// let groups = decay_groups(ddp.module().named_parameters(), 0.1);
+/// let mut opt = ZeroOptimizer::new(&ddp, groups, |g| AdamW::new(g, AdamWConfig::default()))?;
+/// // forward, loss.backward() (buckets reduce-scattered while it runs), then:
+/// opt.clip_grad_norm_(1.0, 2.0)?;                      // the norm over every rank's shard
+/// opt.step();                                          // shard step, then parameter all-gather
+/// opt.zero_grad();
+/// # Ok(()) }
+/// ```
+///
+/// The gradients of the model's parameters (`p.grad()`) stay this rank's own, unreduced:
+/// clip through [`ZeroOptimizer::clip_grad_norm_`], and read gradients of the optimizer's
+/// [`Optimizer::params`]. `state_dict` is this rank's shard of the state.
+pub struct ZeroOptimizer<O: Optimizer> {
+    inner: O,
+    reducer: Arc<Reducer>,
+    pieces: Vec<Piece>,
+    /// A parameter of no model whose gradient is the all-reduced overflow flag, listed last by
+    /// [`Optimizer::params`] so that a grad scaler's inf check sees every rank's overflow.
+    overflow_sentinel: Var,
+    /// Per bucket: this rank's updated slices (the all-gather's input) and the whole bucket.
+    own: Vec<Tensor>,
+    gathered: Vec<Tensor>,
+}
+
+impl<O: Optimizer> ZeroOptimizer<O> {
+    /// Builds the inner optimizer with `build` over this rank's slices of the parameters in
+    /// `groups` (parameters of `ddp`'s module, grouped as for an unsharded optimizer; each
+    /// group keeps its hyper-parameters). Collective (every rank calls it).
+    pub fn new<M: Module>(
+        ddp: &DistributedDataParallel<M>,
+        groups: impl IntoParamGroups,
+        build: impl FnOnce(Vec<ParamGroupSpec>) -> O,
+    ) -> Result<Self> {
+        let reducer = ddp.reducer().clone();
+        let shards = reducer.shards.as_ref().ok_or(DdpError::NotSharded)?;
+        let pieces = slice_parameters(&reducer, shards)?;
+        let specs = groups
+            .into_param_groups()
+            .into_iter()
+            .map(|spec| {
+                let mut params = Vec::new();
+                for p in &spec.params {
+                    let i = reducer
+                        .params
+                        .iter()
+                        .position(|q| same_parameter(q, p))
+                        .ok_or_else(|| DdpError::NotInModel { shape: p.dims().to_vec() })?;
+                    params.extend(pieces.iter().filter(|pc| pc.param == i).map(|pc| pc.var.clone()));
+                }
+                Ok(ParamGroupSpec { params, ..spec })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let inner = build(specs);
+        // Known by its hyper-parameters, so a boxed LARS is refused as well.
+        if inner.state_dict_shared().param_groups.iter().any(|g| g.hyper.contains_key("trust_coefficient")) {
+            return Err(DdpError::NeedsWholeParameters("Lars"));
+        }
+        let device = shards.overflow.device();
+        let overflow_sentinel =
+            Var::parameter(Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the overflow flag"))?);
+        let own = shards
+            .buckets
+            .iter()
+            .map(|s| Tensor::zeros(s.range.len(), s.grad.dtype(), device).map_err(tensor_error("a shard")))
+            .collect::<Result<Vec<_>>>()?;
+        let gathered = reducer
+            .buckets
+            .iter()
+            .map(|b| Ok(reducer.comm.symmetric_tensor(b.flat.elem_count().into(), b.flat.dtype(), device)?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ZeroOptimizer { inner, reducer, pieces, overflow_sentinel, own, gathered })
+    }
+
+    /// The optimizer over this rank's slices.
+    pub fn inner(&self) -> &O {
+        &self.inner
+    }
+
+    pub fn inner_mut(&mut self) -> &mut O {
+        &mut self.inner
+    }
+
+    /// Bytes of optimizer state this rank holds (its shard), from the state's tensors.
+    pub fn state_bytes(&self) -> usize {
+        let state = self.inner.state_dict_shared();
+        state.tensors.values().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+    }
+
+    fn shards(&self) -> &GradShards {
+        self.reducer.shards.as_ref().expect("checked in new")
+    }
+
+    /// Points each slice's gradient at its part of the reduced shard, or at nothing when the
+    /// parameter got no gradient (unused on every rank: the optimizer skips it).
+    fn attach_gradients(&self) {
+        let shards = self.shards();
+        for pc in &self.pieces {
+            let has = self.reducer.params[pc.param].grad().is_some();
+            pc.var.set_grad(has.then(|| shards.buckets[pc.bucket].grad.narrow(0, pc.at_shard, pc.len)));
+        }
+        self.overflow_sentinel.set_grad(Some(shards.overflow.clone()));
+    }
+
+    /// Steps this rank's slices, then all-gathers every bucket's parameters; the error of a
+    /// collective that failed (the parameters are left as they were before the gather).
+    pub fn try_step(&mut self) -> Result<()> {
+        self.attach_gradients();
+        self.inner.step();
+        no_grad(|| self.all_gather_parameters())
+    }
+
+    fn all_gather_parameters(&self) -> Result<()> {
+        for pc in &self.pieces {
+            self.own[pc.bucket].narrow(0, pc.at_shard, pc.len).copy_(pc.var.tensor());
+        }
+        let comm = &self.reducer.comm;
+        let launched: Vec<_> =
+            self.own.iter().zip(&self.gathered).map(|(o, g)| comm.all_gather(g, o)).collect();
+        // Wait for every launched gather, even after a failure, so none runs into the next step.
+        let mut error = None;
+        for work in launched {
+            if let Err(e) = work.and_then(|w| w.wait()) {
+                error.get_or_insert(e);
+            }
+        }
+        if let Some(e) = error {
+            return Err(e.into());
+        }
+        for (p, slot) in self.reducer.params.iter().zip(&self.reducer.slots) {
+            p.tensor().copy_(&self.gathered[slot.bucket].narrow(0, slot.offset, slot.len).reshape(p.dims()));
+        }
+        Ok(())
+    }
+
+    /// Scales the reduced gradients so that their global `norm_type`-norm over every rank's
+    /// shard is at most `max_norm`, as `clip_grad_norm_` over the unsharded gradients (each
+    /// rank's partial, all-reduced: the same coefficient on every rank). Returns the norm.
+    pub fn clip_grad_norm_(&mut self, max_norm: f64, norm_type: f64) -> Result<Tensor> {
+        assert!(
+            norm_type > 0.0,
+            "clip_grad_norm_: norm_type must be positive (or infinity), got {norm_type}"
+        );
+        self.attach_gradients();
+        let grads: Vec<Tensor> = self.inner.params().iter().filter_map(Var::grad).collect();
+        let device = self.shards().overflow.device();
+        let partial = |g: &Tensor| {
+            let a = g.to_dtype(DType::F32).abs();
+            match norm_type {
+                p if p.is_infinite() => a.max_all(),
+                2.0 => a.square().sum_all(),
+                1.0 => a.sum_all(),
+                p => a.powf(p).sum_all(),
+            }
+        };
+        let local = match grads.is_empty() {
+            true => Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the gradient norm"))?,
+            false => {
+                let stacked = Tensor::stack(&grads.iter().map(partial).collect::<Vec<_>>(), 0);
+                let sum = if norm_type.is_infinite() { stacked.max_all() } else { stacked.sum_all() };
+                sum.reshape(1)
+            }
+        };
+        let op = if norm_type.is_infinite() { ReduceOp::Max } else { ReduceOp::Sum };
+        self.reducer.comm.all_reduce(&local, op)?.wait()?;
+        let total = match norm_type {
+            p if p.is_infinite() || p == 1.0 => local,
+            2.0 => local.sqrt(),
+            p => local.powf(1.0 / p),
+        }
+        .reshape(());
+        let coef = total.add_scalar(1e-6).recip().mul_scalar(max_norm).clamp(f64::NEG_INFINITY, 1.0);
+        for g in &grads {
+            g.mul_(&coef.to_dtype(g.dtype()));
+        }
+        Ok(total)
+    }
+}
+
+impl<O: Optimizer> Optimizer for ZeroOptimizer<O> {
+    /// [`ZeroOptimizer::try_step`]; panics with the collective's error.
+    fn step(&mut self) {
+        if let Err(e) = self.try_step() {
+            panic!("ZeroOptimizer::step: {e}");
+        }
+    }
+
+    /// The slices this rank steps, and last a sentinel whose gradient is the overflow flag of
+    /// every rank (so a grad scaler skips a step on all ranks or none).
+    fn params(&self) -> Vec<Var> {
+        self.attach_gradients();
+        let mut params = self.inner.params();
+        params.push(self.overflow_sentinel.clone());
+        params
+    }
+
+    /// Drops the model's gradients (the next backward writes fresh ones into the buckets).
+    fn zero_grad(&mut self) {
+        for p in &self.reducer.params {
+            p.zero_grad();
+        }
+        for pc in &self.pieces {
+            pc.var.zero_grad();
+        }
+    }
+
+    fn num_groups(&self) -> usize {
+        self.inner.num_groups()
+    }
+    fn lr(&self, group: usize) -> f64 {
+        self.inner.lr(group)
+    }
+    fn set_group_lr(&mut self, group: usize, lr: f64) {
+        self.inner.set_group_lr(group, lr)
+    }
+    fn initial_lr(&self, group: usize) -> Option<f64> {
+        self.inner.initial_lr(group)
+    }
+    fn set_initial_lr(&mut self, group: usize, lr: f64) {
+        self.inner.set_initial_lr(group, lr)
+    }
+    /// This rank's shard of the state (its slices numbered as the inner optimizer's params).
+    fn state_dict(&self) -> OptimizerState {
+        self.inner.state_dict()
+    }
+    fn state_dict_shared(&self) -> OptimizerState {
+        self.inner.state_dict_shared()
+    }
+    fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()> {
+        self.inner.load_state_dict(state)
+    }
+}
+
+/// The slices of the parameters that lie in this rank's shards, in parameter order.
+fn slice_parameters(reducer: &Reducer, shards: &GradShards) -> Result<Vec<Piece>> {
+    let mut pieces = Vec::new();
+    for (i, (p, slot)) in reducer.params.iter().zip(&reducer.slots).enumerate() {
+        if !p.tensor().is_contiguous() {
+            return Err(DdpError::NotContiguous(reducer.names[i].clone()));
+        }
+        let shard = &shards.buckets[slot.bucket].range;
+        let start = slot.offset.max(shard.start);
+        let end = (slot.offset + slot.len).min(shard.end);
+        if start < end {
+            let view = p.tensor().reshape(slot.len).narrow(0, start - slot.offset, end - start);
+            pieces.push(Piece {
+                param: i,
+                bucket: slot.bucket,
+                at_shard: start - shard.start,
+                len: end - start,
+                var: Var::parameter(view),
+            });
+        }
+    }
+    Ok(pieces)
+}
+
+/// Whether `a` and `b` are the same parameter (the same memory; `Var` has no identity of its own).
+fn same_parameter(a: &Var, b: &Var) -> bool {
+    let (a, b) = (a.tensor(), b.tensor());
+    a.same_storage(b) && a.layout().offset() == b.layout().offset() && a.dims() == b.dims()
+}

@@ -1,0 +1,226 @@
+//! ZeRO-1 on the `local` backend (ranks as threads): a [`ZeroOptimizer`] over
+//! `DdpConfig { shard_optimizer: true, .. }` trains as plain DDP does, with 1/N of the
+//! optimizer state on each rank.
+//!
+//! Bit for bit: without clipping, the reduce-scatter sums each gradient element over the ranks
+//! in the same order as the all-reduce, and SGD/AdamW update element by element, so the
+//! sharded run equals the plain one exactly. With clipping, the global norm is summed per
+//! shard and then over ranks (another order than one sum over whole gradients): equal to f32
+//! rounding.
+
+mod common;
+
+use common::ddp_train::{self as t, Model, Opt};
+use common::zero_train::{self as z, Extras};
+use oxtrain_autograd::Var;
+use oxtrain_comm::{Communicator, ShmOptions};
+use oxtrain_ddp::{Ddp, DdpConfig, DdpError, ZeroOptimizer};
+use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
+use oxtrain_nn::optim::{AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, Sgd, SgdConfig};
+use oxtrain_nn::{Module, Parameter, Visitor};
+use oxtrain_tensor::{Device, Tensor};
+use std::sync::Arc;
+
+fn on_ranks<R: Send + 'static>(
+    world: usize,
+    f: impl Fn(Arc<dyn Communicator>) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let f = Arc::new(f);
+    let worlds = oxtrain_comm::shm::local_group(world, &ShmOptions::default()).unwrap();
+    let handles: Vec<_> = worlds
+        .into_iter()
+        .map(|w| {
+            let f = f.clone();
+            std::thread::spawn(move || f(Arc::new(w.comm) as Arc<dyn Communicator>))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
+}
+
+const STEPS: usize = 5;
+const PER_RANK: usize = 3;
+
+/// Small buckets, so every model has several and shards cut through parameters.
+fn config(shard: bool) -> DdpConfig {
+    DdpConfig {
+        shard_optimizer: shard,
+        bucket_cap_mb: 0.002,
+        first_bucket_cap_mb: 0.001,
+        ..DdpConfig::default()
+    }
+}
+
+/// Each rank's parameters, losses, state bytes and final scale.
+type Outcome = (Vec<(String, Vec<f32>)>, Vec<f32>, usize, f64);
+
+fn run(world: usize, model: Model, opt: Opt, shard: bool, extras: Extras) -> Vec<Outcome> {
+    on_ranks(world, move |comm| {
+        let r = z::train_rank(comm, model, opt, STEPS, PER_RANK, config(shard), extras);
+        (t::params(r.ddp.module()), r.losses, r.state_bytes, r.scale)
+    })
+}
+
+const CASES: [(Model, Opt); 4] = [
+    (Model::Cnn, Opt::SgdMomentum),
+    (Model::Cnn, Opt::AdamW),
+    (Model::Transformer, Opt::SgdMomentum),
+    (Model::Transformer, Opt::AdamW),
+];
+
+#[test]
+fn sharded_equals_plain_ddp_bit_for_bit_with_accumulation() {
+    let extras = Extras { accumulate: 2, clip: None, scale: None };
+    for world in [2, 3] {
+        for (model, opt) in CASES {
+            let what = format!("{model:?} {opt:?} {world} ranks");
+            let plain = run(world, model, opt, false, extras);
+            let sharded = run(world, model, opt, true, extras);
+            for r in 0..world {
+                t::assert_bitwise_equal(&what, &sharded[r].0, &plain[0].0);
+                assert_eq!(sharded[r].1, plain[r].1, "{what}: losses of rank {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn sharded_equals_plain_ddp_with_clipping_and_accumulation() {
+    // max_norm small enough that every step clips.
+    let extras = Extras { accumulate: 2, clip: Some(0.05), scale: None };
+    for world in [2, 3] {
+        for (model, opt) in CASES {
+            let what = format!("{model:?} {opt:?} {world} ranks, clipped");
+            let plain = run(world, model, opt, false, extras);
+            let sharded = run(world, model, opt, true, extras);
+            for r in 1..world {
+                t::assert_bitwise_equal(&what, &sharded[r].0, &sharded[0].0);
+            }
+            let err = t::assert_close(&what, &sharded[0].0, &plain[0].0, 1e-5);
+            eprintln!("{what}: {err:.2e} relative from plain DDP");
+        }
+    }
+}
+
+#[test]
+fn each_rank_holds_a_1_over_n_share_of_the_optimizer_state() {
+    let extras = Extras { accumulate: 1, clip: None, scale: None };
+    for (model, opt) in [(Model::Transformer, Opt::AdamW), (Model::Cnn, Opt::SgdMomentum)] {
+        let unsharded = run(1, model, opt, false, extras)[0].2;
+        // The buckets' alignment padding (zero gradients, no state) is shared out too.
+        let padded = on_ranks(1, move |comm| {
+            let ddp = Ddp::new(t::build(model, 7), comm, config(false)).unwrap();
+            let elems: usize =
+                (0..ddp.bucket_layout().len()).map(|b| ddp.bucket_tensor(b).elem_count()).sum();
+            (elems * 4, ddp.bucket_layout().len())
+        })[0];
+        for world in [2, 3] {
+            let per_rank: Vec<usize> = run(world, model, opt, true, extras).iter().map(|o| o.2).collect();
+            let what = format!("{model:?} {opt:?} {world} ranks: state bytes {per_rank:?} of {unsharded}");
+            assert_eq!(
+                per_rank.iter().sum::<usize>(),
+                unsharded,
+                "{what}: the shards must cover the state once"
+            );
+            // Per bucket, a shard is ceil(len / world) elements: at most one element over the
+            // even share per bucket and buffer.
+            let buffers = if opt == Opt::AdamW { 2 } else { 1 };
+            let bound = buffers * (padded.0 / world + padded.1 * 4);
+            assert!(
+                per_rank.iter().all(|&b| b <= bound),
+                "{what}: a rank holds more than its share ({bound})"
+            );
+            assert!(per_rank.iter().all(|&b| b < unsharded), "{what}");
+        }
+    }
+}
+
+/// Two parameters in one bucket: `a` (one element) and `b`; the loss is `sum(a * x) + sum(b^2)`.
+struct Pair {
+    a: Parameter,
+    b: Parameter,
+}
+
+impl Module for Pair {
+    fn visit(&self, v: &mut dyn Visitor) {
+        v.param("a", &self.a);
+        v.param("b", &self.b);
+    }
+}
+
+#[test]
+fn an_overflow_in_one_ranks_shard_skips_the_step_on_every_rank() {
+    // Only the last rank's `x` is infinite: the reduced gradient of `a` is inf in the shard
+    // of the one rank that owns `a`'s element, every other shard is finite. Each rank's grad
+    // scaler sees its shard only, unless the overflow is shared: all must skip.
+    for world in [2, 3] {
+        let stepped = on_ranks(world, move |comm| {
+            let (rank, world) = (comm.rank(), comm.world_size());
+            let full = |n: usize, v: f32| Tensor::from_vec(vec![v; n], n, Device::Cpu).unwrap();
+            let m = Pair { a: Parameter::new(full(1, 1.0)), b: Parameter::new(full(63, 0.5)) };
+            let ddp = Ddp::new(m, comm, config(true)).unwrap();
+            let mut opt =
+                ZeroOptimizer::new(&ddp, ddp.module().parameters(), |g| Sgd::new(g, SgdConfig::default()))
+                    .unwrap();
+            let mut scaler = GradScaler::new(GradScalerConfig::default());
+            let x = Var::constant(full(1, if rank + 1 == world { f32::INFINITY } else { 1.0 }));
+            let loss = ddp.forward_with(|m| m.a.var().mul(&x).sum_all().add(&m.b.var().square().sum_all()));
+            scaler.scale(&loss).try_backward().unwrap();
+            let stepped = scaler.step(&mut opt);
+            scaler.update();
+            (stepped, scaler.get_scale(), t::params(ddp.module()))
+        });
+        for (r, (stepped, scale, params)) in stepped.iter().enumerate() {
+            assert!(!stepped, "{world} ranks: rank {r} stepped over an overflow");
+            assert_eq!(*scale, 32768.0, "{world} ranks: rank {r} did not back off");
+            assert_eq!(params[1].1, vec![0.5; 63], "{world} ranks: rank {r} changed `b`");
+        }
+    }
+}
+
+#[test]
+fn a_grad_scaler_with_clipping_trains_as_plain_ddp() {
+    let extras = Extras { accumulate: 1, clip: Some(1.0), scale: Some(65536.0) };
+    for (model, opt) in [(Model::Cnn, Opt::AdamW), (Model::Transformer, Opt::SgdMomentum)] {
+        let plain = run(2, model, opt, false, extras);
+        let sharded = run(2, model, opt, true, extras);
+        for r in 0..2 {
+            assert_eq!(sharded[r].3, plain[r].3, "{model:?}: scale of rank {r}");
+            t::assert_close(&format!("{model:?} with a grad scaler"), &sharded[r].0, &plain[0].0, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn lars_and_an_unsharded_wrapper_are_refused_clearly() {
+    on_ranks(2, |comm| {
+        let ddp = Ddp::new(t::build(Model::Cnn, 7), comm.clone(), config(true)).unwrap();
+        let err =
+            ZeroOptimizer::new(&ddp, ddp.module().parameters(), |g| Lars::new(g, LarsConfig::default()))
+                .err()
+                .expect("LARS over slices must be refused");
+        assert!(matches!(err, DdpError::NeedsWholeParameters("Lars")), "{err}");
+        drop(ddp);
+        let ddp = Ddp::new(t::build(Model::Cnn, 7), comm, config(false)).unwrap();
+        let err = ZeroOptimizer::new(&ddp, ddp.module().parameters(), |g| Sgd::new(g, SgdConfig::default()))
+            .err()
+            .expect("an unsharded wrapper must be refused");
+        assert!(matches!(err, DdpError::NotSharded), "{err}");
+        assert!(err.to_string().contains("shard_optimizer: true"), "{err}");
+    });
+}
+
+#[test]
+fn groups_keep_their_hyper_parameters_and_foreign_parameters_are_refused() {
+    on_ranks(2, |comm| {
+        let ddp = Ddp::new(t::build(Model::Transformer, 7), comm, config(true)).unwrap();
+        let groups = oxtrain_nn::optim::decay_groups(ddp.module().named_parameters(), 0.5);
+        let opt = ZeroOptimizer::new(&ddp, groups, |g| AdamW::new(g, AdamWConfig::default())).unwrap();
+        let decay: Vec<f64> = opt.inner().param_groups().iter().map(|g| g.config.weight_decay).collect();
+        assert_eq!(decay, vec![0.5, 0.0]);
+        assert_eq!(opt.num_groups(), 2);
+        let stranger = t::build(Model::Cnn, 1).parameters();
+        let err =
+            ZeroOptimizer::new(&ddp, stranger, |g| AdamW::new(g, AdamWConfig::default())).err().unwrap();
+        assert!(matches!(err, DdpError::NotInModel { .. }), "{err}");
+    });
+}

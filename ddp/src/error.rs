@@ -35,6 +35,13 @@ pub enum DdpError {
          DdpConfig {{ shard_optimizer: true, .. }} so its buckets are reduce-scattered into shards"
     )]
     NotSharded,
+    /// A backward under `shard_optimizer` with no [`crate::ZeroOptimizer`] built.
+    #[error(
+        "DDP: shard_optimizer is on but no ZeroOptimizer was built over this wrapper; each rank now \
+         holds only its shard of the averaged gradients, which a plain optimizer cannot step: build \
+         the optimizer with ZeroOptimizer::new(&ddp, groups, build)"
+    )]
+    NoZeroOptimizer,
     /// Sharding and bf16 compression together.
     #[error(
         "DDP: shard_optimizer does not combine with bf16 gradient compression yet; turn one of them off"

@@ -15,6 +15,7 @@
 //! - [`bucket`]: which parameters share a bucket, and the flat memory the gradients live in.
 //! - [`reducer`]: hooks mark parameters ready, full buckets launch, the end of backward waits.
 //! - [`sync_batch_norm`]: batch norm with statistics over every rank's batch.
+//! - [`zero`]: ZeRO-1, the optimizer state sharded over the ranks ([`ZeroOptimizer`]).
 //! - [`trace`]: the spans of each step as Chrome trace JSON, and [`StepStats`].
 
 #![doc = include_str!("../README.md")]
@@ -32,7 +33,7 @@ pub use error::{DdpError, Result};
 pub use options::{Compression, DdpConfig, Reduction};
 pub use sync_batch_norm::{convert_sync_batchnorm, SyncBatchNorm};
 pub use trace::StepStats;
-pub use zero::ZeroOptimizer;
+pub use zero::{clip_grad_norm_sharded, ZeroOptimizer};
 
 use oxtrain_autograd::{is_grad_enabled, HookHandle, Var};
 use oxtrain_comm::Communicator;

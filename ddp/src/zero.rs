@@ -25,6 +25,7 @@ use oxtrain_nn::optim::{IntoParamGroups, Optimizer, OptimizerState, ParamGroupSp
 use oxtrain_nn::Module;
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// This rank's shard of one bucket: where it lies in the flat bucket, and its reduced gradient.
@@ -39,6 +40,9 @@ pub(crate) struct GradShards {
     pub buckets: Vec<ShardBucket>,
     /// One element: 0 when every rank's reduced shard is finite, NaN otherwise.
     pub overflow: Tensor,
+    /// A [`ZeroOptimizer`] steps the shards; without one a plain optimizer would step with
+    /// unreduced gradients, so backward refuses to finish.
+    pub attached: AtomicBool,
 }
 
 impl GradShards {
@@ -58,12 +62,15 @@ impl GradShards {
             .collect::<Result<Vec<_>>>()?;
         let device = buckets.first().map_or(Device::Cpu, |b| b.grad.device());
         let overflow = Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the overflow flag"))?;
-        Ok(GradShards { buckets, overflow })
+        Ok(GradShards { buckets, overflow, attached: AtomicBool::new(false) })
     }
 
     /// Sets `overflow` to the sum over ranks of `0 * every reduced gradient element`: NaN on
     /// every rank as soon as one rank's shard holds an inf or NaN.
     pub fn share_overflow(&self, comm: &dyn Communicator) -> Result<()> {
+        if !self.attached.load(Ordering::Relaxed) {
+            return Err(DdpError::NoZeroOptimizer);
+        }
         let partials: Vec<Tensor> =
             self.buckets.iter().map(|b| b.grad.mul_scalar(0.0).to_dtype(DType::F32).sum_all()).collect();
         if partials.is_empty() {
@@ -164,6 +171,7 @@ impl<O: Optimizer> ZeroOptimizer<O> {
             .iter()
             .map(|b| Ok(reducer.comm.symmetric_tensor(b.flat.elem_count().into(), b.flat.dtype(), device)?))
             .collect::<Result<Vec<_>>>()?;
+        shards.attached.store(true, Ordering::Relaxed);
         Ok(ZeroOptimizer { inner, reducer, pieces, overflow_sentinel, own, gathered })
     }
 
@@ -232,44 +240,54 @@ impl<O: Optimizer> ZeroOptimizer<O> {
     /// shard is at most `max_norm`, as `clip_grad_norm_` over the unsharded gradients (each
     /// rank's partial, all-reduced: the same coefficient on every rank). Returns the norm.
     pub fn clip_grad_norm_(&mut self, max_norm: f64, norm_type: f64) -> Result<Tensor> {
-        assert!(
-            norm_type > 0.0,
-            "clip_grad_norm_: norm_type must be positive (or infinity), got {norm_type}"
-        );
         self.attach_gradients();
-        let grads: Vec<Tensor> = self.inner.params().iter().filter_map(Var::grad).collect();
-        let device = self.shards().overflow.device();
-        let partial = |g: &Tensor| {
-            let a = g.to_dtype(DType::F32).abs();
-            match norm_type {
-                p if p.is_infinite() => a.max_all(),
-                2.0 => a.square().sum_all(),
-                1.0 => a.sum_all(),
-                p => a.powf(p).sum_all(),
-            }
-        };
-        let local = match grads.is_empty() {
-            true => Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the gradient norm"))?,
-            false => {
-                let stacked = Tensor::stack(&grads.iter().map(partial).collect::<Vec<_>>(), 0);
-                let sum = if norm_type.is_infinite() { stacked.max_all() } else { stacked.sum_all() };
-                sum.reshape(1)
-            }
-        };
-        let op = if norm_type.is_infinite() { ReduceOp::Max } else { ReduceOp::Sum };
-        self.reducer.comm.all_reduce(&local, op)?.wait()?;
-        let total = match norm_type {
-            p if p.is_infinite() || p == 1.0 => local,
-            2.0 => local.sqrt(),
-            p => local.powf(1.0 / p),
-        }
-        .reshape(());
-        let coef = total.add_scalar(1e-6).recip().mul_scalar(max_norm).clamp(f64::NEG_INFINITY, 1.0);
-        for g in &grads {
-            g.mul_(&coef.to_dtype(g.dtype()));
-        }
-        Ok(total)
+        clip_grad_norm_sharded(&*self.reducer.comm, &self.inner.params(), max_norm, norm_type)
     }
+}
+
+/// `clip_grad_norm_` over gradients sharded across `comm`'s ranks (each rank passes the
+/// parameters it steps, as [`Optimizer::params`] of a [`ZeroOptimizer`]): each rank's partial
+/// sum is all-reduced, so every rank scales by the coefficient of the global norm, which it
+/// returns (f32, rank 0). Collective.
+pub fn clip_grad_norm_sharded(
+    comm: &dyn Communicator,
+    params: &[Var],
+    max_norm: f64,
+    norm_type: f64,
+) -> Result<Tensor> {
+    assert!(norm_type > 0.0, "clip_grad_norm_: norm_type must be positive (or infinity), got {norm_type}");
+    let grads: Vec<Tensor> = params.iter().filter_map(Var::grad).collect();
+    let device = grads.first().map_or(Device::Cpu, Tensor::device);
+    let partial = |g: &Tensor| {
+        let a = g.to_dtype(DType::F32).abs();
+        match norm_type {
+            p if p.is_infinite() => a.max_all(),
+            2.0 => a.square().sum_all(),
+            1.0 => a.sum_all(),
+            p => a.powf(p).sum_all(),
+        }
+    };
+    let local = match grads.is_empty() {
+        true => Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the gradient norm"))?,
+        false => {
+            let stacked = Tensor::stack(&grads.iter().map(partial).collect::<Vec<_>>(), 0);
+            let sum = if norm_type.is_infinite() { stacked.max_all() } else { stacked.sum_all() };
+            sum.reshape(1)
+        }
+    };
+    let op = if norm_type.is_infinite() { ReduceOp::Max } else { ReduceOp::Sum };
+    comm.all_reduce(&local, op)?.wait()?;
+    let total = match norm_type {
+        p if p.is_infinite() || p == 1.0 => local,
+        2.0 => local.sqrt(),
+        p => local.powf(1.0 / p),
+    }
+    .reshape(());
+    let coef = total.add_scalar(1e-6).recip().mul_scalar(max_norm).clamp(f64::NEG_INFINITY, 1.0);
+    for g in &grads {
+        g.mul_(&coef.to_dtype(g.dtype()));
+    }
+    Ok(total)
 }
 
 impl<O: Optimizer> Optimizer for ZeroOptimizer<O> {

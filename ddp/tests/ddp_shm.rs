@@ -1,13 +1,16 @@
 //! DDP across processes on the `shm` backend: 2 and 3 ranks train a small CNN (SGD momentum)
 //! and a small Transformer (AdamW) for 5 steps from different initial weights; every rank
-//! ends with the same parameters bit for bit, equal to one process on the combined batch.
+//! ends with the same parameters bit for bit, equal to one process on the combined batch;
+//! likewise with ZeRO-1 (`zero-*` roles: sharded optimizer, 2 accumulated micro-batches).
 
 mod common;
 
 use common::ddp_train::{self as t, Model, Opt};
 use common::procs::{assert_all_succeeded, child_role, spawn_ranks};
+use common::zero_train;
 use oxtrain_comm::{shm, CommOptions, Communicator, ShmOptions, TcpStore};
 use oxtrain_ddp::DdpConfig;
+use oxtrain_tensor::DType;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,14 +42,23 @@ fn ddp_child() {
     };
     let w = shm::connect(rank, world, &store, &opts).unwrap();
     let comm: Arc<dyn Communicator> = Arc::new(w.comm);
-    let (model, opt) = match role.as_str() {
-        "cnn" => (Model::Cnn, Opt::SgdMomentum),
-        "transformer" => (Model::Transformer, Opt::AdamW),
+    let (model, opt, sharded) = match role.as_str() {
+        "cnn" => (Model::Cnn, Opt::SgdMomentum, false),
+        "transformer" => (Model::Transformer, Opt::AdamW, false),
+        "zero-cnn" => (Model::Cnn, Opt::SgdMomentum, true),
+        "zero-transformer" => (Model::Transformer, Opt::AdamW, true),
         other => panic!("unknown role {other}"),
     };
-    let ddp = t::train_rank(comm, model, opt, 5, 3, 1, DdpConfig::default());
-    let got = t::params(ddp.module());
-    let reference = t::params(&t::train_single(model, opt, 5, 3 * world, 1));
+    // ZeRO-1 with accumulation over 2 micro-batches (small buckets: several, cut by shards).
+    let accumulate = if sharded { 2 } else { 1 };
+    let got = if sharded {
+        let config = DdpConfig { shard_optimizer: true, bucket_cap_mb: 0.002, ..DdpConfig::default() };
+        let extras = zero_train::Extras { accumulate, clip: None, scale: None, dtype: DType::F32 };
+        t::params(zero_train::train_rank(comm, model, opt, 5, 3, config, extras).ddp.module())
+    } else {
+        t::params(t::train_rank(comm, model, opt, 5, 3, 1, DdpConfig::default()).module())
+    };
+    let reference = t::params(&t::train_single(model, opt, 5, 3 * world, accumulate));
     let err = t::assert_close(&format!("{role} on rank {rank} of {world}"), &got, &reference, 1e-6);
     eprintln!("PARAMS {rank} {:016x} {err:.2e}", digest(&got));
 }
@@ -54,7 +66,7 @@ fn ddp_child() {
 #[test]
 fn ranks_in_processes_train_as_one_process() {
     for world in [2, 3] {
-        for role in ["cnn", "transformer"] {
+        for role in ["cnn", "transformer", "zero-cnn", "zero-transformer"] {
             let store = TcpStore::host("127.0.0.1", 0, Duration::from_secs(30)).unwrap();
             let outs =
                 spawn_ranks(CHILD, role, world, &[("OXTRAIN_TEST_STORE_PORT", store.port().to_string())]);

@@ -18,7 +18,7 @@ use oxtrain_ddp::{Ddp, DdpConfig, DdpError, ZeroOptimizer};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
 use oxtrain_nn::optim::{AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{Module, Parameter, Visitor};
-use oxtrain_tensor::{Device, Tensor};
+use oxtrain_tensor::{DType, Device, Tensor};
 use std::sync::Arc;
 
 fn on_ranks<R: Send + 'static>(
@@ -69,7 +69,7 @@ const CASES: [(Model, Opt); 4] = [
 
 #[test]
 fn sharded_equals_plain_ddp_bit_for_bit_with_accumulation() {
-    let extras = Extras { accumulate: 2, clip: None, scale: None };
+    let extras = Extras { accumulate: 2, clip: None, scale: None, dtype: DType::F32 };
     for world in [2, 3] {
         for (model, opt) in CASES {
             let what = format!("{model:?} {opt:?} {world} ranks");
@@ -86,7 +86,7 @@ fn sharded_equals_plain_ddp_bit_for_bit_with_accumulation() {
 #[test]
 fn sharded_equals_plain_ddp_with_clipping_and_accumulation() {
     // max_norm small enough that every step clips.
-    let extras = Extras { accumulate: 2, clip: Some(0.05), scale: None };
+    let extras = Extras { accumulate: 2, clip: Some(0.05), scale: None, dtype: DType::F32 };
     for world in [2, 3] {
         for (model, opt) in CASES {
             let what = format!("{model:?} {opt:?} {world} ranks, clipped");
@@ -103,7 +103,7 @@ fn sharded_equals_plain_ddp_with_clipping_and_accumulation() {
 
 #[test]
 fn each_rank_holds_a_1_over_n_share_of_the_optimizer_state() {
-    let extras = Extras { accumulate: 1, clip: None, scale: None };
+    let extras = Extras { accumulate: 1, clip: None, scale: None, dtype: DType::F32 };
     for (model, opt) in [(Model::Transformer, Opt::AdamW), (Model::Cnn, Opt::SgdMomentum)] {
         let unsharded = run(1, model, opt, false, extras)[0].2;
         // The buckets' alignment padding (zero gradients, no state) is shared out too.
@@ -179,13 +179,41 @@ fn an_overflow_in_one_ranks_shard_skips_the_step_on_every_rank() {
 
 #[test]
 fn a_grad_scaler_with_clipping_trains_as_plain_ddp() {
-    let extras = Extras { accumulate: 1, clip: Some(1.0), scale: Some(65536.0) };
+    let extras = Extras { accumulate: 1, clip: Some(1.0), scale: Some(65536.0), dtype: DType::F32 };
     for (model, opt) in [(Model::Cnn, Opt::AdamW), (Model::Transformer, Opt::SgdMomentum)] {
         let plain = run(2, model, opt, false, extras);
         let sharded = run(2, model, opt, true, extras);
         for r in 0..2 {
             assert_eq!(sharded[r].3, plain[r].3, "{model:?}: scale of rank {r}");
             t::assert_close(&format!("{model:?} with a grad scaler"), &sharded[r].0, &plain[0].0, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn f64_and_bf16_parameters_train_as_plain_ddp() {
+    for dtype in [DType::F64, DType::BF16] {
+        let extras = Extras { accumulate: 2, clip: Some(0.05), scale: None, dtype };
+        for (model, opt) in [(Model::Transformer, Opt::AdamW), (Model::Cnn, Opt::SgdMomentum)] {
+            let values = |sharded: bool| {
+                on_ranks(2, move |comm| {
+                    let r = z::train_rank(comm, model, opt, STEPS, PER_RANK, config(sharded), extras);
+                    let named = r.ddp.module().named_parameters();
+                    assert!(named.iter().all(|(_, p)| p.dtype() == dtype));
+                    named.into_iter().map(|(n, p)| (n, p.tensor().to_f64_vec())).collect::<Vec<_>>()
+                })
+            };
+            let (plain, sharded) = (values(false), values(true));
+            assert_eq!(sharded[0], sharded[1], "{model:?} {dtype}: ranks differ");
+            // The clipping norm's summation order is the only difference; the norm is f32 (as
+            // in clip_grad_norm_), so f64 runs agree to f32 rounding of the coefficient, bf16
+            // runs to one bf16 rounding of the parameters.
+            let tol = if dtype == DType::F64 { 1e-6 } else { 1e-2 };
+            for ((n, a), (_, b)) in sharded[0].iter().zip(&plain[0]) {
+                let scale = b.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
+                let diff = a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+                assert!(diff / scale <= tol, "{model:?} {dtype}: `{n}` differs by {:.2e}", diff / scale);
+            }
         }
     }
 }
@@ -207,6 +235,18 @@ fn lars_and_an_unsharded_wrapper_are_refused_clearly() {
         assert!(matches!(err, DdpError::NotSharded), "{err}");
         assert!(err.to_string().contains("shard_optimizer: true"), "{err}");
     });
+    // A sharded wrapper stepped by a plain optimizer would train on unreduced gradients.
+    let errors = on_ranks(2, |comm| {
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let ddp = Ddp::new(t::build(Model::Cnn, 7), comm, config(true)).unwrap();
+        let (x, y) = t::batch(Model::Cnn, 0, 2 * world);
+        let (x, y) = (t::shard(&x, rank, 2), t::shard(&y, rank, 2));
+        let logits = ddp.forward_with(|m| t::forward(Model::Cnn, m, &x));
+        t::logits_loss(Model::Cnn, &logits, &y).try_backward().err().map(|e| e.to_string())
+    });
+    for e in errors {
+        assert!(e.as_deref().is_some_and(|e| e.contains("no ZeroOptimizer")), "{e:?}");
+    }
 }
 
 #[test]

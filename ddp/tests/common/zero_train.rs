@@ -7,6 +7,7 @@ use oxtrain_ddp::{Ddp, DdpConfig, ZeroOptimizer};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
 use oxtrain_nn::optim::{clip_grad_norm_, AdamW, AdamWConfig, Optimizer, ParamGroupSpec, Sgd, SgdConfig};
 use oxtrain_nn::Module;
+use oxtrain_tensor::DType;
 use std::sync::Arc;
 
 /// What a run turns on besides plain data-parallel SGD/AdamW.
@@ -18,6 +19,8 @@ pub struct Extras {
     pub clip: Option<f64>,
     /// A grad scaler with this initial scale.
     pub scale: Option<f64>,
+    /// The parameters' dtype.
+    pub dtype: DType,
 }
 
 /// The result of one rank's run.
@@ -65,6 +68,7 @@ pub fn train_rank(
 ) -> Run {
     let (rank, world) = (comm.rank(), comm.world_size());
     let m = t::build(model, if rank == 0 { 7 } else { 100 + rank as u64 });
+    m.to_dtype(extras.dtype).unwrap();
     let sharded = config.shard_optimizer;
     let ddp = Ddp::new(m, comm, config).unwrap();
     let groups = vec![ParamGroupSpec::new(ddp.module().parameters())];
@@ -92,11 +96,13 @@ pub fn train_rank(
         for micro in 0..extras.accumulate {
             let (x, y) = t::batch(model, step * extras.accumulate + micro, per_rank * world);
             let (x, y) = (t::shard(&x, rank, per_rank), t::shard(&y, rank, per_rank));
+            // Images in the parameters' dtype (token ids stay integers).
+            let x = if model == Model::Transformer { x } else { x.to_dtype(extras.dtype) };
             let run = || {
                 let logits = ddp.forward_with(|m| t::forward(model, m, &x));
                 let loss = t::logits_loss(model, &logits, &y) * (1.0 / extras.accumulate as f64);
                 scaler.scale(&loss).try_backward().unwrap();
-                loss.tensor().item() as f32
+                loss.tensor().to_dtype(DType::F64).item() as f32
             };
             step_loss += if micro + 1 < extras.accumulate { ddp.no_sync(run) } else { run() };
         }

@@ -355,6 +355,9 @@ pub struct DdpSection {
     pub find_unused_parameters: bool,
     /// Batch-norm statistics over all ranks (SyncBatchNorm).
     pub sync_batchnorm: bool,
+    /// ZeRO-1: gradients reduce-scattered, each rank keeps 1/N of the optimizer state (SGD,
+    /// AdamW; not LARS, not with bf16 compression).
+    pub shard_optimizer: bool,
 }
 
 impl Default for DdpSection {
@@ -366,6 +369,7 @@ impl Default for DdpSection {
             compression: GradCompression::None,
             find_unused_parameters: false,
             sync_batchnorm: false,
+            shard_optimizer: false,
         }
     }
 }

@@ -70,6 +70,7 @@ pub fn make_strategy<M: Module>(
         bucket_cap_mb: config.ddp.bucket_cap_mb,
         first_bucket_cap_mb: config.ddp.first_bucket_cap_mb,
         find_unused_parameters: config.ddp.find_unused_parameters,
+        shard_optimizer: config.ddp.shard_optimizer,
         compression: match config.ddp.compression {
             GradCompression::None => Compression::None,
             GradCompression::Bf16 => Compression::Bf16,

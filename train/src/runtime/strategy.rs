@@ -4,7 +4,8 @@
 
 use oxtrain_autograd::Var;
 use oxtrain_comm::{CommError, Communicator, ProcessGroup, ReduceOp};
-use oxtrain_ddp::{DdpConfig, DdpError, DistributedDataParallel};
+use oxtrain_ddp::{clip_grad_norm_sharded, DdpConfig, DdpError, DistributedDataParallel, ZeroOptimizer};
+use oxtrain_nn::optim::{clip_grad_norm_, Optimizer, ParamGroupSpec};
 use oxtrain_nn::Module;
 use oxtrain_tensor::{Device, Tensor};
 use std::sync::Arc;
@@ -102,12 +103,45 @@ impl<M: Module> Strategy<M> {
         }
     }
 
+    /// Whether the optimizer state is sharded over the ranks (ZeRO-1, `ddp.shard_optimizer`).
+    pub fn shards_optimizer(&self) -> bool {
+        matches!(self, Strategy::Ddp { ddp, .. } if ddp.config().shard_optimizer)
+    }
+
+    /// The optimizer `build` makes over `groups` (parameters of [`Strategy::module`]); under
+    /// ZeRO-1 a [`ZeroOptimizer`] whose inner optimizer `build` makes over this rank's shards.
+    /// Collective under DDP. Refuses an optimizer that cannot be sharded (LARS).
+    pub fn optimizer(
+        &self,
+        groups: Vec<ParamGroupSpec>,
+        build: impl FnOnce(Vec<ParamGroupSpec>) -> Box<dyn Optimizer>,
+    ) -> Result<Box<dyn Optimizer>, DdpError> {
+        match self {
+            Strategy::Ddp { ddp, .. } if ddp.config().shard_optimizer => {
+                Ok(Box::new(ZeroOptimizer::new(ddp, groups, build)?))
+            }
+            _ => Ok(build(groups)),
+        }
+    }
+
+    /// `clip_grad_norm_(params, max_norm, 2)` of the optimizer's parameters (`opt.params()`);
+    /// under ZeRO-1 the norm over every rank's shard. Returns the norm before clipping.
+    pub fn clip_grad_norm_(&self, params: &[Var], max_norm: f64) -> Result<Tensor, DdpError> {
+        match self {
+            Strategy::Ddp { ddp, comm, .. } if ddp.config().shard_optimizer => {
+                clip_grad_norm_sharded(&**comm, params, max_norm, 2.0)
+            }
+            _ => Ok(clip_grad_norm_(params, max_norm, 2.0)),
+        }
+    }
+
     /// Which strategy, for the start-up line.
     pub fn describe(&self) -> String {
         match self {
             Strategy::Single(_) => "single process".into(),
             Strategy::Ddp { comm, .. } => {
-                format!("DDP rank {} of {} ({})", comm.rank(), comm.world_size(), comm.backend())
+                let zero = if self.shards_optimizer() { ", ZeRO-1" } else { "" };
+                format!("DDP rank {} of {} ({}{zero})", comm.rank(), comm.world_size(), comm.backend())
             }
         }
     }

@@ -165,7 +165,7 @@ fn a_rank_that_skips_a_collective_times_the_others_out() {
 }
 
 /// One rank of DDP over MPI: a small CNN (SGD momentum) and a small Transformer (AdamW) for 5
-/// steps, checked against one process on the combined batch; prints a digest of the final
+/// steps, plain and with ZeRO-1, checked against one process on the combined batch; prints a digest of the final
 /// parameters for the parent to compare across ranks.
 #[test]
 #[ignore = "a rank of a multi-process test: its parent runs it"]
@@ -177,18 +177,35 @@ fn mpi_ddp_rank() {
     let comm: std::sync::Arc<dyn Communicator> =
         std::sync::Arc::new(oxtrain_comm::mpi::connect(&CommOptions::default()).unwrap());
     let (rank, world) = (comm.rank(), comm.world_size());
-    for (model, opt) in [(Model::Cnn, Opt::SgdMomentum), (Model::Transformer, Opt::AdamW)] {
-        let ddp = t::train_rank(comm.clone(), model, opt, 5, 3, 1, oxtrain_ddp::DdpConfig::default());
-        let got = t::params(ddp.module());
-        let reference = t::params(&t::train_single(model, opt, 5, 3 * world, 1));
-        t::assert_close(&format!("{model:?} on MPI rank {rank}"), &got, &reference, 1e-6);
+    let digest = |got: &[(String, Vec<f32>)]| {
         let bits: Vec<String> =
             got.iter().flat_map(|(_, v)| v.iter().map(|x| format!("{:08x}", x.to_bits()))).collect();
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in bits.concat().bytes() {
             h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
         }
-        println!("DDP-PARAMS {model:?} {h:016x}");
+        h
+    };
+    for (model, opt) in [(Model::Cnn, Opt::SgdMomentum), (Model::Transformer, Opt::AdamW)] {
+        let ddp = t::train_rank(comm.clone(), model, opt, 5, 3, 1, oxtrain_ddp::DdpConfig::default());
+        let got = t::params(ddp.module());
+        let reference = t::params(&t::train_single(model, opt, 5, 3 * world, 1));
+        t::assert_close(&format!("{model:?} on MPI rank {rank}"), &got, &reference, 1e-6);
+        println!("DDP-PARAMS {model:?} {:016x}", digest(&got));
+        // ZeRO-1 (sharded optimizer, small buckets cut by the shards, 2 micro-batches).
+        let config =
+            oxtrain_ddp::DdpConfig { shard_optimizer: true, bucket_cap_mb: 0.002, ..Default::default() };
+        let extras = common::zero_train::Extras {
+            accumulate: 2,
+            clip: None,
+            scale: None,
+            dtype: oxtrain_tensor::DType::F32,
+        };
+        let run = common::zero_train::train_rank(comm.clone(), model, opt, 5, 3, config, extras);
+        let got = t::params(run.ddp.module());
+        let reference = t::params(&t::train_single(model, opt, 5, 3 * world, 2));
+        t::assert_close(&format!("ZeRO-1 {model:?} on MPI rank {rank}"), &got, &reference, 1e-6);
+        println!("DDP-PARAMS Zero{model:?} {:016x}", digest(&got));
     }
 }
 
@@ -201,7 +218,7 @@ fn ddp_on_2_and_3_mpi_ranks() {
         let (ok, out, err) =
             mpirun(n, "mpi_ddp_rank", &[("OXTRAIN_TEST_MPI_DDP", "1".into())], Duration::from_secs(120));
         assert!(ok, "mpirun -np {n} (DDP) failed:\n{out}\n{err}");
-        for model in ["Cnn", "Transformer"] {
+        for model in ["Cnn", "Transformer", "ZeroCnn", "ZeroTransformer"] {
             let digests: Vec<&str> = out
                 .lines()
                 .filter(|l| l.starts_with(&format!("DDP-PARAMS {model} ")))

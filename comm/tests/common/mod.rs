@@ -6,6 +6,8 @@
 #[path = "../../../ddp/tests/common/ddp_train.rs"]
 pub mod ddp_train;
 pub mod procs;
+#[path = "../../../ddp/tests/common/zero_train.rs"]
+pub mod zero_train;
 
 use oxtrain_comm::{shard_range, Communicator, ReduceOp};
 use oxtrain_tensor::half::{bf16, f16};

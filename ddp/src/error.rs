@@ -65,6 +65,29 @@ pub enum DdpError {
          but a shard holds slices of parameters; use SGD or AdamW with shard_optimizer, or leave it off"
     )]
     NeedsWholeParameters(&'static str),
+    /// A file that is not a part written by [`crate::ShardState::save`].
+    #[error(
+        "ZeRO resume: {path} is not a ZeRO optimizer shard (no `zero_shard` metadata, or it is damaged)"
+    )]
+    NotAShard { path: std::path::PathBuf },
+    /// The parts given are not every rank's part of one save.
+    #[error(
+        "ZeRO resume: expected the parts of all {world} ranks of one save, got (rank, world) {found:?}; pass \
+         every rank's shard file of the checkpoint"
+    )]
+    IncompleteShards { world: usize, found: Vec<(usize, usize)> },
+    /// The saved buckets differ from this model's: another model or other bucket caps.
+    #[error(
+        "ZeRO resume: the saved state is of another model or bucket layout (bucket lengths {saved:?}, this \
+         model's {now:?}); resume with the same model and the same ddp.bucket_cap_mb / first_bucket_cap_mb"
+    )]
+    OtherModel { saved: Vec<usize>, now: Vec<usize> },
+    /// The saved state is of another optimizer (other hyper-parameters) or other groups.
+    #[error(
+        "ZeRO resume: the saved state is of another optimizer (hyper-parameters {saved:?}, this one's \
+         {now:?}; groups {groups:?} saved/now); resume with the optimizer and groups it was saved with"
+    )]
+    OtherOptimizer { saved: Vec<String>, now: Vec<String>, groups: (usize, usize) },
     /// Moving or packing a tensor the reducer needs failed (device memory, a dead device).
     #[error("DDP: {what}: {source}")]
     Tensor {

@@ -33,7 +33,7 @@ pub use error::{DdpError, Result};
 pub use options::{Compression, DdpConfig, Reduction};
 pub use sync_batch_norm::{convert_sync_batchnorm, SyncBatchNorm};
 pub use trace::StepStats;
-pub use zero::{clip_grad_norm_sharded, ZeroOptimizer};
+pub use zero::{clip_grad_norm_sharded, ShardState, ZeroOptimizer};
 
 use oxtrain_autograd::{is_grad_enabled, HookHandle, Var};
 use oxtrain_comm::Communicator;

@@ -15,6 +15,10 @@
 //! instead would mix parameter groups (weight decay on and off) in one tensor. LARS's trust
 //! ratio is a norm over the whole parameter, which no slice has: it is refused.
 
+mod state;
+
+pub use state::ShardState;
+
 use crate::bucket::Bucket;
 use crate::error::tensor_error;
 use crate::reducer::Reducer;
@@ -117,6 +121,12 @@ pub struct ZeroOptimizer<O: Optimizer> {
     inner: O,
     reducer: Arc<Reducer>,
     pieces: Vec<Piece>,
+    /// The piece of each of the inner optimizer's parameters (its state numbering).
+    order: Vec<usize>,
+    /// The model parameter at each position of an unsharded optimizer over the same groups.
+    unsharded_order: Vec<usize>,
+    /// Model parameters per group.
+    group_sizes: Vec<usize>,
     /// A parameter of no model whose gradient is the all-reduced overflow flag, listed last by
     /// [`Optimizer::params`] so that a grad scaler's inf check sees every rank's overflow.
     overflow_sentinel: Var,
@@ -137,6 +147,7 @@ impl<O: Optimizer> ZeroOptimizer<O> {
         let reducer = ddp.reducer().clone();
         let shards = reducer.shards.as_ref().ok_or(DdpError::NotSharded)?;
         let pieces = slice_parameters(&reducer, shards)?;
+        let (mut order, mut unsharded_order, mut group_sizes) = (Vec::new(), Vec::new(), Vec::new());
         let specs = groups
             .into_param_groups()
             .into_iter()
@@ -148,8 +159,13 @@ impl<O: Optimizer> ZeroOptimizer<O> {
                         .iter()
                         .position(|q| same_parameter(q, p))
                         .ok_or_else(|| DdpError::NotInModel { shape: p.dims().to_vec() })?;
-                    params.extend(pieces.iter().filter(|pc| pc.param == i).map(|pc| pc.var.clone()));
+                    unsharded_order.push(i);
+                    for (k, pc) in pieces.iter().enumerate().filter(|(_, pc)| pc.param == i) {
+                        order.push(k);
+                        params.push(pc.var.clone());
+                    }
                 }
+                group_sizes.push(spec.params.len());
                 Ok(ParamGroupSpec { params, ..spec })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -172,7 +188,17 @@ impl<O: Optimizer> ZeroOptimizer<O> {
             .map(|b| Ok(reducer.comm.symmetric_tensor(b.flat.elem_count().into(), b.flat.dtype(), device)?))
             .collect::<Result<Vec<_>>>()?;
         shards.attached.store(true, Ordering::Relaxed);
-        Ok(ZeroOptimizer { inner, reducer, pieces, overflow_sentinel, own, gathered })
+        Ok(ZeroOptimizer {
+            inner,
+            reducer,
+            pieces,
+            order,
+            unsharded_order,
+            group_sizes,
+            overflow_sentinel,
+            own,
+            gathered,
+        })
     }
 
     /// The optimizer over this rank's slices.

@@ -130,7 +130,7 @@ impl Benchmark {
         }
     }
 
-    fn to_json(&self) -> Value {
+    pub fn to_json(&self) -> Value {
         let round = |x: f64| (x * 1000.0).round() / 1000.0;
         let mut v = json!({ "name": self.name, "unit": self.unit, "oxtrain": round(self.oxtrain) });
         // A figure that could not be measured is absent, not zero.

@@ -186,4 +186,34 @@ impl DistributedSampler {
         self.position = state.position;
         Ok(())
     }
+
+    /// Restores a position saved by any rank of a run on another world size (a resume after
+    /// losing or adding workers). The epoch's order is one permutation whatever the world
+    /// size, dealt round-robin: sample `p` of it goes to rank `p % world` at local position
+    /// `p / world`. So when every rank of the saving run consumed `position` samples, the
+    /// global position is `position * saved_world`, and this rank continues from there; the
+    /// remaining global order is the same. Needs the global position to be a multiple of
+    /// this world size (a global batch that both world sizes divide). Near the epoch's end the
+    /// padding (or the dropped tail) depends on the world size and may differ.
+    pub fn load_resharded(&mut self, state: &SamplerState) -> Result<()> {
+        let mine = (self.len, self.shuffle, self.drop_last, self.seed);
+        let saved = (state.len, state.shuffle, state.drop_last, state.seed);
+        if mine != saved {
+            return Err(Error::State(format!(
+                "sampler saved with (len, shuffle, drop_last, seed) = {saved:?}, this one has {mine:?}; \
+                 resume with the same dataset and shuffling"
+            )));
+        }
+        let global = state.position * state.num_replicas;
+        if global % self.num_replicas != 0 {
+            return Err(Error::State(format!(
+                "{global} samples were consumed on {} ranks, which {} ranks cannot split evenly; resume \
+                 on a world size that divides the global batch",
+                state.num_replicas, self.num_replicas
+            )));
+        }
+        self.epoch = state.epoch;
+        self.position = (global / self.num_replicas).min(self.num_samples());
+        Ok(())
+    }
 }

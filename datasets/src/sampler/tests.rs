@@ -72,3 +72,26 @@ fn resume_mid_epoch_gives_the_same_remaining_order() {
     assert!(other_rank.load_state_dict(&a.state_dict()).is_err());
     assert!(DistributedSampler::new(5, 2, 2).is_err());
 }
+
+#[test]
+fn a_position_resumes_on_another_world_size_in_the_same_global_order() {
+    // 60 samples: no padding or dropped tail on 2, 3 or 4 ranks.
+    let order = DistributedSampler::new(60, 1, 0).unwrap().seed(5).epoch_indices();
+    for (from, to, consumed_per_rank) in [(2, 3, 12), (3, 2, 8), (4, 3, 3)] {
+        let mut old = DistributedSampler::new(60, from, 1).unwrap().seed(5);
+        old.advance(consumed_per_rank);
+        let global = consumed_per_rank * from;
+        for r in 0..to {
+            let mut new = DistributedSampler::new(60, to, r).unwrap().seed(5);
+            new.load_resharded(&old.state_dict()).unwrap();
+            let want: Vec<usize> = order[global..].iter().skip(r).step_by(to).copied().collect();
+            assert_eq!(new.remaining(), want, "{from} -> {to} ranks, rank {r}");
+        }
+    }
+    // 5 samples consumed on each of 2 ranks: 10, which 3 ranks cannot split.
+    let mut old = DistributedSampler::new(60, 2, 0).unwrap().seed(5);
+    old.advance(5);
+    let mut new = DistributedSampler::new(60, 3, 0).unwrap().seed(5);
+    assert!(new.load_resharded(&old.state_dict()).is_err());
+    assert!(DistributedSampler::new(61, 3, 0).unwrap().seed(5).load_resharded(&old.state_dict()).is_err());
+}

@@ -205,7 +205,7 @@ impl DistributedSampler {
             )));
         }
         let global = state.position * state.num_replicas;
-        if global % self.num_replicas != 0 {
+        if !global.is_multiple_of(self.num_replicas) {
             return Err(Error::State(format!(
                 "{global} samples were consumed on {} ranks, which {} ranks cannot split evenly; resume \
                  on a world size that divides the global batch",

@@ -117,7 +117,8 @@ mod tests {
         let load = Error::from(load);
         assert!(matches!(load, Error::Load(_)) && load.to_string().contains("missing: w"), "{load}");
 
-        let comm = Error::from(oxtrain_comm::CommError::Bootstrap("RANK is not set".into()));
+        let comm =
+            Error::from(oxtrain_comm::CommError::MissingVariable { var: "RANK", launcher: "torchrun-style" });
         assert!(matches!(comm, Error::Comm(_)) && comm.to_string().contains("RANK is not set"));
 
         let other = Error::other("the trainer's own reason");

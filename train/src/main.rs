@@ -31,7 +31,7 @@ enum Command {
     /// which `model.load_state_dict(safetensors.torch.load_file(...))` and Hugging Face's
     /// `from_pretrained` (beside a config.json) load as they are. Checksums are verified first.
     #[command(
-        after_help = "Examples:\n  oxtrain export --checkpoint runs/oxtrain/checkpoints/step-001000 --out model.safetensors\n  oxtrain export --checkpoint runs/oxtrain/checkpoints --out model.safetensors   # the newest valid one"
+        after_help = "Examples:\n  oxtrain export --checkpoint runs/oxtrain/checkpoints/step-001000 --out model.safetensors\n  oxtrain export --checkpoint runs/oxtrain/checkpoints --out model.safetensors   # the newest valid one\n  oxtrain export --merge-lora --checkpoint runs/gpt2_lora/checkpoints/final --out merged.safetensors"
     )]
     Export(ExportArgs),
     /// Evaluate a model folder or checkpoint (model.safetensors + config.toml): top-1/top-5
@@ -85,6 +85,11 @@ struct ExportArgs {
     /// The safetensors file to write (written beside it and renamed into place).
     #[arg(long)]
     out: PathBuf,
+    /// A LoRA run (`[lora]`): merge its adapters into the base of `model.init_from` and write
+    /// the full model with PyTorch's names (PEFT's `merge_and_unload`). `--checkpoint` is then a
+    /// checkpoint or model folder (`runs/NAME/checkpoints/final`).
+    #[arg(long)]
+    merge_lora: bool,
 }
 
 #[derive(clap::Args)]
@@ -196,6 +201,21 @@ fn train(mut args: TrainArgs) -> ExitCode {
 }
 
 fn export(args: ExportArgs) -> ExitCode {
+    if args.merge_lora {
+        return match oxtrain::tasks::merge::export_merged(&args.checkpoint, &args.out) {
+            Ok(m) => {
+                println!(
+                    "merged the LoRA adapters of {} ({} layers) into its base and wrote the full model ({} tensors) to {}",
+                    args.checkpoint.display(),
+                    m.adapted.len(),
+                    m.tensors,
+                    args.out.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("export", e),
+        };
+    }
     match oxtrain::checkpoint::export(&args.checkpoint, &args.out) {
         Ok(e) => {
             for s in &e.skipped {

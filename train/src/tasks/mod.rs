@@ -1,8 +1,10 @@
 //! What the loop trains: each task builds its model, its batches and its evaluation from the
 //! config; the loop in [`crate::trainer`] is the same for all of them.
 
+pub mod finetune;
 pub mod image;
 pub mod language_model;
+pub mod merge;
 pub mod text_classification;
 
 use crate::config::{Config, ModelName};

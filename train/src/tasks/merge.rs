@@ -1,0 +1,78 @@
+//! `oxtrain export --merge-lora`: a LoRA run's checkpoint (its adapters, under PEFT's names)
+//! merged into the base it adapted (`model.init_from`), written as the full model with
+//! PyTorch's names: what PEFT's `merge_and_unload()` then `save_pretrained` gives.
+
+use super::finetune::{tune, LoraDefaults, Tuned, BERT_LORA, GPT2_LORA};
+use super::language_model::build_gpt2;
+use super::text_classification::{build_bert, tokenizer_for};
+use super::{Placement, TaskResult};
+use crate::config::{Config, ConfigError, ModelName};
+use crate::runtime::TrainError;
+use crate::trainer::read_model_dir;
+use oxtrain_nn::Module;
+use oxtrain_tensor::{Device, Tensor};
+use std::path::Path;
+
+/// What [`export_merged`] wrote.
+#[derive(Debug, Clone)]
+pub struct Merged {
+    /// The adapted modules, merged (`transformer.h.0.attn.c_attn`).
+    pub adapted: Vec<String>,
+    /// Tensors written.
+    pub tensors: usize,
+}
+
+/// Rebuilds the run's base from its config, adds its adapters from `weights` (strictly) and
+/// returns the merged state dict.
+fn merge<M: Module>(
+    model: M,
+    config: &Config,
+    defaults: LoraDefaults,
+    weights: &Path,
+) -> TaskResult<(Vec<String>, Vec<(String, Tensor)>)> {
+    let Tuned::Lora(lora) = tune(model, config, defaults)? else {
+        unreachable!("export_merged checks lora.rank first")
+    };
+    lora.load_safetensors(weights, true).map_err(|e| TrainError::model(weights.display().to_string(), e))?;
+    Ok((lora.adapted.clone(), lora.merged_state_dict()))
+}
+
+/// Merges the adapters of the LoRA checkpoint or model folder `checkpoint` into the base its
+/// config names and writes the full model to `out` (written beside it, then renamed).
+pub fn export_merged(checkpoint: &Path, out: &Path) -> TaskResult<Merged> {
+    let (config, weights) = read_model_dir(checkpoint)?;
+    if config.lora.rank == 0 {
+        return Err(ConfigError::invalid(
+            "lora.rank",
+            0,
+            "--merge-lora merges a LoRA run's adapters, and this checkpoint's run trained the whole model: \
+             export it without --merge-lora",
+        )
+        .into());
+    }
+    let place = Placement { rank: 0, world_size: 1, device: Device::Cpu };
+    let vocab = tokenizer_for(&config)?.vocab_size();
+    let (adapted, state) = match config.model.name {
+        ModelName::Gpt2 => merge(build_gpt2(&config, vocab, place.device)?, &config, GPT2_LORA, &weights)?,
+        ModelName::Bert => {
+            merge(build_bert(&config, vocab, config.model.num_classes, place)?, &config, BERT_LORA, &weights)?
+        }
+        other => unreachable!("the config check allows LoRA on gpt2 and bert only, not {other:?}"),
+    };
+    let folder = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&folder).map_err(|e| TrainError::output(&folder, e))?;
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let temp = folder.join(format!(".{name}.merge-{}", std::process::id()));
+    let refs: Vec<(&str, &Tensor)> = state.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let written = oxtrain_tensor::safetensors::save(&refs, None, &temp)
+        .map_err(|e| TrainError::output(out, e))
+        .and_then(|()| std::fs::rename(&temp, out).map_err(|e| TrainError::output(out, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written?;
+    Ok(Merged { adapted, tensors: state.len() })
+}

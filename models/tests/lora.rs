@@ -14,6 +14,8 @@ use oxtrain_tensor::{Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+type StateDict = Vec<(String, Tensor)>;
+
 const FIXTURES: &str = include_str!("../fixtures/lora.json");
 
 fn fixture(path: &str) -> PathBuf {
@@ -134,14 +136,13 @@ fn merged_in_f64(w: &Tensor, a: &Tensor, b: &Tensor, scale: f64, fan_in_fan_out:
 fn merged_state_is_base_plus_scaled_product_and_gives_the_same_logits() {
     let fx = Fixtures::parse(FIXTURES, "lora.json");
     for fan_in_fan_out in [true, false] {
-        let (merged, adapters, base): (Vec<(String, Tensor)>, Vec<(String, Tensor)>, Vec<(String, Tensor)>) =
-            if fan_in_fan_out {
-                let m = gpt2_with_peft_adapter();
-                (m.merged_state_dict(), m.state_dict(), m.model.state_dict())
-            } else {
-                let m = bert_with_peft_adapter();
-                (m.merged_state_dict(), m.state_dict(), m.model.state_dict())
-            };
+        let (merged, adapters, base): (StateDict, StateDict, StateDict) = if fan_in_fan_out {
+            let m = gpt2_with_peft_adapter();
+            (m.merged_state_dict(), m.state_dict(), m.model.state_dict())
+        } else {
+            let m = bert_with_peft_adapter();
+            (m.merged_state_dict(), m.state_dict(), m.model.state_dict())
+        };
         let get =
             |list: &[(String, Tensor)], name: &str| list.iter().find(|(n, _)| n == name).unwrap().1.clone();
         let mut checked = 0;

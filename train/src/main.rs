@@ -202,7 +202,7 @@ fn train(mut args: TrainArgs) -> ExitCode {
 
 fn export(args: ExportArgs) -> ExitCode {
     if args.merge_lora {
-        return match oxtrain::tasks::merge::export_merged(&args.checkpoint, &args.out) {
+        return match oxtrain::merge_lora::export_merged(&args.checkpoint, &args.out) {
             Ok(m) => {
                 println!(
                     "merged the LoRA adapters of {} ({} layers) into its base and wrote the full model ({} tensors) to {}",

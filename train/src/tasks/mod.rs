@@ -4,7 +4,6 @@
 pub mod finetune;
 pub mod image;
 pub mod language_model;
-pub mod merge;
 pub mod text_classification;
 
 use crate::config::{Config, ModelName};

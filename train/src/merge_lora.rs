@@ -2,12 +2,12 @@
 //! merged into the base it adapted (`model.init_from`), written as the full model with
 //! PyTorch's names: what PEFT's `merge_and_unload()` then `save_pretrained` gives.
 
-use super::finetune::{tune, LoraDefaults, Tuned, BERT_LORA, GPT2_LORA};
-use super::language_model::build_gpt2;
-use super::text_classification::{build_bert, tokenizer_for};
-use super::{Placement, TaskResult};
 use crate::config::{Config, ConfigError, ModelName};
 use crate::runtime::TrainError;
+use crate::tasks::finetune::{tune, LoraDefaults, Tuned, BERT_LORA, GPT2_LORA};
+use crate::tasks::language_model::build_gpt2;
+use crate::tasks::text_classification::{build_bert, tokenizer_for};
+use crate::tasks::{Placement, TaskResult};
 use crate::trainer::read_model_dir;
 use oxtrain_nn::Module;
 use oxtrain_tensor::{Device, Tensor};
@@ -22,6 +22,9 @@ pub struct Merged {
     pub tensors: usize,
 }
 
+/// Tensors by state-dict name, in the model's order.
+type StateDict = Vec<(String, Tensor)>;
+
 /// Rebuilds the run's base from its config, adds its adapters from `weights` (strictly) and
 /// returns the merged state dict.
 fn merge<M: Module>(
@@ -29,7 +32,7 @@ fn merge<M: Module>(
     config: &Config,
     defaults: LoraDefaults,
     weights: &Path,
-) -> TaskResult<(Vec<String>, Vec<(String, Tensor)>)> {
+) -> TaskResult<(Vec<String>, StateDict)> {
     let Tuned::Lora(lora) = tune(model, config, defaults)? else {
         unreachable!("export_merged checks lora.rank first")
     };

@@ -13,55 +13,92 @@ use oxtrain_nn::Module;
 use oxtrain_tensor::{Device, Tensor};
 use std::path::Path;
 
-/// What [`export_merged`] wrote.
+/// What [`export_merged`] or [`export_peft_adapter`] wrote.
 #[derive(Debug, Clone)]
 pub struct Merged {
     /// The adapted modules, merged (`transformer.h.0.attn.c_attn`).
     pub adapted: Vec<String>,
-    /// Tensors written.
+    /// Tensors written (the merged model's, or the adapter file's).
     pub tensors: usize,
 }
 
-/// Tensors by state-dict name, in the model's order.
-type StateDict = Vec<(String, Tensor)>;
+/// What an export of a LoRA run writes.
+#[derive(Clone, Copy)]
+enum Output<'a> {
+    /// The full model with the adapters merged, one safetensors file.
+    Merged(&'a Path),
+    /// PEFT's adapter folder (`adapter_model.safetensors`, `adapter_config.json`).
+    PeftAdapter(&'a Path),
+}
 
 /// Rebuilds the run's base from its config, adds its adapters from `weights` (strictly) and
-/// returns the merged state dict.
-fn merge<M: Module>(
+/// writes `output`.
+fn write<M: Module>(
     model: M,
     config: &Config,
     defaults: LoraDefaults,
     weights: &Path,
-) -> TaskResult<(Vec<String>, StateDict)> {
+    output: Output<'_>,
+) -> TaskResult<Merged> {
     let Tuned::Lora(lora) = tune(model, config, defaults)? else {
-        unreachable!("export_merged checks lora.rank first")
+        unreachable!("export checks lora.rank first")
     };
     lora.load_safetensors(weights, true).map_err(|e| TrainError::model(weights.display().to_string(), e))?;
-    Ok((lora.adapted.clone(), lora.merged_state_dict()))
+    let adapted = lora.adapted.clone();
+    match output {
+        Output::Merged(out) => {
+            let state = lora.merged_state_dict();
+            write_atomically(&state, out)?;
+            Ok(Merged { adapted, tensors: state.len() })
+        }
+        Output::PeftAdapter(dir) => {
+            oxtrain_nn::lora::peft::save_adapter(&lora, dir, &config.model.init_from)
+                .map_err(|e| TrainError::output(dir, e))?;
+            Ok(Merged { adapted, tensors: lora.state_dict().len() })
+        }
+    }
 }
 
 /// Merges the adapters of the LoRA checkpoint or model folder `checkpoint` into the base its
 /// config names and writes the full model to `out` (written beside it, then renamed).
 pub fn export_merged(checkpoint: &Path, out: &Path) -> TaskResult<Merged> {
+    export(checkpoint, Output::Merged(out))
+}
+
+/// Writes the adapters of the LoRA checkpoint or model folder `checkpoint` as PEFT's adapter
+/// folder `dir`, which `PeftModel.from_pretrained(base, dir)` loads (its
+/// `base_model_name_or_path` is the run's `model.init_from`).
+pub fn export_peft_adapter(checkpoint: &Path, dir: &Path) -> TaskResult<Merged> {
+    export(checkpoint, Output::PeftAdapter(dir))
+}
+
+fn export(checkpoint: &Path, output: Output<'_>) -> TaskResult<Merged> {
     let (config, weights) = read_model_dir(checkpoint)?;
     if config.lora.rank == 0 {
         return Err(ConfigError::invalid(
             "lora.rank",
             0,
-            "--merge-lora merges a LoRA run's adapters, and this checkpoint's run trained the whole model: \
-             export it without --merge-lora",
+            "--merge-lora and --peft-adapter export a LoRA run's adapters, and this checkpoint's run trained \
+             the whole model: export it without them",
         )
         .into());
     }
     let place = Placement { rank: 0, world_size: 1, device: Device::Cpu };
     let vocab = tokenizer_for(&config)?.vocab_size();
-    let (adapted, state) = match config.model.name {
-        ModelName::Gpt2 => merge(build_gpt2(&config, vocab, place.device)?, &config, GPT2_LORA, &weights)?,
+    match config.model.name {
+        ModelName::Gpt2 => {
+            write(build_gpt2(&config, vocab, place.device)?, &config, GPT2_LORA, &weights, output)
+        }
         ModelName::Bert => {
-            merge(build_bert(&config, vocab, config.model.num_classes, place)?, &config, BERT_LORA, &weights)?
+            let model = build_bert(&config, vocab, config.model.num_classes, place)?;
+            write(model, &config, BERT_LORA, &weights, output)
         }
         other => unreachable!("the config check allows LoRA on gpt2 and bert only, not {other:?}"),
-    };
+    }
+}
+
+/// `state` to the safetensors file `out`, written beside it and renamed into place.
+fn write_atomically(state: &[(String, Tensor)], out: &Path) -> TaskResult<()> {
     let folder = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),
@@ -76,6 +113,5 @@ pub fn export_merged(checkpoint: &Path, out: &Path) -> TaskResult<Merged> {
     if written.is_err() {
         let _ = std::fs::remove_file(&temp);
     }
-    written?;
-    Ok(Merged { adapted, tensors: state.len() })
+    written
 }

@@ -242,3 +242,33 @@ fn lora_under_ddp_reduces_only_the_adapters() {
     }
     let _ = of_kind;
 }
+
+/// PEFT itself loads what `export --peft-adapter` writes, and its forward equals the model
+/// `export --merge-lora` writes (train/tests/checkpoint/peft_check.py).
+#[test]
+#[ignore = "needs a python with torch, transformers, peft and safetensors (OXTRAIN_TEST_PYTHON)"]
+fn peft_loads_the_exported_adapter_and_agrees_with_the_merged_model() {
+    let python = std::env::var("OXTRAIN_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let dir = tempfile::tempdir().unwrap();
+    lora_run(dir.path(), &[]);
+    let final_dir = "runs/oxtrain/checkpoints/final";
+    oxtrain(dir.path(), &["export", "--peft-adapter", "--checkpoint", final_dir, "--out", "adapter"]).ok();
+    oxtrain(
+        dir.path(),
+        &["export", "--merge-lora", "--checkpoint", final_dir, "--out", "merged.safetensors"],
+    )
+    .ok();
+    let out = std::process::Command::new(&python)
+        .arg(common::repo().join("train/tests/checkpoint/peft_check.py"))
+        .arg(fixture("gpt2_lora/base"))
+        .arg(dir.path().join("adapter"))
+        .arg(dir.path().join("merged.safetensors"))
+        .output()
+        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -240,7 +240,6 @@ fn lora_under_ddp_reduces_only_the_adapters() {
     for (name, t) in &a {
         assert_eq!(t.to_f64_vec(), b[name].to_f64_vec(), "{name} differs between the ranks");
     }
-    let _ = of_kind;
 }
 
 /// PEFT itself loads what `export --peft-adapter` writes, and its forward equals the model
@@ -271,4 +270,55 @@ fn peft_loads_the_exported_adapter_and_agrees_with_the_merged_model() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// BERT with LoRA on a 3-class checkpoint for 2 classes: a new classifier (one line), the
+/// adapters and the classifier saved under the names PEFT's SEQ_CLS saves (its fixture file),
+/// and a resumed run continues from them.
+#[test]
+fn bert_lora_with_a_new_head_saves_peft_names_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Upper case and digits: byte ids below the tiny fixture's vocabulary of 100.
+    let lines: String = (0..64)
+        .map(|i| {
+            format!(
+                "{{\"text\": \"{} {i}\", \"label\": {}}}\n",
+                if i % 2 == 0 { "GOOD FUN" } else { "BAD DAY" },
+                i % 2
+            )
+        })
+        .collect();
+    std::fs::write(dir.path().join("t.jsonl"), lines).unwrap();
+    let init = format!("model.init_from={}", fixture("bert_tiny").display());
+    let args = |steps: &'static str| {
+        vec![
+            "train",
+            "model.name=bert",
+            "data.kind=jsonl_classification",
+            "data.train=t.jsonl",
+            "data.batch_size=8",
+            "data.max_length=16",
+            &init,
+            "lora.rank=4",
+            "lora.alpha=16",
+            steps,
+            "checkpoint.every_steps=3",
+            "train.device=cpu",
+            "log.progress=lines",
+        ]
+    };
+    let r = oxtrain(dir.path(), &args("train.steps=3"));
+    r.ok();
+    let head: Vec<&str> = r.stdout.lines().filter(|l| l.contains("new head `classifier`")).collect();
+    assert!(head.len() == 1 && head[0].contains("[3, 32]") && head[0].contains("[2, 32]"), "{}", r.stdout);
+    let ours = tensors(&dir.path().join("runs/oxtrain/checkpoints/final/model.safetensors"));
+    let peft = tensors(&fixture("bert_lora/adapter/adapter_model.safetensors"));
+    let (a, b): (BTreeSet<&String>, BTreeSet<&String>) = (ours.keys().collect(), peft.keys().collect());
+    assert_eq!(a, b, "the checkpoint's names are PEFT's");
+    let mut resumed = args("train.steps=6");
+    resumed.push("--resume");
+    let r = oxtrain(dir.path(), &resumed);
+    r.ok();
+    let m = metrics(&dir.path().join("runs/oxtrain/metrics.jsonl"));
+    assert_eq!(of_kind(&m, "train").last().unwrap()["step"], 6, "{}", r.stdout);
 }

@@ -267,6 +267,14 @@ impl<M: Module> Module for DistributedDataParallel<M> {
     fn training_flag(&self) -> Option<&TrainingFlag> {
         self.module.training_flag()
     }
+    // The module's own mode switch: a wrapper that shows only part of itself to a walk (LoRA's
+    // adapters) still reaches every dropout of the model.
+    fn train(&self, training: bool) {
+        self.module.train(training)
+    }
+    fn is_training(&self) -> bool {
+        self.module.is_training()
+    }
 }
 
 impl<M: Forward> Forward for DistributedDataParallel<M> {

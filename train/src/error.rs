@@ -14,6 +14,14 @@ pub enum Error {
     #[error(transparent)]
     Load(#[from] oxtrain_nn::LoadError),
 
+    /// `optim.freeze` patterns that do not fit the model.
+    #[error(transparent)]
+    Freeze(#[from] oxtrain_nn::FreezeError),
+
+    /// LoRA adapters that do not fit the model, or PEFT files that cannot be read or written.
+    #[error(transparent)]
+    Lora(#[from] oxtrain_nn::lora::LoraError),
+
     /// Models: configs, checkpoints, tokenizers.
     #[error(transparent)]
     Model(#[from] oxtrain_models::ModelError),

@@ -29,6 +29,7 @@ pub mod config;
 mod error;
 pub mod eval;
 pub mod launch;
+pub mod merge_lora;
 pub mod metrics;
 pub mod prelude;
 pub mod runtime;

@@ -31,7 +31,7 @@ enum Command {
     /// which `model.load_state_dict(safetensors.torch.load_file(...))` and Hugging Face's
     /// `from_pretrained` (beside a config.json) load as they are. Checksums are verified first.
     #[command(
-        after_help = "Examples:\n  oxtrain export --checkpoint runs/oxtrain/checkpoints/step-001000 --out model.safetensors\n  oxtrain export --checkpoint runs/oxtrain/checkpoints --out model.safetensors   # the newest valid one"
+        after_help = "Examples:\n  oxtrain export --checkpoint runs/oxtrain/checkpoints/step-001000 --out model.safetensors\n  oxtrain export --checkpoint runs/oxtrain/checkpoints --out model.safetensors   # the newest valid one\n  oxtrain export --merge-lora --checkpoint runs/gpt2_lora/checkpoints/final --out merged.safetensors\n  oxtrain export --peft-adapter --checkpoint runs/gpt2_lora/checkpoints/final --out gpt2-adapter"
     )]
     Export(ExportArgs),
     /// Evaluate a model folder or checkpoint (model.safetensors + config.toml): top-1/top-5
@@ -85,6 +85,15 @@ struct ExportArgs {
     /// The safetensors file to write (written beside it and renamed into place).
     #[arg(long)]
     out: PathBuf,
+    /// A LoRA run (`[lora]`): merge its adapters into the base of `model.init_from` and write
+    /// the full model with PyTorch's names (PEFT's `merge_and_unload`). `--checkpoint` is then a
+    /// checkpoint or model folder (`runs/NAME/checkpoints/final`).
+    #[arg(long, conflicts_with = "peft_adapter")]
+    merge_lora: bool,
+    /// A LoRA run: write its adapters as PEFT's adapter folder `--out` (adapter_model.safetensors
+    /// and adapter_config.json), which `PeftModel.from_pretrained(base, out)` loads.
+    #[arg(long)]
+    peft_adapter: bool,
 }
 
 #[derive(clap::Args)]
@@ -196,6 +205,36 @@ fn train(mut args: TrainArgs) -> ExitCode {
 }
 
 fn export(args: ExportArgs) -> ExitCode {
+    if args.peft_adapter {
+        return match oxtrain::merge_lora::export_peft_adapter(&args.checkpoint, &args.out) {
+            Ok(m) => {
+                println!(
+                    "wrote the LoRA adapters of {} ({} layers, {} tensors) as PEFT's adapter folder {}",
+                    args.checkpoint.display(),
+                    m.adapted.len(),
+                    m.tensors,
+                    args.out.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("export", e),
+        };
+    }
+    if args.merge_lora {
+        return match oxtrain::merge_lora::export_merged(&args.checkpoint, &args.out) {
+            Ok(m) => {
+                println!(
+                    "merged the LoRA adapters of {} ({} layers) into its base and wrote the full model ({} tensors) to {}",
+                    args.checkpoint.display(),
+                    m.adapted.len(),
+                    m.tensors,
+                    args.out.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("export", e),
+        };
+    }
     match oxtrain::checkpoint::export(&args.checkpoint, &args.out) {
         Ok(e) => {
             for s in &e.skipped {

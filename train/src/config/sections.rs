@@ -187,6 +187,10 @@ pub struct OptimConfig {
     pub eps: f64,
     /// LARS's eta.
     pub trust_coefficient: f64,
+    /// Parameters to freeze, as globs on state_dict names (`["layer1.*", "conv1.*"]`): they
+    /// keep their loaded values and stay out of the optimizer and DDP; a pattern that matches
+    /// nothing is an error.
+    pub freeze: Vec<String>,
 }
 
 impl Default for OptimConfig {
@@ -203,6 +207,7 @@ impl Default for OptimConfig {
             beta2: 0.999,
             eps: 1e-8,
             trust_coefficient: 0.001,
+            freeze: Vec::new(),
         }
     }
 }
@@ -455,5 +460,28 @@ impl Default for LogConfig {
             plots: true,
             overwrite: false,
         }
+    }
+}
+
+/// `[lora]`: low-rank adapters (PEFT's LoRA) on a pretrained GPT-2 or BERT (`model.init_from`).
+/// The base stays frozen; only the adapters (and BERT's classifier) train and are saved, under
+/// PEFT's names.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSection {
+    /// The adapters' rank (PEFT's `r`); 0 trains the whole model (no LoRA).
+    pub rank: usize,
+    /// The update is scaled by alpha / rank (PEFT's `lora_alpha`).
+    pub alpha: f64,
+    /// Dropout on the adapters' input while training (PEFT's `lora_dropout`).
+    pub dropout: f64,
+    /// Module names to adapt (PEFT's `target_modules`); empty: PEFT's default for the model
+    /// (`c_attn` for GPT-2, `query` and `value` for BERT).
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        LoraSection { rank: 0, alpha: 8.0, dropout: 0.0, targets: Vec::new() }
     }
 }

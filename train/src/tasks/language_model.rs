@@ -2,6 +2,7 @@
 //! folder) on text files packed into blocks; the loss is the next-token cross-entropy and the
 //! evaluation reports perplexity.
 
+use super::finetune::{tune, Tuned, GPT2_LORA};
 use super::text_classification::tokenizer_for;
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::Config;
@@ -86,6 +87,21 @@ pub fn gpt2_config(config: &Config, tokenizer_vocab: usize) -> TaskResult<Gpt2Co
     Ok(c)
 }
 
+/// GPT-2 of the config's shape (a vocabulary of `tokenizer_vocab` unless set), with
+/// `model.init_from`'s weights when given.
+pub fn build_gpt2(
+    config: &Config,
+    tokenizer_vocab: usize,
+    device: oxtrain_tensor::Device,
+) -> TaskResult<Gpt2LMHeadModel> {
+    let c = gpt2_config(config, tokenizer_vocab)?;
+    let model = Gpt2LMHeadModel::new(&c, device).map_err(|e| TrainError::model("", e))?;
+    if !config.model.init_from.is_empty() {
+        model.load_weights(&config.model.init_from).map_err(|e| TrainError::model("model.init_from", e))?;
+    }
+    Ok(model)
+}
+
 impl LanguageModel {
     pub fn new(config: &Config, place: Placement) -> TaskResult<Self> {
         let d = &config.data;
@@ -138,7 +154,7 @@ impl LanguageModel {
 }
 
 impl Task for LanguageModel {
-    type Model = Gpt2LMHeadModel;
+    type Model = Tuned<Gpt2LMHeadModel>;
     type Batch = (Tensor, Tensor);
 
     fn config(&self) -> &Config {
@@ -158,15 +174,8 @@ impl Task for LanguageModel {
         )
     }
 
-    fn build_model(&self) -> TaskResult<Gpt2LMHeadModel> {
-        let c = gpt2_config(&self.config, self.vocab_size)?;
-        let model = Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::model("", e))?;
-        if !self.config.model.init_from.is_empty() {
-            model
-                .load_weights(&self.config.model.init_from)
-                .map_err(|e| TrainError::model("model.init_from", e))?;
-        }
-        Ok(model)
+    fn build_model(&self) -> TaskResult<Tuned<Gpt2LMHeadModel>> {
+        tune(build_gpt2(&self.config, self.vocab_size, self.place.device)?, &self.config, GPT2_LORA)
     }
 
     fn batches_per_epoch(&self) -> usize {
@@ -192,11 +201,11 @@ impl Task for LanguageModel {
         batch.0.elem_count()
     }
 
-    fn loss(&self, model: &Gpt2LMHeadModel, (x, y): &(Tensor, Tensor)) -> Var {
+    fn loss(&self, model: &Tuned<Gpt2LMHeadModel>, (x, y): &(Tensor, Tensor)) -> Var {
         Gpt2LMHeadModel::loss(&model.forward(x, None), y)
     }
 
-    fn evaluate(&self, strategy: &Strategy<Gpt2LMHeadModel>) -> TaskResult<Option<Evaluation>> {
+    fn evaluate(&self, strategy: &Strategy<Tuned<Gpt2LMHeadModel>>) -> TaskResult<Option<Evaluation>> {
         let Some(val) = &self.val else { return Ok(None) };
         let model = strategy.module();
         model.eval();

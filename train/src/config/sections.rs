@@ -441,6 +441,11 @@ pub struct LogConfig {
     pub progress: ProgressMode,
     /// Write loss / accuracy / lr plots (PNG) beside the metrics after every evaluation.
     pub plots: bool,
+    /// Write a TensorBoard event file (events.out.tfevents.oxtrain) beside the metrics:
+    /// `tensorboard --logdir <log.dir>`.
+    pub tensorboard: bool,
+    /// Write log.csv (a row per logged step) and eval.csv (a row per evaluation).
+    pub csv: bool,
     /// Start afresh in a `dir` that holds a run (its metrics and checkpoints are deleted);
     /// without it such a start is refused (`oxtrain train --overwrite` sets it).
     pub overwrite: bool,
@@ -453,6 +458,8 @@ impl Default for LogConfig {
             every_steps: 10,
             progress: ProgressMode::Auto,
             plots: true,
+            tensorboard: true,
+            csv: true,
             overwrite: false,
         }
     }

@@ -384,6 +384,7 @@ impl<'a, T: Task> Trainer<'a, T> {
             wall_time: unix_time(),
             elapsed: log.elapsed(),
             bad_files: self.task.bad_files(),
+            grad_norm: None,
         };
         self.progress.record(&r, self.plan.total);
         log.log_step(r)?;

@@ -39,7 +39,10 @@ fn tensorboard_reads_every_scalar_of_a_resumed_run() {
     let python = python();
     if !has_tensorboard(&python) {
         let required = std::env::var("OXTRAIN_REQUIRE_TENSORBOARD").is_ok_and(|v| v == "1");
-        assert!(!required, "`{python}` cannot import tensorboard (pip install tensorboard, or set OXTRAIN_TEST_PYTHON)");
+        assert!(
+            !required,
+            "`{python}` cannot import tensorboard (pip install tensorboard, or set OXTRAIN_TEST_PYTHON)"
+        );
         println!("skipped: `{python}` cannot import tensorboard");
         return;
     }
@@ -71,8 +74,10 @@ fn tensorboard_reads_every_scalar_of_a_resumed_run() {
     expected.insert("eval/loss", vec![(2, 3.25)]);
     expected.insert("eval/accuracy", vec![(2, 0.625)]);
     // The float32 values TensorBoard holds.
-    let expected: BTreeMap<&str, Vec<(usize, f64)>> =
-        expected.into_iter().map(|(k, v)| (k, v.into_iter().map(|(s, x)| (s, x as f32 as f64)).collect())).collect();
+    let expected: BTreeMap<&str, Vec<(usize, f64)>> = expected
+        .into_iter()
+        .map(|(k, v)| (k, v.into_iter().map(|(s, x)| (s, x as f32 as f64)).collect()))
+        .collect();
     let expected_path = d.join("expected.json");
     std::fs::write(&expected_path, serde_json::to_string(&expected).unwrap()).unwrap();
 

@@ -14,7 +14,7 @@
 mod tests;
 mod writer;
 
-pub use writer::ShardWriter;
+pub use writer::{write_shard, ShardWriter};
 
 use crate::error::{Error, Result};
 use memmap2::Mmap;

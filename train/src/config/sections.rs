@@ -74,6 +74,9 @@ pub enum DataKind {
     ImageFolder,
     /// Text files (.txt, or .jsonl with a "text" field) packed into blocks of tokens.
     TextLm,
+    /// llm.c token shards (`oxtrain tokenize` writes them) read by mmap: data.train and
+    /// data.val name a folder of `.bin` files, a glob pattern or one file.
+    TokenShards,
     /// Lines of `{"text": ..., "label": ...}`.
     JsonlClassification,
     /// The built-in example's drawn shapes, written once as an ImageFolder into `data.cache`.
@@ -97,7 +100,8 @@ pub enum BadFiles {
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
     pub kind: DataKind,
-    /// Training data: a folder of class folders (image_folder), or a .txt / .jsonl file.
+    /// Training data: a folder of class folders (image_folder), a .txt / .jsonl file
+    /// (text_lm), or shards (token_shards: a folder, a pattern such as "data/x_train_*.bin").
     pub train: String,
     /// Evaluation data, of the same kind; "": no evaluation.
     pub val: String,
@@ -118,7 +122,7 @@ pub struct DataConfig {
     /// Text: a Hugging Face tokenizer.json; "": bytes as tokens (257 ids) when `init_from`
     /// has no tokenizer.json beside it.
     pub tokenizer: String,
-    /// text_lm: tokens per sample.
+    /// text_lm, token_shards: tokens per sample.
     pub block_size: usize,
     /// jsonl_classification: longer texts are cut to this many tokens.
     pub max_length: usize,

@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod prelude;
 pub mod runtime;
 pub mod tasks;
+pub mod tokenize;
 pub mod trainer;
 
 pub use error::{Error, Result};

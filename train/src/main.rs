@@ -53,6 +53,12 @@ enum Command {
         after_help = "Examples:\n  oxtrain config --print\n  oxtrain config --print --config examples/configs/bert_jsonl.toml data.batch_size=16"
     )]
     Config(ConfigArgs),
+    /// Tokenize text files (.txt: one document; .jsonl: a "text" per line) with a Hugging Face
+    /// tokenizer.json into llm.c token shards for data.kind = "token_shards", in parallel.
+    #[command(
+        after_help = "Examples:\n  oxtrain tokenize --tokenizer gpt2/tokenizer.json --out data/shards corpus.txt\n  oxtrain tokenize --tokenizer tokenizer.json --out data/web --name web --val-shard --shard-tokens 100000000 part-*.jsonl"
+    )]
+    Tokenize(TokenizeArgs),
     /// Time a whole training step of a built-in model on synthetic data (JSON on stdout).
     Bench(bench::BenchArgs),
 }
@@ -138,6 +144,28 @@ struct LaunchArgs {
     /// What each worker runs: an oxtrain subcommand (`train ...`) or any program.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<std::ffi::OsString>,
+}
+
+#[derive(clap::Args)]
+struct TokenizeArgs {
+    /// The tokenizer.json (or a folder holding one); its <|endoftext|>, [SEP] or </s> ends each document.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// The folder the shards are written into.
+    #[arg(long)]
+    out: PathBuf,
+    /// Tokens per shard.
+    #[arg(long, default_value_t = 100_000_000)]
+    shard_tokens: usize,
+    /// Shard file names: NAME_train_000000.bin, ...
+    #[arg(long, default_value = "tokens")]
+    name: String,
+    /// Make the first shard NAME_val_000000.bin, the validation split (as llm.c does).
+    #[arg(long)]
+    val_shard: bool,
+    /// The text files, in order.
+    #[arg(required = true, value_name = "FILE")]
+    inputs: Vec<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -291,6 +319,25 @@ fn launch(a: LaunchArgs) -> ExitCode {
     }
 }
 
+fn tokenize(a: TokenizeArgs) -> ExitCode {
+    let spec = oxtrain::tokenize::TokenizeSpec {
+        tokenizer: a.tokenizer,
+        out: a.out,
+        inputs: a.inputs,
+        shard_tokens: a.shard_tokens,
+        name: a.name,
+        val_first: a.val_shard,
+        progress: true,
+    };
+    match oxtrain::tokenize::tokenize(&spec) {
+        Ok(summary) => {
+            println!("{}", summary.report(&spec));
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("tokenize", e),
+    }
+}
+
 fn config(args: ConfigArgs) -> ExitCode {
     match Config::load(args.config.as_deref(), &args.overrides) {
         Ok(c) => {
@@ -333,6 +380,7 @@ fn main() -> ExitCode {
         Some(Command::Eval(a)) => eval(a),
         Some(Command::Config(a)) => config(a),
         Some(Command::Launch(a)) => launch(a),
+        Some(Command::Tokenize(a)) => tokenize(a),
         Some(Command::Bench(b)) => match bench::run(&b) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail("bench", e),

@@ -95,13 +95,13 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
 fn check_model(c: &Config) -> Result<(), ConfigError> {
     let d = &c.data;
     let fits = match c.model.name {
-        ModelName::Gpt2 => d.kind == DataKind::TextLm,
+        ModelName::Gpt2 => matches!(d.kind, DataKind::TextLm | DataKind::TokenShards),
         ModelName::Bert => d.kind == DataKind::JsonlClassification,
         _ => matches!(d.kind, DataKind::ImageFolder | DataKind::SyntheticShapes),
     };
     if !fits {
         let wants = match c.model.name {
-            ModelName::Gpt2 => "\"text_lm\"",
+            ModelName::Gpt2 => "\"text_lm\" or \"token_shards\"",
             ModelName::Bert => "\"jsonl_classification\"",
             _ => "\"image_folder\" or \"synthetic_shapes\"",
         };

@@ -21,8 +21,13 @@ pub fn tokenizer_for(config: &Config) -> TaskResult<Box<dyn Tokenizer>> {
         "" => return Ok(Box::new(ByteTokenizer)),
         p => p.into(),
     };
-    let tok = oxtrain_models::Tokenizer::from_file(&path)
-        .map_err(|e| TrainError::data(format!("data.tokenizer = {:?}", path.display().to_string()), e))?;
+    hf_tokenizer(&path, format!("data.tokenizer = {:?}", path.display().to_string()))
+}
+
+/// A Hugging Face tokenizer.json as a [`Tokenizer`], its end-of-text token found by name;
+/// `context` says where the path came from in an error.
+pub fn hf_tokenizer(path: &Path, context: String) -> TaskResult<Box<dyn Tokenizer>> {
+    let tok = oxtrain_models::Tokenizer::from_file(path).map_err(|e| TrainError::data(context, e))?;
     let eos = ["<|endoftext|>", "[SEP]", "</s>"].iter().find_map(|t| tok.token_to_id(t));
     let vocab = tok.inner().get_vocab_size(true);
     Ok(Box::new(oxtrain_datasets::text::FnTokenizer {

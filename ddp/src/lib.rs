@@ -98,7 +98,8 @@ impl<M: Module> DistributedDataParallel<M> {
                 return Err(DdpError::BadBucketCap { field: what, value: mb });
             }
         }
-        let named = module.named_parameters();
+        // As PyTorch's DDP: frozen parameters are not reduced (they get no gradient).
+        let named = module.trainable_named_parameters();
         let (names, params): (Vec<String>, Vec<Var>) = named.into_iter().unzip();
         if let Some((i, p)) = params.iter().enumerate().find(|(_, p)| !reducer::reducible(p.dtype())) {
             return Err(DdpError::NotReducible { name: names[i].clone(), dtype: p.dtype() });

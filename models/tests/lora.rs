@@ -182,7 +182,7 @@ fn only_adapters_learn_and_are_listed() {
     assert_eq!(names.len(), 4, "{names:?}");
     assert!(names.iter().all(|n| n.contains(".lora_")), "{names:?}");
     // The base is frozen in place: no parameter of the inner model learns.
-    assert!(model.model.named_parameters().is_empty());
+    assert!(model.model.trainable_named_parameters().is_empty());
     // BERT's classifier is a module to save (PEFT's SEQ_CLS): it learns and is saved whole.
     let bert = bert_with_peft_adapter();
     let names: Vec<String> = bert.named_parameters().into_iter().map(|(n, _)| n).collect();

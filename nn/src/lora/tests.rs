@@ -89,7 +89,7 @@ fn only_adapters_learn_are_walked_and_get_gradients() {
         ]
     );
     assert_eq!(model.state_dict().len(), 4, "the base is not in the wrapper's state dict");
-    assert!(model.model.named_parameters().is_empty(), "the base is frozen");
+    assert!(model.model.trainable_named_parameters().is_empty(), "the base is frozen");
     let x = Var::constant(Tensor::randn([2, 5], DType::F32, Device::Cpu).unwrap());
     model.model.forward(&x).sum_all().backward();
     for (name, p) in model.named_parameters() {

@@ -128,18 +128,16 @@ pub trait Module: Send + Sync {
         });
     }
 
-    /// Every parameter that learns, with its state-dict name (`layer1.0.conv1.weight`), in
-    /// PyTorch's order: a module's own parameters first, then its children's, depth first. A
-    /// parameter shared by two modules (tied weights) appears once, under its first name, as in
-    /// PyTorch. Frozen parameters ([`Parameter::set_requires_grad`]) are left out, as
-    /// `[p for p in model.parameters() if p.requires_grad]` leaves them out of an optimizer and
-    /// DDP registers only those: what takes this list trains what it lists.
+    /// Every parameter with its state-dict name (`layer1.0.conv1.weight`), in PyTorch's order:
+    /// a module's own parameters first, then its children's, depth first. A parameter shared
+    /// by two modules (tied weights) appears once, under its first name, as in PyTorch. Frozen
+    /// parameters are listed too; [`Module::trainable_named_parameters`] leaves them out.
     fn named_parameters(&self) -> Vec<(String, Var)> {
         let mut out: Vec<(String, Var)> = Vec::new();
         walk(&|v| self.visit(v), "", &mut |name, item| {
             if let Item::Param(p) = item {
                 let var = p.var();
-                if var.requires_grad() && !out.iter().any(|(_, v)| same_tensor(v.tensor(), var.tensor())) {
+                if !out.iter().any(|(_, v)| same_tensor(v.tensor(), var.tensor())) {
                     out.push((name.to_string(), var));
                 }
             }
@@ -191,7 +189,14 @@ pub trait Module: Send + Sync {
         out
     }
 
-    /// The number of scalar parameters that learn (tied ones counted once).
+    /// The parameters that learn (not frozen by [`Parameter::set_requires_grad`]), named:
+    /// PyTorch's `[(n, p) for n, p in model.named_parameters() if p.requires_grad]`, the list
+    /// an optimizer and DDP take.
+    fn trainable_named_parameters(&self) -> Vec<(String, Var)> {
+        self.named_parameters().into_iter().filter(|(_, v)| v.requires_grad()).collect()
+    }
+
+    /// The number of scalar parameters, frozen ones included (tied ones counted once).
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(Var::elem_count).sum()
     }

@@ -18,8 +18,8 @@ use oxtrain_autograd::{autocast, Var};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
 use oxtrain_nn::lr_scheduler::LrScheduler;
 use oxtrain_nn::optim::{clip_grad_norm_, total_grad_norm, Optimizer};
-use oxtrain_tensor::Tensor;
 use oxtrain_nn::Module;
+use oxtrain_tensor::Tensor;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -94,7 +94,8 @@ impl<'a, T: Task> Trainer<'a, T> {
         });
         let guard = NonFiniteGuard::new(config, world, scaler.is_enabled());
         let progress = Progress::new(config.log.progress, strategy.rank(), plan.total, plan.epochs);
-        let (params, named_params) = (strategy.module().parameters(), strategy.module().named_parameters());
+        let named_params = strategy.module().trainable_named_parameters();
+        let params: Vec<Var> = named_params.iter().map(|(_, v)| v.clone()).collect();
         let tally = Tally {
             step: 0,
             window: LossWindow::new(0.0, 0),

@@ -3,6 +3,19 @@
 use crate::{no_grad, Var};
 use oxtrain_tensor::{DType, Distribution, Generator, Tensor};
 
+/// Why a gradient check failed: the first element whose gradients disagree, or a gradient of
+/// the wrong shape.
+#[derive(Debug, thiserror::Error)]
+pub enum GradcheckError {
+    #[error("gradcheck: input {input} (shape {shape:?}), element {element}: analytic gradient {analytic}, numeric {numeric}")]
+    Mismatch { input: usize, shape: Vec<usize>, element: usize, analytic: f64, numeric: f64 },
+    #[error("gradcheck: input {input} has shape {shape:?} but its gradient has shape {gradient:?}")]
+    GradientShape { input: usize, shape: Vec<usize>, gradient: Vec<usize> },
+    /// Drawing the output's random weights failed (device memory).
+    #[error("gradcheck: {0}")]
+    Tensor(#[source] oxtrain_tensor::Error),
+}
+
 /// Checks the gradients `f` computes for each of `inputs` against central differences with
 /// step `eps`, all in f64. A non-scalar output is reduced to `sum(f(x) * r)` with fixed random
 /// weights `r`, so every output element counts. An element passes when
@@ -10,14 +23,19 @@ use oxtrain_tensor::{DType, Distribution, Generator, Tensor};
 ///
 /// Inputs that are already f64 are used as given for the analytic pass (a transposed or
 /// narrowed input stays strided); `f` can also make views of its arguments itself.
-pub fn gradcheck(f: impl Fn(&[Var]) -> Var, inputs: &[Tensor], eps: f64, tol: f64) -> Result<(), String> {
+pub fn gradcheck(
+    f: impl Fn(&[Var]) -> Var,
+    inputs: &[Tensor],
+    eps: f64,
+    tol: f64,
+) -> Result<(), GradcheckError> {
     let inputs: Vec<Tensor> = inputs.iter().map(|t| t.to_dtype(DType::F64)).collect();
     let params: Vec<Var> = inputs.iter().cloned().map(Var::parameter).collect();
     let out = f(&params);
     let device = out.device();
     let weights = Distribution::Uniform { low: -1.0, high: 1.0 }
         .sample_with(&mut Generator::new(7), out.dims(), DType::F64, device)
-        .map_err(|e| format!("gradcheck: {e}"))?;
+        .map_err(GradcheckError::Tensor)?;
     if out.requires_grad() {
         out.backward_with(weights.to_dtype(out.dtype()), false);
     }
@@ -27,11 +45,11 @@ pub fn gradcheck(f: impl Fn(&[Var]) -> Var, inputs: &[Tensor], eps: f64, tol: f6
         let analytic = match params[i].grad() {
             Some(g) => {
                 if g.dims() != input.dims() {
-                    return Err(format!(
-                        "gradcheck: input {i} has shape {:?} but its gradient has shape {:?}",
-                        input.dims(),
-                        g.dims()
-                    ));
+                    return Err(GradcheckError::GradientShape {
+                        input: i,
+                        shape: input.dims().to_vec(),
+                        gradient: g.dims().to_vec(),
+                    });
                 }
                 g.to_f64_vec()
             }
@@ -55,10 +73,13 @@ pub fn gradcheck(f: impl Fn(&[Var]) -> Var, inputs: &[Tensor], eps: f64, tol: f6
             // Written so that a NaN on either side fails.
             let close = (a - numeric).abs() <= tol * (1.0 + numeric.abs());
             if !close {
-                return Err(format!(
-                    "gradcheck: input {i} (shape {:?}), element {j}: analytic gradient {a}, numeric {numeric}",
-                    input.dims()
-                ));
+                return Err(GradcheckError::Mismatch {
+                    input: i,
+                    shape: input.dims().to_vec(),
+                    element: j,
+                    analytic: a,
+                    numeric,
+                });
             }
         }
     }

@@ -17,7 +17,7 @@ mod var;
 
 pub use autocast::{autocast, autocast_disabled, autocast_dtype};
 pub use callback::{in_backward, queue_callback, BackwardError};
-pub use gradcheck::gradcheck;
+pub use gradcheck::{gradcheck, GradcheckError};
 pub use graph::sum_to_shape;
 pub use ops::profile;
 pub use var::{is_grad_enabled, no_grad, HookHandle, Var};

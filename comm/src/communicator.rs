@@ -44,9 +44,8 @@ pub trait Communicator: Send + Sync {
     /// collective (every rank, same shape and dtype, same order; `device` must be the
     /// communicator's GPU). Other backends give an ordinary tensor on `device`.
     fn symmetric_tensor(&self, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
-        Tensor::zeros(shape, dtype, device).map_err(|e| CommError::Io {
-            what: format!("allocating a {dtype} buffer for {} collectives", self.backend()),
-            message: e.to_string(),
+        Tensor::zeros(shape, dtype, device).map_err(|e| {
+            CommError::tensor(format!("allocating a {dtype} buffer for {} collectives", self.backend()), e)
         })
     }
 }

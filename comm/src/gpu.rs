@@ -16,7 +16,7 @@ use oxtrain_tensor::cuda::{Event, Stream};
 use oxtrain_tensor::{DType, Device, Storage, Tensor};
 
 pub(crate) fn cuda_err(what: impl Into<String>, e: impl std::fmt::Display) -> CommError {
-    CommError::Io { what: what.into(), message: e.to_string() }
+    CommError::Library { library: "cuda", what: what.into(), message: e.to_string() }
 }
 
 /// A contiguous CUDA tensor's elements as the device sees them.

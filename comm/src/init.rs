@@ -21,11 +21,11 @@ pub struct ProcessGroup {
 fn gpu_ordinal(env: &LaunchEnv) -> Result<usize> {
     let count = oxtrain_tensor::cuda::device_count();
     if env.local_rank >= count {
-        return Err(CommError::Bootstrap(format!(
+        return Err(CommError::Placement { reason: format!(
             "local rank {} needs cuda:{}, but this process sees {count} CUDA device(s) (one process per GPU; check \
              CUDA_VISIBLE_DEVICES and LOCAL_RANK)",
             env.local_rank, env.local_rank
-        )));
+        ) });
     }
     Ok(env.local_rank)
 }
@@ -44,21 +44,21 @@ pub fn init_from_env() -> Result<ProcessGroup> {
         None if env.single_node() => "shm".into(),
         None if cfg!(feature = "mpi") => "mpi".into(),
         None => {
-            return Err(CommError::Bootstrap(format!(
+            return Err(CommError::Placement { reason: format!(
                 "{} ranks over several hosts need a network backend: build with `--features mpi` and launch with \
                  mpirun or srun, or use the nccl backend for GPUs",
                 env.world_size
-            )))
+            ) })
         }
     };
     let store = store_from_env(&env, opts.comm.timeout)?;
     match backend.as_str() {
         "shm" => {
             if !env.single_node() {
-                return Err(CommError::Bootstrap(format!(
+                return Err(CommError::Placement { reason: format!(
                     "backend shm needs every rank on one host, but LOCAL_WORLD_SIZE={} < WORLD_SIZE={}",
                     env.local_world_size, env.world_size
-                )));
+                ) });
             }
             let ShmWorld { comm, heap } = crate::shm::connect(env.rank, env.world_size, &store, &opts)?;
             Ok(ProcessGroup { comm: Box::new(comm), store, env, heap: Some(heap) })
@@ -83,10 +83,10 @@ pub fn init_from_env() -> Result<ProcessGroup> {
             let comm = crate::mpi::connect(&opts.comm)?;
             Ok(ProcessGroup { comm: Box::new(comm), store, env, heap: None })
         }
-        other => Err(CommError::Bootstrap(format!(
+        other => Err(CommError::Placement { reason: format!(
             "OXTRAIN_COMM_BACKEND={other:?} is not available in this build (CPU backends: shm{}; GPU backends: nccl, \
              nvshmem)",
             if cfg!(feature = "mpi") { ", mpi" } else { "; mpi needs --features mpi" }
-        ))),
+        ) }),
     }
 }

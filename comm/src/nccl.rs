@@ -98,7 +98,7 @@ mod ffi {
 struct NcclError(String);
 
 fn nccl_err(what: &str, e: NcclError) -> CommError {
-    CommError::Io { what: format!("nccl: {what}"), message: e.0 }
+    CommError::Library { library: "nccl", what: what.to_string(), message: e.0 }
 }
 
 /// The loaded library (once per process).
@@ -230,10 +230,7 @@ impl NcclCommunicator {
         } else {
             let bytes = store.get(&key)?;
             if bytes.len() != 128 {
-                return Err(CommError::Bootstrap(format!(
-                    "nccl: the unique id in the store has {} bytes, not 128",
-                    bytes.len()
-                )));
+                return Err(CommError::BadUniqueId { backend: "nccl", bytes: bytes.len(), expected: 128 });
             }
             id.internal.copy_from_slice(&bytes);
         }

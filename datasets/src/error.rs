@@ -20,6 +20,17 @@ pub enum Error {
     #[error("{}:{line}: {reason}", path.display())]
     BadRecord { path: PathBuf, line: usize, reason: String },
 
+    /// A file that is not a usable token shard (llm.c's format): what is wrong with it.
+    #[error(
+        "token shard {}: {problem}; write it again with `oxtrain tokenize` (or llm.c's write_datafile)",
+        path.display()
+    )]
+    TokenShard {
+        path: PathBuf,
+        #[source]
+        problem: crate::token_shards::ShardProblem,
+    },
+
     /// Every file an epoch tried was bad: nothing to train on.
     #[error(
         "every image of the epoch failed to load ({bad} bad-file loads, {total} files in the dataset), \

@@ -9,6 +9,7 @@ pub mod rng;
 pub mod sampler;
 pub mod synthetic;
 pub mod text;
+pub mod token_shards;
 pub mod transforms;
 
 pub use dataset::{Dataset, Sample};
@@ -19,4 +20,5 @@ pub use loader::{BadFilePolicy, Batch, DataLoader, EpochIter, LoaderConfig, PinM
 pub use rng::SampleRng;
 pub use sampler::{DistributedSampler, SamplerState};
 pub use text::{ByteTokenizer, LmDataset, TextClassificationDataset, Tokenizer};
+pub use token_shards::{TokenShards, TokenWidth};
 pub use transforms::{ChannelLayout, Crop, ImageTransform, Normalize, PixelOutput};

@@ -101,7 +101,8 @@ impl<M: Module> DistributedDataParallel<M> {
                 return Err(DdpError::BadBucketCap { field: what, value: mb });
             }
         }
-        let named = module.named_parameters();
+        // As PyTorch's DDP: frozen parameters are not reduced (they get no gradient).
+        let named = module.trainable_named_parameters();
         let (names, params): (Vec<String>, Vec<Var>) = named.into_iter().unzip();
         if let Some((i, p)) = params.iter().enumerate().find(|(_, p)| !reducer::reducible(p.dtype())) {
             return Err(DdpError::NotReducible { name: names[i].clone(), dtype: p.dtype() });
@@ -278,6 +279,14 @@ impl<M: Module> Module for DistributedDataParallel<M> {
     }
     fn training_flag(&self) -> Option<&TrainingFlag> {
         self.module.training_flag()
+    }
+    // The module's own mode switch: a wrapper that shows only part of itself to a walk (LoRA's
+    // adapters) still reaches every dropout of the model.
+    fn train(&self, training: bool) {
+        self.module.train(training)
+    }
+    fn is_training(&self) -> bool {
+        self.module.is_training()
     }
 }
 

@@ -12,6 +12,14 @@ pub enum ModelError {
     #[error("{path}: {reason}")]
     BadFile { path: PathBuf, reason: String },
 
+    /// A state dict without a tensor every torchvision ResNet has (`fc.weight`,
+    /// `layer1.0.conv1.weight`, ...), so its architecture cannot be read from it.
+    #[error(
+        "{}no `{missing}`: not a torchvision ResNet state dict (pass the ResNetConfig it was saved from)",
+        path.as_ref().map(|p| format!("{}: ", p.display())).unwrap_or_default()
+    )]
+    NotResNet { path: Option<PathBuf>, missing: String },
+
     /// A configuration that cannot build a model (`n_embd` not divisible by `n_head`, ...),
     /// made in code; read from a file it is a [`ModelError::BadFile`] naming the file.
     #[error("{model} config: {reason}")]

@@ -6,6 +6,7 @@ pub mod amp;
 pub mod functional;
 pub mod init;
 mod layers;
+pub mod lora;
 pub mod loss;
 pub mod lr_scheduler;
 mod module;
@@ -13,5 +14,6 @@ pub mod optim;
 
 pub use layers::*;
 pub use module::{
-    Buffer, Forward, LoadError, LoadReport, Module, Parameter, ShapeMismatch, TrainingFlag, Visitor,
+    freeze_matching, set_requires_grad, Buffer, Forward, FreezeError, LoadError, LoadReport, Module,
+    Parameter, ShapeMismatch, TrainingFlag, Visitor,
 };

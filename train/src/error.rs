@@ -14,6 +14,14 @@ pub enum Error {
     #[error(transparent)]
     Load(#[from] oxtrain_nn::LoadError),
 
+    /// `optim.freeze` patterns that do not fit the model.
+    #[error(transparent)]
+    Freeze(#[from] oxtrain_nn::FreezeError),
+
+    /// LoRA adapters that do not fit the model, or PEFT files that cannot be read or written.
+    #[error(transparent)]
+    Lora(#[from] oxtrain_nn::lora::LoraError),
+
     /// Models: configs, checkpoints, tokenizers.
     #[error(transparent)]
     Model(#[from] oxtrain_models::ModelError),
@@ -117,7 +125,8 @@ mod tests {
         let load = Error::from(load);
         assert!(matches!(load, Error::Load(_)) && load.to_string().contains("missing: w"), "{load}");
 
-        let comm = Error::from(oxtrain_comm::CommError::Bootstrap("RANK is not set".into()));
+        let comm =
+            Error::from(oxtrain_comm::CommError::MissingVariable { var: "RANK", launcher: "torchrun-style" });
         assert!(matches!(comm, Error::Comm(_)) && comm.to_string().contains("RANK is not set"));
 
         let other = Error::other("the trainer's own reason");

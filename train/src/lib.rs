@@ -29,10 +29,12 @@ pub mod config;
 mod error;
 pub mod eval;
 pub mod launch;
+pub mod merge_lora;
 pub mod metrics;
 pub mod prelude;
 pub mod runtime;
 pub mod tasks;
+pub mod tokenize;
 pub mod trainer;
 
 pub use error::{Error, Result};

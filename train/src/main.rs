@@ -31,7 +31,7 @@ enum Command {
     /// which `model.load_state_dict(safetensors.torch.load_file(...))` and Hugging Face's
     /// `from_pretrained` (beside a config.json) load as they are. Checksums are verified first.
     #[command(
-        after_help = "Examples:\n  oxtrain export --checkpoint runs/oxtrain/checkpoints/step-001000 --out model.safetensors\n  oxtrain export --checkpoint runs/oxtrain/checkpoints --out model.safetensors   # the newest valid one"
+        after_help = "Examples:\n  oxtrain export --checkpoint runs/oxtrain/checkpoints/step-001000 --out model.safetensors\n  oxtrain export --checkpoint runs/oxtrain/checkpoints --out model.safetensors   # the newest valid one\n  oxtrain export --merge-lora --checkpoint runs/gpt2_lora/checkpoints/final --out merged.safetensors\n  oxtrain export --peft-adapter --checkpoint runs/gpt2_lora/checkpoints/final --out gpt2-adapter"
     )]
     Export(ExportArgs),
     /// Evaluate a model folder or checkpoint (model.safetensors + config.toml): top-1/top-5
@@ -53,6 +53,12 @@ enum Command {
         after_help = "Examples:\n  oxtrain config --print\n  oxtrain config --print --config examples/configs/bert_jsonl.toml data.batch_size=16"
     )]
     Config(ConfigArgs),
+    /// Tokenize text files (.txt: one document; .jsonl: a "text" per line) with a Hugging Face
+    /// tokenizer.json into llm.c token shards for data.kind = "token_shards", in parallel.
+    #[command(
+        after_help = "Examples:\n  oxtrain tokenize --tokenizer gpt2/tokenizer.json --out data/shards corpus.txt\n  oxtrain tokenize --tokenizer tokenizer.json --out data/web --name web --val-shard --shard-tokens 100000000 part-*.jsonl"
+    )]
+    Tokenize(TokenizeArgs),
     /// Time a whole training step of a built-in model on synthetic data (JSON on stdout).
     Bench(bench::BenchArgs),
 }
@@ -85,6 +91,15 @@ struct ExportArgs {
     /// The safetensors file to write (written beside it and renamed into place).
     #[arg(long)]
     out: PathBuf,
+    /// A LoRA run (`[lora]`): merge its adapters into the base of `model.init_from` and write
+    /// the full model with PyTorch's names (PEFT's `merge_and_unload`). `--checkpoint` is then a
+    /// checkpoint or model folder (`runs/NAME/checkpoints/final`).
+    #[arg(long, conflicts_with = "peft_adapter")]
+    merge_lora: bool,
+    /// A LoRA run: write its adapters as PEFT's adapter folder `--out` (adapter_model.safetensors
+    /// and adapter_config.json), which `PeftModel.from_pretrained(base, out)` loads.
+    #[arg(long)]
+    peft_adapter: bool,
 }
 
 #[derive(clap::Args)]
@@ -129,6 +144,28 @@ struct LaunchArgs {
     /// What each worker runs: an oxtrain subcommand (`train ...`) or any program.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<std::ffi::OsString>,
+}
+
+#[derive(clap::Args)]
+struct TokenizeArgs {
+    /// The tokenizer.json (or a folder holding one); its <|endoftext|>, [SEP] or </s> ends each document.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// The folder the shards are written into.
+    #[arg(long)]
+    out: PathBuf,
+    /// Tokens per shard.
+    #[arg(long, default_value_t = 100_000_000)]
+    shard_tokens: usize,
+    /// Shard file names: NAME_train_000000.bin, ...
+    #[arg(long, default_value = "tokens")]
+    name: String,
+    /// Make the first shard NAME_val_000000.bin, the validation split (as llm.c does).
+    #[arg(long)]
+    val_shard: bool,
+    /// The text files, in order.
+    #[arg(required = true, value_name = "FILE")]
+    inputs: Vec<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -196,6 +233,36 @@ fn train(mut args: TrainArgs) -> ExitCode {
 }
 
 fn export(args: ExportArgs) -> ExitCode {
+    if args.peft_adapter {
+        return match oxtrain::merge_lora::export_peft_adapter(&args.checkpoint, &args.out) {
+            Ok(m) => {
+                println!(
+                    "wrote the LoRA adapters of {} ({} layers, {} tensors) as PEFT's adapter folder {}",
+                    args.checkpoint.display(),
+                    m.adapted.len(),
+                    m.tensors,
+                    args.out.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("export", e),
+        };
+    }
+    if args.merge_lora {
+        return match oxtrain::merge_lora::export_merged(&args.checkpoint, &args.out) {
+            Ok(m) => {
+                println!(
+                    "merged the LoRA adapters of {} ({} layers) into its base and wrote the full model ({} tensors) to {}",
+                    args.checkpoint.display(),
+                    m.adapted.len(),
+                    m.tensors,
+                    args.out.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("export", e),
+        };
+    }
     match oxtrain::checkpoint::export(&args.checkpoint, &args.out) {
         Ok(e) => {
             for s in &e.skipped {
@@ -252,6 +319,25 @@ fn launch(a: LaunchArgs) -> ExitCode {
     }
 }
 
+fn tokenize(a: TokenizeArgs) -> ExitCode {
+    let spec = oxtrain::tokenize::TokenizeSpec {
+        tokenizer: a.tokenizer,
+        out: a.out,
+        inputs: a.inputs,
+        shard_tokens: a.shard_tokens,
+        name: a.name,
+        val_first: a.val_shard,
+        progress: true,
+    };
+    match oxtrain::tokenize::tokenize(&spec) {
+        Ok(summary) => {
+            println!("{}", summary.report(&spec));
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("tokenize", e),
+    }
+}
+
 fn config(args: ConfigArgs) -> ExitCode {
     match Config::load(args.config.as_deref(), &args.overrides) {
         Ok(c) => {
@@ -294,6 +380,7 @@ fn main() -> ExitCode {
         Some(Command::Eval(a)) => eval(a),
         Some(Command::Config(a)) => config(a),
         Some(Command::Launch(a)) => launch(a),
+        Some(Command::Tokenize(a)) => tokenize(a),
         Some(Command::Bench(b)) => match bench::run(&b) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail("bench", e),

@@ -140,3 +140,90 @@ fn gpt2_text_at_toy_size() {
     let ppl = eval.last().unwrap()["perplexity"].as_f64().unwrap();
     assert!(ppl > 1.0 && ppl < 257.0, "perplexity {ppl}");
 }
+
+/// A 1000-class ResNet-18 file with torchvision's names and no batch counters (see
+/// tests/finetune.rs): the toy stand-in for the config's ResNet-50 checkpoint.
+fn torchvision_resnet18(path: &Path) {
+    use oxtrain_nn::Module;
+    let names: serde_json::Value =
+        serde_json::from_str(include_str!("../../models/fixtures/resnet_names.json")).unwrap();
+    let model =
+        oxtrain_models::ResNet::new(&oxtrain_models::ResNetConfig::resnet18(), oxtrain_tensor::Device::Cpu)
+            .unwrap();
+    let ours: std::collections::HashMap<String, oxtrain_tensor::Tensor> =
+        model.state_dict().into_iter().collect();
+    let kept: Vec<(&str, &oxtrain_tensor::Tensor)> = names["resnet18"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[0].as_str().unwrap())
+        .filter(|n| !n.ends_with("num_batches_tracked"))
+        .map(|n| (n, &ours[n]))
+        .collect();
+    oxtrain_tensor::safetensors::save(&kept, None, path).unwrap();
+}
+
+#[test]
+fn resnet50_finetune_at_toy_size() {
+    let dir = tempfile::tempdir().unwrap();
+    // The config's own data paths (data/train, data/val), four classes of drawn shapes.
+    toy_imagenet(&dir.path().join("data"), 4, 64, 32);
+    torchvision_resnet18(&dir.path().join("resnet50.safetensors"));
+    let m = train(
+        dir.path(),
+        "resnet50_finetune.toml",
+        &[
+            // Toy size: ResNet-18 (its torchvision file is under the config's file name).
+            "model.name=resnet18".into(),
+            "data.batch_size=32".into(),
+            "data.workers=1".into(),
+            "data.image_size=32".into(),
+            "data.eval_resize=36".into(),
+            "train.steps=24".into(),
+            "log.every_steps=1".into(),
+        ],
+    );
+    assert_loss_falls(&m);
+}
+
+#[test]
+fn gpt2_lora_at_toy_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = "the quick brown fox jumps over the lazy dog. ";
+    std::fs::write(dir.path().join("corpus.txt"), line.repeat(100)).unwrap();
+    std::fs::write(dir.path().join("val.txt"), line.repeat(20)).unwrap();
+    // The config's model.init_from = "gpt2", here the tiny GPT-2 of the LoRA fixtures.
+    std::os::unix::fs::symlink(
+        common::repo().join("models/fixtures/gpt2_lora/base"),
+        dir.path().join("gpt2"),
+    )
+    .unwrap();
+    let m = train(
+        dir.path(),
+        "gpt2_lora.toml",
+        &[
+            "data.block_size=32".into(),
+            "data.batch_size=4".into(),
+            "lora.rank=4".into(),
+            "optim.lr=3e-2".into(),
+            "train.steps=15".into(),
+            "train.eval_every=5".into(),
+            "log.every_steps=1".into(),
+        ],
+    );
+    assert_loss_falls(&m);
+    // The README's merge command on what the run wrote.
+    let r = oxtrain(
+        dir.path(),
+        &[
+            "export",
+            "--merge-lora",
+            "--checkpoint",
+            "runs/gpt2_lora/checkpoints/final",
+            "--out",
+            "merged.safetensors",
+        ],
+    );
+    r.ok();
+    assert!(dir.path().join("merged.safetensors").is_file());
+}

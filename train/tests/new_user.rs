@@ -186,6 +186,17 @@ fn eval_and_export_check_checkpoints_and_say_what_a_wrong_path_is() {
         r.stderr
     );
 
+    // The final model folder has a manifest too (the checkpoints' writer made it): eval
+    // checks it as it checks a step.
+    let final_weights = ckpts.join("final/model.safetensors");
+    let mut bytes = std::fs::read(&final_weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&final_weights, bytes).unwrap();
+    let r = eval(&ckpts.join("final"));
+    assert_eq!(r.code, Some(2), "a damaged final model is not evaluated:\n{}\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("not a valid checkpoint"), "{}", r.stderr);
+
     let r = eval(&d.join("no_such_run"));
     assert!(r.stderr.contains("no_such_run is not a model folder: it does not exist"), "{}", r.stderr);
     let r = eval(&d.join("run"));

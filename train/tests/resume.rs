@@ -223,6 +223,12 @@ fn export_writes_the_model_of_a_checkpoint_for_pytorch() {
     };
     let (ok, out) = export("run");
     assert!(ok && out.contains("step-000006 (step 6)"), "{out}");
+    // The final model folder has a manifest (the checkpoints' writer made it): it exports
+    // after its checksums check out.
+    let (ok, out) = export("run/checkpoints/final");
+    assert!(ok && out.contains("final (step 12)"), "{out}");
+    // One written before it had a manifest is a model folder, not a checkpoint: said so.
+    std::fs::remove_file(d.join("run/checkpoints/final/manifest.json")).unwrap();
     let (ok, out) = export("run/checkpoints/final");
     assert!(!ok && out.contains("it is a model folder") && !out.contains("--resume"), "{out}");
     let (ok, out) = export("nowhere");

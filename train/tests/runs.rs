@@ -51,6 +51,40 @@ fn a_run_writes_metrics_plots_and_a_model_that_eval_reads() {
         assert!(v["wall_time"].as_f64().unwrap() > 1.6e9 && v["elapsed"].as_f64().is_some(), "{v}");
     }
     assert!(evals.iter().all(|v| (0.0..=1.0).contains(&v["accuracy"].as_f64().unwrap())));
+    // Every logged step has the gradient norm of its last optimizer step (no clipping here:
+    // measured on log steps only).
+    for v in &steps {
+        let norm = v["grad_norm"].as_f64().unwrap_or_else(|| panic!("no grad_norm: {v}"));
+        assert!(norm.is_finite() && norm > 0.0, "{v}");
+    }
+
+    // The same losses in the TensorBoard event file (float32) and in log.csv.
+    let run_dir = dir.path().join("run");
+    let events =
+        oxtrain::metrics::tensorboard::read_events(&run_dir.join("events.out.tfevents.oxtrain")).unwrap();
+    let tb_losses: Vec<(i64, f32)> = events
+        .iter()
+        .filter_map(|e| match &e.what {
+            oxtrain::metrics::tensorboard::What::Scalars(v) => {
+                v.iter().find(|(t, _)| t == "train/loss").map(|(_, x)| (e.step, *x as f32))
+            }
+            _ => None,
+        })
+        .collect();
+    let jsonl_losses: Vec<(i64, f32)> =
+        steps.iter().map(|v| (v["step"].as_i64().unwrap(), v["loss"].as_f64().unwrap() as f32)).collect();
+    assert_eq!(tb_losses, jsonl_losses);
+    let tb_norms = events
+        .iter()
+        .filter(|e| match &e.what {
+            oxtrain::metrics::tensorboard::What::Scalars(v) => v.iter().any(|(t, _)| t == "train/grad_norm"),
+            _ => false,
+        })
+        .count();
+    assert_eq!(tb_norms, steps.len(), "train/grad_norm at every logged step");
+    let csv = std::fs::read_to_string(run_dir.join("log.csv")).unwrap();
+    assert_eq!(csv.lines().count(), steps.len() + 1, "a header and a row per logged step: {csv}");
+    assert_eq!(std::fs::read_to_string(run_dir.join("eval.csv")).unwrap().lines().count(), evals.len() + 1);
 
     // The progress lines show the file's throughput (one source), step by step.
     let lines: Vec<&str> = r.stderr.lines().filter(|l| l.contains(" img/s")).collect();

@@ -43,15 +43,15 @@ impl LaunchEnv {
         let num = |k: &str| -> Result<Option<usize>> {
             match get(k) {
                 None => Ok(None),
-                Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-                    CommError::Bootstrap(format!(
-                        "environment variable {k}={v:?} is not a non-negative integer"
-                    ))
+                Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| CommError::BadVariable {
+                    var: k.to_string(),
+                    value: v.clone(),
+                    expected: "a non-negative integer",
                 }),
             }
         };
-        let need = |k: &str, launcher: &str| -> Result<usize> {
-            num(k)?.ok_or_else(|| CommError::Bootstrap(format!("{launcher} launch: {k} is not set")))
+        let need = |k: &'static str, launcher: &'static str| -> Result<usize> {
+            num(k)?.ok_or(CommError::MissingVariable { var: k, launcher })
         };
         let (launcher, rank, world, local_rank, local_world) = if num("RANK")?.is_some() {
             let world = need("WORLD_SIZE", "torchrun-style")?;
@@ -90,25 +90,34 @@ impl LaunchEnv {
             (Launcher::Single, 0, 1, Some(0), Some(1))
         };
         if world == 0 || rank >= world {
-            return Err(CommError::Bootstrap(format!(
-                "rank {rank} is not below the world size {world} ({launcher:?} variables)"
-            )));
+            return Err(CommError::RankOutOfRange {
+                what: "rank",
+                rank,
+                what_world: "world size",
+                world,
+                detail: format!(" ({launcher:?} variables)"),
+            });
         }
         // Without local variables assume one node: the common single-host case.
         let local_rank = local_rank.unwrap_or(rank);
         let local_world = local_world.unwrap_or(world);
         if local_rank >= local_world {
-            return Err(CommError::Bootstrap(format!(
-                "local rank {local_rank} is not below the local world size {local_world}"
-            )));
+            return Err(CommError::RankOutOfRange {
+                what: "local rank",
+                rank: local_rank,
+                what_world: "local world size",
+                world: local_world,
+                detail: String::new(),
+            });
         }
         let master_addr = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
         let master_port = match get("MASTER_PORT") {
             None => 29500,
-            Some(p) => p
-                .trim()
-                .parse()
-                .map_err(|_| CommError::Bootstrap(format!("MASTER_PORT={p:?} is not a port number")))?,
+            Some(p) => p.trim().parse().map_err(|_| CommError::BadVariable {
+                var: "MASTER_PORT".into(),
+                value: p.clone(),
+                expected: "a port number",
+            })?,
         };
         Ok(LaunchEnv {
             rank,

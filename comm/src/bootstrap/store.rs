@@ -277,11 +277,11 @@ impl TcpStore {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(CommError::Bootstrap(format!(
-            "could not reach the store of rank 0 at {target} within {timeout:?} ({}): is rank 0 running, and are \
-             MASTER_ADDR/MASTER_PORT the same on every rank?",
-            last.map(|e| e.to_string()).unwrap_or_default()
-        )))
+        Err(CommError::StoreUnreachable {
+            addr: target.to_string(),
+            timeout,
+            last: last.map(std::sync::Arc::new),
+        })
     }
 
     /// The port the store listens on (useful after hosting on port 0).
@@ -325,7 +325,7 @@ impl TcpStore {
     pub fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         match self.request(OP_GET, key, &[], timeout)? {
             (OK, v) => Ok(v),
-            _ => Err(CommError::Bootstrap(format!("store: key '{key}' was not set within {timeout:?}"))),
+            _ => Err(CommError::StoreKeyMissing { key: key.to_string(), timeout }),
         }
     }
 

@@ -61,7 +61,7 @@ pub fn connect(opts: &CommOptions) -> Result<CpuCommunicator> {
     let timeout = opts.timeout;
     let make = move || -> Result<MpiEngine> {
         let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Serialized)
-            .ok_or_else(|| CommError::Mpi("MPI was already initialised in this process".into()))?;
+            .ok_or(CommError::MpiAlreadyInitialised)?;
         let world = universe.world();
         let side = world.duplicate();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
@@ -81,7 +81,7 @@ pub fn connect(opts: &CommOptions) -> Result<CpuCommunicator> {
     // The rank and size are known once the worker has initialised MPI.
     let (send_make, recv_ids) = (make, rx);
     let comm = CpuCommunicator::spawn_with_ids("mpi", opts, send_make, move || {
-        recv_ids.recv().map_err(|_| CommError::Mpi("MPI initialisation failed".into()))
+        recv_ids.recv().map_err(|_| CommError::MpiInitFailed)
     })?;
     Ok(comm)
 }
@@ -285,10 +285,7 @@ impl CpuEngine for MpiEngine {
             let s = shard_range(total, self.size, r);
             let (c, d) = (s.len() * elem_size, s.start * elem_size);
             if c > i32::MAX as usize || d > i32::MAX as usize {
-                return Err(CommError::Mpi(format!(
-                    "all_gather of {} bytes exceeds MPI's 32-bit counts",
-                    output.len()
-                )));
+                return Err(CommError::MpiTooLarge { op: "all_gather", bytes: output.len() });
             }
             counts.push(c as i32);
             displs.push(d as i32);

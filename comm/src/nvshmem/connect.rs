@@ -66,10 +66,7 @@ impl NvshmemCommunicator {
         } else {
             let bytes = store.get(key)?;
             if bytes.len() != 128 {
-                return Err(CommError::Bootstrap(format!(
-                    "nvshmem: the unique id in the store has {} bytes",
-                    bytes.len()
-                )));
+                return Err(CommError::BadUniqueId { backend: "nvshmem", bytes: bytes.len(), expected: 128 });
             }
             uid.bytes.copy_from_slice(&bytes);
         }

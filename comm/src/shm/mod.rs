@@ -193,10 +193,13 @@ fn create(name: &str, layout: SegmentLayout, run_id: u64) -> Result<Segment> {
         }
         match creator_of(name) {
             Some((MAGIC, pid)) if pid_alive(pid) && pid != std::process::id() => {
-                return Err(CommError::Bootstrap(format!(
-                    "shared-memory segment /dev/shm/{name} belongs to a running process (pid {pid}): another job \
-                     uses the same MASTER_PORT or OXTRAIN_SHM_NAME; pick another one"
-                )))
+                return Err(CommError::Segment {
+                    segment: format!("/dev/shm/{name}"),
+                    problem: format!(
+                        "belongs to a running process (pid {pid}): another job uses the same MASTER_PORT or \
+                         OXTRAIN_SHM_NAME; pick another one"
+                    ),
+                })
             }
             // Left by a crashed run (its creator is gone) or never initialised: replace it.
             _ => {
@@ -248,20 +251,26 @@ fn open(name: &str, layout: SegmentLayout, run_id: u64) -> Result<Segment> {
     let mapped = if size_ok {
         map(fd, len, name)
     } else {
-        Err(CommError::Bootstrap(format!(
-            "shm: segment {name} has {} bytes, this rank expects {len}: ranks disagree on the world size or on \
-             OXTRAIN_SHM_CHUNK_BYTES / OXTRAIN_SHM_HEAP_BYTES",
-            st.st_size
-        )))
+        Err(CommError::Segment {
+            segment: name.to_string(),
+            problem: format!(
+                "has {} bytes, this rank expects {len}: ranks disagree on the world size or on \
+                 OXTRAIN_SHM_CHUNK_BYTES / OXTRAIN_SHM_HEAP_BYTES",
+                st.st_size
+            ),
+        })
     };
     unsafe { libc::close(fd) };
     let seg = unsafe { Segment::from_mmap(mapped?, len, layout) };
     let h = seg.header();
     if h.magic.load(Ordering::Acquire) != MAGIC || h.version != VERSION || h.run_id != run_id {
-        return Err(CommError::Bootstrap(format!(
-            "shm: segment {name} is not the one rank 0 just made (run id or version differ); a stale segment of \
-             another run is in the way"
-        )));
+        return Err(CommError::Segment {
+            segment: name.to_string(),
+            problem:
+                "is not the one rank 0 just made (run id or version differ); a stale segment of another run \
+                      is in the way"
+                    .into(),
+        });
     }
     Ok(seg)
 }

@@ -5,9 +5,11 @@
 use crate::dataset::{Dataset, Sample};
 use crate::error::{Error, Result};
 use crate::rng::SampleRng;
+use crate::token_shards::TokenShards;
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[cfg(test)]
 mod tests;
@@ -58,7 +60,7 @@ impl<F: Fn(&str) -> Vec<u32> + Send + Sync> Tokenizer for FnTokenizer<F> {
 }
 
 /// The documents of a file: a `.txt` is one document, a `.jsonl` one per line's `"text"`.
-fn documents(path: &Path) -> Result<Vec<String>> {
+pub fn documents(path: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let jsonl = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
     if !jsonl {
@@ -89,8 +91,37 @@ fn bad_record(path: &Path, line0: usize, reason: impl Into<String>) -> Error {
 /// `input = tokens[i*T .. i*T + T]` and `target = tokens[i*T + 1 .. i*T + T + 1]`.
 #[derive(Clone, Debug)]
 pub struct LmDataset {
-    tokens: Vec<u32>,
+    tokens: Tokens,
     block_size: usize,
+}
+
+/// The token stream: tokenized at start-up, or pre-tokenized shards read by mmap.
+#[derive(Clone, Debug)]
+enum Tokens {
+    Owned(Vec<u32>),
+    Shards(Arc<TokenShards>),
+}
+
+impl Tokens {
+    fn len(&self) -> usize {
+        match self {
+            Tokens::Owned(t) => t.len(),
+            Tokens::Shards(s) => s.len(),
+        }
+    }
+
+    /// Tokens `start..start + out.len()` into `out`.
+    fn read_into(&self, start: usize, out: &mut [i64]) {
+        match self {
+            Tokens::Owned(t) => {
+                let n = out.len();
+                for (o, &v) in out.iter_mut().zip(&t[start..start + n]) {
+                    *o = v as i64;
+                }
+            }
+            Tokens::Shards(s) => s.read_into(start, out),
+        }
+    }
 }
 
 impl LmDataset {
@@ -113,7 +144,26 @@ impl LmDataset {
 
     pub fn from_tokens(tokens: Vec<u32>, block_size: usize) -> LmDataset {
         assert!(block_size > 0, "LmDataset: block_size must be positive");
-        LmDataset { tokens, block_size }
+        LmDataset { tokens: Tokens::Owned(tokens), block_size }
+    }
+
+    /// From llm.c token shards (see [`crate::token_shards`]), read as one stream in the
+    /// order given: the blocks are those [`LmDataset::from_files`] makes of the same tokens.
+    pub fn from_shards(shards: TokenShards, block_size: usize) -> Result<LmDataset> {
+        if block_size == 0 {
+            return Err(Error::Config(
+                "LmDataset: block_size is 0; set it to the tokens per training sequence (1 or more)".into(),
+            ));
+        }
+        Ok(LmDataset { tokens: Tokens::Shards(Arc::new(shards)), block_size })
+    }
+
+    /// The shards the tokens come from, if they do.
+    pub fn shards(&self) -> Option<&TokenShards> {
+        match &self.tokens {
+            Tokens::Shards(s) => Some(s),
+            Tokens::Owned(_) => None,
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -137,7 +187,8 @@ impl LmDataset {
     pub fn get(&self, i: usize) -> (Vec<i64>, Vec<i64>) {
         assert!(i < self.len(), "LmDataset::get: block {i} of {}", self.len());
         let t = self.block_size;
-        let block: Vec<i64> = self.tokens[i * t..i * t + t + 1].iter().map(|&v| v as i64).collect();
+        let mut block = vec![0i64; t + 1];
+        self.tokens.read_into(i * t, &mut block);
         (block[..t].to_vec(), block[1..].to_vec())
     }
 
@@ -166,9 +217,7 @@ impl Dataset for LmDataset {
     fn load_into(&self, index: usize, _rng: &mut SampleRng, out: &mut [u8]) -> Result<i64> {
         let t = self.block_size;
         let out: &mut [i64] = bytemuck::cast_slice_mut(out);
-        for (o, &v) in out.iter_mut().zip(&self.tokens[index * t..index * t + t + 1]) {
-            *o = v as i64;
-        }
+        self.tokens.read_into(index * t, &mut out[..t + 1]);
         Ok(index as i64)
     }
 }

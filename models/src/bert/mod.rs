@@ -228,12 +228,21 @@ impl BertForSequenceClassification {
     }
 
     pub fn load_weights(&self, path: impl AsRef<Path>) -> Result<LoadReport> {
+        self.load_state(read_checkpoint(path)?)
+    }
+
+    /// [`load_weights`](Self::load_weights) of tensors already read (with
+    /// [`read_checkpoint`]), e.g. after a fine-tuning run put a new head in their place.
+    pub fn load_state(
+        &self,
+        state: std::collections::HashMap<String, oxtrain_tensor::Tensor>,
+    ) -> Result<LoadReport> {
         let rules = NameRules {
             base_prefix: "bert",
             ignore_suffixes: IGNORED,
             may_be_missing: &["classifier.weight", "classifier.bias"],
         };
-        load_pretrained(self, read_checkpoint(path)?, &rules)
+        load_pretrained(self, state, &rules)
     }
 
     /// Logits `[B, num_labels]` from the pooled [CLS] output.

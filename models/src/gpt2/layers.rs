@@ -7,6 +7,7 @@ use crate::mask::additive_mask;
 use crate::ModelError;
 use oxtrain_autograd::Var;
 use oxtrain_nn::functional::{dropout, scaled_dot_product_attention_with};
+use oxtrain_nn::lora::{LoraHost, LoraSlot};
 use oxtrain_nn::{init, Forward, LayerNorm, LayerNormConfig, Module, Parameter, TrainingFlag, Visitor};
 use oxtrain_tensor::{DType, Device, Tensor};
 
@@ -16,6 +17,8 @@ use oxtrain_tensor::{DType, Device, Tensor};
 pub struct Conv1D {
     pub weight: Parameter,
     pub bias: Parameter,
+    /// A LoRA adapter once `LoraModel` adds one (PEFT's `fan_in_fan_out`; not in the state dict).
+    pub lora: LoraSlot,
 }
 
 impl Conv1D {
@@ -25,6 +28,7 @@ impl Conv1D {
         Ok(Conv1D {
             weight: Parameter::new(weight),
             bias: Parameter::new(Tensor::zeros(nf, DType::F32, device)?),
+            lora: LoraSlot::default(),
         })
     }
 }
@@ -34,6 +38,14 @@ impl Module for Conv1D {
         v.param("weight", &self.weight);
         v.param("bias", &self.bias);
     }
+
+    fn training_flag(&self) -> Option<&TrainingFlag> {
+        self.lora.training_flag()
+    }
+
+    fn lora_host(&self) -> Option<LoraHost<'_>> {
+        Some(LoraHost { weight: &self.weight, slot: &self.lora, fan_in_fan_out: true })
+    }
 }
 
 impl Forward for Conv1D {
@@ -41,7 +53,7 @@ impl Forward for Conv1D {
         // One op (on CUDA the bias is added in the product's epilogue). Under autocast the bias
         // joins the product's 16-bit dtype, as in HF's `torch.addmm`, rather than promoting the
         // sum (and every op after it) to f32.
-        x.matmul_bias(&self.weight.var(), &self.bias.var())
+        self.lora.add_to(x, x.matmul_bias(&self.weight.var(), &self.bias.var()))
     }
 }
 
@@ -126,7 +138,15 @@ impl Gpt2Attention {
         // Under autocast the input is lowered once here, not once per product (three casts
         // forward, three gradients widened and summed backward).
         let x = &x.autocast_lower();
-        let proj = |i: usize| x.matmul_bias(&w.narrow(1, i * e, e), &bias.narrow(0, i * e, e));
+        // A LoRA adapter's update to all three, computed once and sliced as the weight is.
+        let delta = self.c_attn.lora.get().map(|a| a.delta(x));
+        let proj = |i: usize| {
+            let y = x.matmul_bias(&w.narrow(1, i * e, e), &bias.narrow(0, i * e, e));
+            match &delta {
+                Some(d) => y.add(&d.narrow(2, i * e, e)),
+                None => y,
+            }
+        };
         let heads = |v: &Var| v.reshape([b, t, h, e / h]).transpose(1, 2);
         let (q, k, v) = (heads(&proj(0)), heads(&proj(1)), heads(&proj(2)));
         let training = self.training.get();

@@ -112,12 +112,9 @@ impl ResNetConfig {
     /// The architecture a torchvision ResNet state dict was saved from: the block kind
     /// (`conv3` in the blocks), blocks per stage, classes (`fc.weight`), and for bottlenecks
     /// the groups and width of the 3x3 convolution (`layer1.0.conv2.weight`).
-    pub fn from_state_dict(state: &HashMap<String, Tensor>) -> std::result::Result<ResNetConfig, String> {
-        let dims = |name: &str| -> std::result::Result<Vec<usize>, String> {
-            state.get(name).map(|t| t.dims().to_vec()).ok_or_else(|| {
-                format!("no `{name}`: not a torchvision ResNet state dict (pass the ResNetConfig it was saved from)")
-            })
-        };
+    pub fn from_state_dict(state: &HashMap<String, Tensor>) -> Result<ResNetConfig> {
+        let missing = |name: &str| ModelError::NotResNet { path: None, missing: name.to_string() };
+        let dims = |name: &str| state.get(name).map(|t| t.dims().to_vec()).ok_or_else(|| missing(name));
         let fc = dims("fc.weight")?;
         let bottleneck = state.contains_key("layer1.0.conv3.weight");
         let mut layers = [0; 4];
@@ -125,10 +122,7 @@ impl ResNetConfig {
             *n =
                 (0..).take_while(|j| state.contains_key(&format!("layer{}.{j}.conv1.weight", i + 1))).count();
             if *n == 0 {
-                return Err(format!(
-                    "no `layer{}.0.conv1.weight`: not a torchvision ResNet state dict",
-                    i + 1
-                ));
+                return Err(missing(&format!("layer{}.0.conv1.weight", i + 1)));
             }
         }
         let block = if bottleneck { BlockKind::Bottleneck } else { BlockKind::Basic };
@@ -240,8 +234,12 @@ impl ResNet {
         let state = read_checkpoint(path)?;
         let config = match config.into() {
             Some(config) => config,
-            None => ResNetConfig::from_state_dict(&state)
-                .map_err(|reason| ModelError::BadFile { path: path.to_path_buf(), reason })?,
+            None => ResNetConfig::from_state_dict(&state).map_err(|e| match e {
+                ModelError::NotResNet { missing, .. } => {
+                    ModelError::NotResNet { path: Some(path.to_path_buf()), missing }
+                }
+                other => other,
+            })?,
         };
         let model = oxtrain_nn::init::no_init_weights(|| ResNet::new(&config, device))?;
         let counters: Vec<String> = model

@@ -1,6 +1,7 @@
 //! `Linear` (`nn.Linear`): `y = x W^T + b` over the last dim.
 
 use crate::init;
+use crate::lora::{LoraHost, LoraSlot};
 use crate::{Forward, Module, Parameter, Visitor};
 use oxtrain_autograd::Var;
 use oxtrain_tensor::{DType, Device, Result, Tensor};
@@ -24,6 +25,8 @@ impl Default for LinearConfig {
 pub struct Linear {
     pub weight: Parameter,
     pub bias: Option<Parameter>,
+    /// A LoRA adapter once [`LoraModel`](crate::lora::LoraModel) adds one (not in the state dict).
+    pub lora: LoraSlot,
 }
 
 impl Linear {
@@ -47,7 +50,7 @@ impl Linear {
         } else {
             None
         };
-        Ok(Linear { weight: Parameter::new(weight), bias })
+        Ok(Linear { weight: Parameter::new(weight), bias, lora: LoraSlot::default() })
     }
 
     pub fn in_features(&self) -> usize {
@@ -66,11 +69,21 @@ impl Module for Linear {
             v.param("bias", b);
         }
     }
+
+    fn training_flag(&self) -> Option<&crate::TrainingFlag> {
+        self.lora.training_flag()
+    }
+
+    fn lora_host(&self) -> Option<LoraHost<'_>> {
+        Some(LoraHost { weight: &self.weight, slot: &self.lora, fan_in_fan_out: false })
+    }
 }
 
 impl Forward for Linear {
     /// `x` is `[..., in_features]`; the result `[..., out_features]`.
     fn forward(&self, x: &Var) -> Var {
-        crate::functional::linear(x, &self.weight.var(), self.bias.as_ref().map(Parameter::var).as_ref())
+        let y =
+            crate::functional::linear(x, &self.weight.var(), self.bias.as_ref().map(Parameter::var).as_ref());
+        self.lora.add_to(x, y)
     }
 }

@@ -4,9 +4,11 @@
 //!
 //! See [`Module`] for how to write one.
 
+mod freeze;
 mod params;
 mod state;
 
+pub use freeze::{freeze_matching, set_requires_grad, FreezeError};
 pub use params::{Buffer, Parameter};
 pub use state::{LoadError, LoadReport, ShapeMismatch};
 
@@ -110,6 +112,12 @@ pub trait Module: Send + Sync {
         None
     }
 
+    /// This module as a layer LoRA can adapt (`Linear`, GPT-2's `Conv1D`): its weight and the
+    /// slot its adapter goes in. Only such layers override it.
+    fn lora_host(&self) -> Option<crate::lora::LoraHost<'_>> {
+        None
+    }
+
     /// Every module below this one (not itself) with its dotted name, depth first, in
     /// registration order (`named_modules()` without the root).
     fn visit_modules(&self, on: &mut dyn FnMut(&str, &dyn Module)) {
@@ -122,7 +130,8 @@ pub trait Module: Send + Sync {
 
     /// Every parameter with its state-dict name (`layer1.0.conv1.weight`), in PyTorch's order:
     /// a module's own parameters first, then its children's, depth first. A parameter shared
-    /// by two modules (tied weights) appears once, under its first name, as in PyTorch.
+    /// by two modules (tied weights) appears once, under its first name, as in PyTorch. Frozen
+    /// parameters are listed too; [`Module::trainable_named_parameters`] leaves them out.
     fn named_parameters(&self) -> Vec<(String, Var)> {
         let mut out: Vec<(String, Var)> = Vec::new();
         walk(&|v| self.visit(v), "", &mut |name, item| {
@@ -180,7 +189,14 @@ pub trait Module: Send + Sync {
         out
     }
 
-    /// The number of scalar parameters (tied ones counted once).
+    /// The parameters that learn (not frozen by [`Parameter::set_requires_grad`]), named:
+    /// PyTorch's `[(n, p) for n, p in model.named_parameters() if p.requires_grad]`, the list
+    /// an optimizer and DDP take.
+    fn trainable_named_parameters(&self) -> Vec<(String, Var)> {
+        self.named_parameters().into_iter().filter(|(_, v)| v.requires_grad()).collect()
+    }
+
+    /// The number of scalar parameters, frozen ones included (tied ones counted once).
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(Var::elem_count).sum()
     }
@@ -330,13 +346,13 @@ pub(crate) fn walk(visit: &dyn Fn(&mut dyn Visitor), prefix: &str, on: &mut dyn 
 }
 
 /// Whether two tensors are the same values in memory (one parameter seen twice).
-fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
+pub(crate) fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
     a.same_storage(b) && a.layout() == b.layout()
 }
 
 /// Moves and/or converts every parameter and buffer below `visit`; stops at the first error.
 /// Parameters shared by several modules (tied weights) stay shared: each gets the one new leaf.
-fn convert(
+pub(crate) fn convert(
     visit: &dyn Fn(&mut dyn Visitor),
     device: Option<Device>,
     dtype: Option<DType>,
@@ -366,7 +382,7 @@ fn convert(
         match params::moved(&current, target_device, dtype) {
             Ok(t) => match item {
                 Item::Param(p) => {
-                    let var = Var::parameter(t);
+                    let var = params::leaf(t, p.requires_grad());
                     converted.push((current, var.clone()));
                     p.replace(var);
                 }
@@ -382,6 +398,15 @@ fn convert(
 impl<T: Module + ?Sized> Module for Box<T> {
     fn visit(&self, v: &mut dyn Visitor) {
         (**self).visit(v)
+    }
+    fn lora_host(&self) -> Option<crate::lora::LoraHost<'_>> {
+        (**self).lora_host()
+    }
+    fn train(&self, training: bool) {
+        (**self).train(training)
+    }
+    fn is_training(&self) -> bool {
+        (**self).is_training()
     }
     fn training_flag(&self) -> Option<&TrainingFlag> {
         (**self).training_flag()
@@ -401,6 +426,15 @@ impl<T: Module + ?Sized> Module for &T {
     fn visit(&self, v: &mut dyn Visitor) {
         (**self).visit(v)
     }
+    fn lora_host(&self) -> Option<crate::lora::LoraHost<'_>> {
+        (**self).lora_host()
+    }
+    fn train(&self, training: bool) {
+        (**self).train(training)
+    }
+    fn is_training(&self) -> bool {
+        (**self).is_training()
+    }
     fn training_flag(&self) -> Option<&TrainingFlag> {
         (**self).training_flag()
     }
@@ -412,6 +446,15 @@ impl<T: Module + ?Sized> Module for &T {
 impl<T: Module + ?Sized> Module for std::sync::Arc<T> {
     fn visit(&self, v: &mut dyn Visitor) {
         (**self).visit(v)
+    }
+    fn lora_host(&self) -> Option<crate::lora::LoraHost<'_>> {
+        (**self).lora_host()
+    }
+    fn train(&self, training: bool) {
+        (**self).train(training)
+    }
+    fn is_training(&self) -> bool {
+        (**self).is_training()
     }
     fn training_flag(&self) -> Option<&TrainingFlag> {
         (**self).training_flag()

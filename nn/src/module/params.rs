@@ -47,6 +47,24 @@ impl Parameter {
         self.var().dims().to_vec()
     }
 
+    /// Whether the parameter learns (`param.requires_grad`). A frozen one is left out of
+    /// [`Module::named_parameters`](crate::Module::named_parameters) (so out of optimizers and
+    /// DDP's buckets) and gets no gradient, but stays in the state dict.
+    pub fn requires_grad(&self) -> bool {
+        self.var().requires_grad()
+    }
+
+    /// Freezes (`false`) or unfreezes the parameter (`param.requires_grad_(flag)`). The value
+    /// keeps its storage, so every holder of the tensor sees later loads; the leaf is new, so
+    /// build optimizers after freezing, as with `to_device`.
+    pub fn set_requires_grad(&self, requires_grad: bool) {
+        if self.requires_grad() == requires_grad {
+            return;
+        }
+        let tensor = self.tensor();
+        self.replace(leaf(tensor, requires_grad));
+    }
+
     /// Swaps in a new leaf (dropping the old gradient). Used by `Module::to_device` /
     /// `to_dtype`; an optimizer built before holds the old `Var`.
     pub(crate) fn replace(&self, var: Var) {
@@ -57,6 +75,17 @@ impl Parameter {
 impl std::fmt::Debug for Parameter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Parameter({:?})", self.var())
+    }
+}
+
+/// A leaf holding `tensor`: a parameter that learns, or a frozen one that gets no gradient but
+/// still keeps its autocast copies (it is used as often as a learning one).
+pub(crate) fn leaf(tensor: Tensor, requires_grad: bool) -> Var {
+    if requires_grad {
+        Var::parameter(tensor)
+    } else {
+        tensor.keep_casts();
+        Var::constant(tensor)
     }
 }
 

@@ -61,6 +61,9 @@ pub enum LoadError {
     Tensor(#[from] oxtrain_tensor::Error),
 }
 
+/// Batch norm's batch counter buffer.
+const BATCH_COUNTER: &str = "num_batches_tracked";
+
 pub(super) fn load(
     visit: &dyn Fn(&mut dyn Visitor),
     state: &HashMap<String, Tensor>,
@@ -79,6 +82,10 @@ pub(super) fn load(
     let mut pairs = Vec::new();
     for (name, target) in &targets {
         match state.get(name) {
+            // PyTorch's batch norm fills a missing counter with its own value before a strict
+            // load checks the keys (`_load_from_state_dict`): files saved before the counter
+            // existed, or by tools that drop it, still load.
+            None if name == BATCH_COUNTER || name.ends_with(&format!(".{BATCH_COUNTER}")) => {}
             None => missing.push(name.clone()),
             Some(src) if src.dims() != target.dims() => mismatched.push(ShapeMismatch {
                 name: name.clone(),

@@ -10,7 +10,19 @@ use oxtrain_tensor::{DType, Tensor};
 /// `.item()` when you want the number). Parameters without a gradient are skipped; with no
 /// gradients at all the norm is 0.
 pub fn clip_grad_norm_(params: &[Var], max_norm: f64, norm_type: f64) -> Tensor {
-    let op = "clip_grad_norm_";
+    let total = total_grad_norm(params, norm_type);
+    let coef = total.add_scalar(1e-6).recip().mul_scalar(max_norm).clamp(f64::NEG_INFINITY, 1.0);
+    for g in params.iter().filter_map(Var::grad) {
+        g.mul_(&coef.to_dtype(g.dtype()));
+    }
+    total
+}
+
+/// The global `norm_type`-norm of all gradients, as if they were one vector
+/// (`torch.nn.utils.get_total_norm`): an f32 rank-0 tensor on the gradients' device, nothing
+/// read back to the host. Parameters without a gradient are skipped; with none the norm is 0.
+pub fn total_grad_norm(params: &[Var], norm_type: f64) -> Tensor {
+    let op = "total_grad_norm";
     assert!(norm_type > 0.0, "{op}: norm_type must be positive (or infinity), got {norm_type}");
     let grads: Vec<Tensor> = params.iter().filter_map(Var::grad).collect();
     let Some(first) = grads.first() else {
@@ -44,7 +56,7 @@ pub fn clip_grad_norm_(params: &[Var], max_norm: f64, norm_type: f64) -> Tensor 
         })
         .collect();
     let stacked = Tensor::stack(&partials, 0);
-    let total = if norm_type.is_infinite() {
+    if norm_type.is_infinite() {
         stacked.max_all()
     } else if norm_type == 2.0 {
         stacked.sum_all().sqrt()
@@ -52,12 +64,7 @@ pub fn clip_grad_norm_(params: &[Var], max_norm: f64, norm_type: f64) -> Tensor 
         stacked.sum_all()
     } else {
         stacked.sum_all().powf(1.0 / norm_type)
-    };
-    let coef = total.add_scalar(1e-6).recip().mul_scalar(max_norm).clamp(f64::NEG_INFINITY, 1.0);
-    for g in &grads {
-        g.mul_(&coef.to_dtype(g.dtype()));
     }
-    total
 }
 
 /// Clamps every gradient into `[-clip_value, clip_value]` in place

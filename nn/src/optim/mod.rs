@@ -17,7 +17,7 @@ mod state;
 mod tests;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use clip::{clip_grad_norm_, clip_grad_value_};
+pub use clip::{clip_grad_norm_, clip_grad_value_, total_grad_norm};
 pub use groups::{decay_groups, IntoParamGroups, ParamGroup, ParamGroupSpec};
 pub use lars::{Lars, LarsConfig};
 pub use sgd::{Sgd, SgdConfig};

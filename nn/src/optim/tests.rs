@@ -394,6 +394,27 @@ device_test! {
     }
 }
 
+device_test! {
+    fn total_grad_norm_is_torchs_total_and_leaves_the_gradients(dev: Device) {
+        let f = fixtures();
+        let case = "clip_l2";
+        let grads: Vec<Tensor> = (0..3).map(|i| f.tensor(case, &format!("g{i}"), dev)).collect();
+        let params: Vec<Var> = grads
+            .iter()
+            .map(|g| {
+                let p = Var::parameter(g.zeros_like());
+                p.set_grad(Some(g.clone()));
+                p
+            })
+            .collect();
+        let total = total_grad_norm(&params, 2.0);
+        assert_close(&total, &f.tensor(case, "total", dev), 1e-5, 1e-6, "total norm");
+        for (p, g) in params.iter().zip(&grads) {
+            assert_eq!(p.grad().unwrap().to_vec::<f32>(), g.to_vec::<f32>(), "gradients untouched");
+        }
+    }
+}
+
 #[test]
 fn clip_grad_value_clamps_every_gradient() {
     let p = Var::parameter(Tensor::zeros(4, DType::F32, Device::Cpu).unwrap());

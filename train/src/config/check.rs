@@ -95,13 +95,13 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
 fn check_model(c: &Config) -> Result<(), ConfigError> {
     let d = &c.data;
     let fits = match c.model.name {
-        ModelName::Gpt2 => d.kind == DataKind::TextLm,
+        ModelName::Gpt2 => matches!(d.kind, DataKind::TextLm | DataKind::TokenShards),
         ModelName::Bert => d.kind == DataKind::JsonlClassification,
         _ => matches!(d.kind, DataKind::ImageFolder | DataKind::SyntheticShapes),
     };
     if !fits {
         let wants = match c.model.name {
-            ModelName::Gpt2 => "\"text_lm\"",
+            ModelName::Gpt2 => "\"text_lm\" or \"token_shards\"",
             ModelName::Bert => "\"jsonl_classification\"",
             _ => "\"image_folder\" or \"synthetic_shapes\"",
         };
@@ -111,6 +111,7 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
             format!("model.name = \"{}\" trains on data.kind = {wants}", model_name(c.model.name)),
         ));
     }
+    check_lora(c)?;
     if c.model.dropout >= 1.0 || c.model.dropout.is_nan() {
         return Err(ConfigError::invalid(
             "model.dropout",
@@ -119,6 +120,31 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// LoRA adapts a pretrained transformer: GPT-2 or BERT, from `model.init_from`.
+fn check_lora(c: &Config) -> Result<(), ConfigError> {
+    let l = &c.lora;
+    if l.rank == 0 {
+        return Ok(());
+    }
+    if !matches!(c.model.name, ModelName::Gpt2 | ModelName::Bert) {
+        return Err(ConfigError::invalid(
+            "lora.rank",
+            l.rank,
+            format!("LoRA adapts gpt2 and bert, not {}; set lora.rank = 0", model_name(c.model.name)),
+        ));
+    }
+    if c.model.init_from.is_empty() {
+        return Err(ConfigError::invalid(
+            "lora.rank",
+            l.rank,
+            "LoRA trains adapters on a pretrained model, whose frozen weights come from model.init_from \
+             (a Hugging Face folder or .safetensors file): set it, or lora.rank = 0 to train from scratch",
+        ));
+    }
+    in_range("lora.alpha", l.alpha, 0.0, f64::INFINITY, true, true, "the scaling numerator")?;
+    in_range("lora.dropout", l.dropout, 0.0, 1.0, false, true, "a probability")
 }
 
 fn check_optim_and_schedule(c: &Config) -> Result<(), ConfigError> {

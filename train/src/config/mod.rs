@@ -37,6 +37,7 @@ pub struct Config {
     pub ddp: DdpSection,
     pub checkpoint: CheckpointConfig,
     pub log: LogConfig,
+    pub lora: LoraSection,
 }
 
 impl Config {

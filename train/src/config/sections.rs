@@ -74,6 +74,9 @@ pub enum DataKind {
     ImageFolder,
     /// Text files (.txt, or .jsonl with a "text" field) packed into blocks of tokens.
     TextLm,
+    /// llm.c token shards (`oxtrain tokenize` writes them) read by mmap: data.train and
+    /// data.val name a folder of `.bin` files, a glob pattern or one file.
+    TokenShards,
     /// Lines of `{"text": ..., "label": ...}`.
     JsonlClassification,
     /// The built-in example's drawn shapes, written once as an ImageFolder into `data.cache`.
@@ -97,7 +100,8 @@ pub enum BadFiles {
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
     pub kind: DataKind,
-    /// Training data: a folder of class folders (image_folder), or a .txt / .jsonl file.
+    /// Training data: a folder of class folders (image_folder), a .txt / .jsonl file
+    /// (text_lm), or shards (token_shards: a folder, a pattern such as "data/x_train_*.bin").
     pub train: String,
     /// Evaluation data, of the same kind; "": no evaluation.
     pub val: String,
@@ -118,7 +122,7 @@ pub struct DataConfig {
     /// Text: a Hugging Face tokenizer.json; "": bytes as tokens (257 ids) when `init_from`
     /// has no tokenizer.json beside it.
     pub tokenizer: String,
-    /// text_lm: tokens per sample.
+    /// text_lm, token_shards: tokens per sample.
     pub block_size: usize,
     /// jsonl_classification: longer texts are cut to this many tokens.
     pub max_length: usize,
@@ -187,6 +191,10 @@ pub struct OptimConfig {
     pub eps: f64,
     /// LARS's eta.
     pub trust_coefficient: f64,
+    /// Parameters to freeze, as globs on state_dict names (`["layer1.*", "conv1.*"]`): they
+    /// keep their loaded values and stay out of the optimizer and DDP; a pattern that matches
+    /// nothing is an error.
+    pub freeze: Vec<String>,
 }
 
 impl Default for OptimConfig {
@@ -203,6 +211,7 @@ impl Default for OptimConfig {
             beta2: 0.999,
             eps: 1e-8,
             trust_coefficient: 0.001,
+            freeze: Vec::new(),
         }
     }
 }
@@ -445,6 +454,11 @@ pub struct LogConfig {
     pub progress: ProgressMode,
     /// Write loss / accuracy / lr plots (PNG) beside the metrics after every evaluation.
     pub plots: bool,
+    /// Write a TensorBoard event file (events.out.tfevents.oxtrain) beside the metrics:
+    /// `tensorboard --logdir <log.dir>`.
+    pub tensorboard: bool,
+    /// Write log.csv (a row per logged step) and eval.csv (a row per evaluation).
+    pub csv: bool,
     /// Start afresh in a `dir` that holds a run (its metrics and checkpoints are deleted);
     /// without it such a start is refused (`oxtrain train --overwrite` sets it).
     pub overwrite: bool,
@@ -457,7 +471,32 @@ impl Default for LogConfig {
             every_steps: 10,
             progress: ProgressMode::Auto,
             plots: true,
+            tensorboard: true,
+            csv: true,
             overwrite: false,
         }
+    }
+}
+
+/// `[lora]`: low-rank adapters (PEFT's LoRA) on a pretrained GPT-2 or BERT (`model.init_from`).
+/// The base stays frozen; only the adapters (and BERT's classifier) train and are saved, under
+/// PEFT's names.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSection {
+    /// The adapters' rank (PEFT's `r`); 0 trains the whole model (no LoRA).
+    pub rank: usize,
+    /// The update is scaled by alpha / rank (PEFT's `lora_alpha`).
+    pub alpha: f64,
+    /// Dropout on the adapters' input while training (PEFT's `lora_dropout`).
+    pub dropout: f64,
+    /// Module names to adapt (PEFT's `target_modules`); empty: PEFT's default for the model
+    /// (`c_attn` for GPT-2, `query` and `value` for BERT).
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        LoraSection { rank: 0, alpha: 8.0, dropout: 0.0, targets: Vec::new() }
     }
 }

@@ -1,12 +1,17 @@
 //! What a run records: one JSONL line per logged step and per evaluation (with wall time), the
-//! progress display fed from the same records, and PNG plots of the series.
+//! same scalars as a TensorBoard event file and as CSV, the progress display fed from the same
+//! records, and PNG plots of the series.
 
+pub mod csv_log;
 pub mod plot;
 pub mod progress;
+pub mod tensorboard;
 
 pub use progress::Progress;
 
+use crate::config::LogConfig;
 use crate::runtime::TrainError;
+use csv_log::CsvLog;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,6 +34,9 @@ pub struct StepRecord {
     pub elapsed: f64,
     /// Files that did not decode so far on this rank, replaced or skipped (data.bad_files).
     pub bad_files: usize,
+    /// The gradient's global L2 norm at the logged step (before clipping), when measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
 }
 
 /// An evaluation, with the task's metrics as extra keys (`accuracy`, `top5`, `perplexity`).
@@ -57,6 +65,7 @@ fn step_record(v: &serde_json::Value) -> StepRecord {
         wall_time: v["wall_time"].as_f64().unwrap_or(0.0),
         elapsed: v["elapsed"].as_f64().unwrap_or(0.0),
         bad_files: v["bad_files"].as_u64().unwrap_or(0) as usize,
+        grad_norm: v["grad_norm"].as_f64(),
     }
 }
 
@@ -87,40 +96,65 @@ pub fn unix_time() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// The files beside metrics.jsonl that a run writes (rank 0 only): `[log]` plots,
+/// tensorboard and csv.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outputs {
+    pub plots: bool,
+    pub tensorboard: bool,
+    pub csv: bool,
+}
+
+impl Outputs {
+    pub fn from_config(log: &LogConfig) -> Outputs {
+        Outputs { plots: log.plots, tensorboard: log.tensorboard, csv: log.csv }
+    }
+}
+
 /// The run's metrics file and the history the plots are drawn from. Only rank 0 writes.
 pub struct MetricsLog {
     path: PathBuf,
     file: Option<std::fs::File>,
     plots: bool,
+    tensorboard: Option<tensorboard::EventWriter>,
+    csv: Option<CsvLog>,
     pub start: Instant,
     pub steps: Vec<StepRecord>,
     pub evals: Vec<EvalRecord>,
 }
 
 impl MetricsLog {
-    /// Starts `dir/metrics.jsonl` afresh (rank 0; other ranks keep the history only).
+    /// The run's records in `dir` as `log` says (rank 0 writes when `write`): afresh, or for a
+    /// run resumed from the checkpoint of step `resumed` (see [`MetricsLog::resume`]).
+    pub fn open(
+        dir: &Path,
+        write: bool,
+        log: &LogConfig,
+        resumed: Option<usize>,
+    ) -> Result<MetricsLog, TrainError> {
+        let outputs = Outputs::from_config(log);
+        match resumed {
+            Some(step) => MetricsLog::resume_with(dir, write, outputs, step),
+            None => MetricsLog::start(dir, write, outputs, None),
+        }
+    }
+
+    /// Starts `dir/metrics.jsonl` afresh (rank 0; other ranks keep the history only), with the
+    /// TensorBoard and CSV files.
     pub fn create(dir: &Path, write: bool, plots: bool) -> Result<MetricsLog, TrainError> {
-        let path = dir.join("metrics.jsonl");
-        let file = if write {
-            std::fs::create_dir_all(dir).map_err(|e| TrainError::output(dir, e))?;
-            Some(std::fs::File::create(&path).map_err(|e| TrainError::output(&path, e))?)
-        } else {
-            None
-        };
-        Ok(MetricsLog {
-            path,
-            file,
-            plots: plots && write,
-            start: Instant::now(),
-            steps: vec![],
-            evals: vec![],
-        })
+        MetricsLog::start(dir, write, Outputs { plots, tensorboard: true, csv: true }, None)
     }
 
     /// Continues `dir/metrics.jsonl` of a resumed run: the records up to `step` (where the
     /// checkpoint was taken) are kept, later ones (from the steps redone now) dropped. The kept
-    /// records are the history the plots start from, so they show the whole run.
+    /// records are the history the plots start from, so they show the whole run. The CSV files
+    /// are written again from the kept records; the event file is appended to, with a mark
+    /// that makes TensorBoard drop the steps after `step`.
     pub fn resume(dir: &Path, write: bool, plots: bool, step: usize) -> Result<MetricsLog, TrainError> {
+        MetricsLog::resume_with(dir, write, Outputs { plots, tensorboard: true, csv: true }, step)
+    }
+
+    fn resume_with(dir: &Path, write: bool, outputs: Outputs, step: usize) -> Result<MetricsLog, TrainError> {
         let path = dir.join("metrics.jsonl");
         let text = if write { std::fs::read_to_string(&path).unwrap_or_default() } else { String::new() };
         let kept: Vec<serde_json::Value> = text
@@ -128,16 +162,59 @@ impl MetricsLog {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|v| v["step"].as_u64().is_some_and(|s| s as usize <= step))
             .collect();
-        let mut log = MetricsLog::create(dir, write, plots)?;
+        let mut log = MetricsLog::start(dir, write, outputs, Some(step))?;
         for v in &kept {
             log.write_line(v)?;
             match v["kind"].as_str() {
-                Some("eval") => log.evals.push(eval_record(v)),
-                Some(_) => log.steps.push(step_record(v)),
+                Some("eval") => {
+                    let r = eval_record(v);
+                    log.csv_write(|c| c.eval(&r))?;
+                    log.evals.push(r);
+                }
+                Some(_) => {
+                    let r = step_record(v);
+                    log.csv_write(|c| c.step(&r))?;
+                    log.steps.push(r);
+                }
                 None => {}
             }
         }
         Ok(log)
+    }
+
+    fn start(
+        dir: &Path,
+        write: bool,
+        outputs: Outputs,
+        resumed: Option<usize>,
+    ) -> Result<MetricsLog, TrainError> {
+        let path = dir.join("metrics.jsonl");
+        let (mut file, mut tensorboard, mut csv) = (None, None, None);
+        if write {
+            std::fs::create_dir_all(dir).map_err(|e| TrainError::output(dir, e))?;
+            file = Some(std::fs::File::create(&path).map_err(|e| TrainError::output(&path, e))?);
+            if outputs.tensorboard {
+                let events = match resumed {
+                    Some(step) => tensorboard::EventWriter::resume(dir, step, unix_time()),
+                    None => tensorboard::EventWriter::create(dir, unix_time()),
+                };
+                tensorboard =
+                    Some(events.map_err(|e| TrainError::output(&dir.join(tensorboard::EVENT_FILE), e))?);
+            }
+            if outputs.csv {
+                csv = Some(CsvLog::create(dir).map_err(|(p, e)| TrainError::output(&p, e))?);
+            }
+        }
+        Ok(MetricsLog {
+            path,
+            file,
+            plots: outputs.plots && write,
+            tensorboard,
+            csv,
+            start: Instant::now(),
+            steps: vec![],
+            evals: vec![],
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -155,9 +232,34 @@ impl MetricsLog {
         Ok(())
     }
 
+    fn csv_write(
+        &mut self,
+        write: impl FnOnce(&mut CsvLog) -> Result<(), (PathBuf, std::io::Error)>,
+    ) -> Result<(), TrainError> {
+        match &mut self.csv {
+            Some(c) => write(c).map_err(|(p, e)| TrainError::output(&p, e)),
+            None => Ok(()),
+        }
+    }
+
+    fn scalars(&mut self, step: usize, wall_time: f64, values: &[(String, f64)]) -> Result<(), TrainError> {
+        match &mut self.tensorboard {
+            Some(t) => t.scalars(step, wall_time, values).map_err(|e| TrainError::output(t.path(), e)),
+            None => Ok(()),
+        }
+    }
+
     pub fn log_step(&mut self, r: StepRecord) -> Result<(), TrainError> {
         let v = serde_json::to_value(&r).expect("a step record is JSON");
         self.write_line(&v)?;
+        let mut values = vec![
+            ("train/loss".to_string(), r.loss),
+            ("train/lr".to_string(), r.lr),
+            ("train/throughput".to_string(), r.throughput),
+        ];
+        values.extend(r.grad_norm.map(|g| ("train/grad_norm".to_string(), g)));
+        self.scalars(r.step, r.wall_time, &values)?;
+        self.csv_write(|c| c.step(&r))?;
         self.steps.push(r);
         Ok(())
     }
@@ -172,6 +274,11 @@ impl MetricsLog {
             v[k] = serde_json::json!(x);
         }
         self.write_line(&v)?;
+        let values: Vec<(String, f64)> = std::iter::once(("eval/loss".to_string(), r.loss))
+            .chain(r.metrics.iter().map(|(k, x)| (format!("eval/{k}"), *x)))
+            .collect();
+        self.scalars(r.step, r.wall_time, &values)?;
+        self.csv_write(|c| c.eval(&r))?;
         self.evals.push(r);
         if self.plots {
             let dir = self.path.parent().unwrap_or(Path::new("."));
@@ -180,6 +287,9 @@ impl MetricsLog {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod output_tests;
 
 #[cfg(test)]
 mod tests {

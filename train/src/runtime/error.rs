@@ -108,6 +108,12 @@ pub enum TrainError {
     LongerThanPositions { setting: &'static str, length: usize, positions: usize, advice: &'static str },
     #[error("model: the model's vocabulary ({model}) is smaller than the tokenizer's ({tokenizer})")]
     VocabTooSmall { model: usize, tokenizer: usize },
+    /// Token shards holding an id the model has no embedding for.
+    #[error(
+        "data: {key} holds the token id {token}, outside the model's vocabulary of {vocab}; set data.tokenizer \
+         to the tokenizer.json the shards were written with, or model.vocab_size above {token}"
+    )]
+    TokenOutOfVocab { key: &'static str, token: u32, vocab: usize },
     /// `dir` lacks the files of a model folder; `problem` says which.
     #[error("model: {} is not a model folder: {problem}", dir.display())]
     NotAModelFolder { dir: PathBuf, problem: String },

@@ -2,6 +2,7 @@
 //! built-in drawn shapes written as one), cross-entropy with optional label smoothing, top-1
 //! and top-5 accuracy.
 
+use super::finetune::{freeze, replace_head, NewHead};
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::{BadFiles, Config, DataKind, ModelName};
 use crate::runtime::{Strategy, TrainError};
@@ -14,7 +15,7 @@ use oxtrain_models::{ResNet, ResNetConfig};
 use oxtrain_nn::loss::{cross_entropy_with, CrossEntropyOptions};
 use oxtrain_nn::Module;
 use oxtrain_tensor::{DType, Tensor};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 pub struct ImageClassification {
@@ -178,19 +179,25 @@ pub fn resnet_config(config: &Config, num_classes: usize) -> ResNetConfig {
     c
 }
 
-/// Loads `init_from` (a safetensors file, or a folder with model.safetensors) into `model`.
-pub fn load_init<M: Module>(model: &M, init_from: &str) -> TaskResult<()> {
+/// Loads `init_from` (a safetensors file, or a folder with model.safetensors) into `model`,
+/// strictly but for a classifier `fc` of another number of classes, which keeps its fresh
+/// initialisation and is returned (the caller says so).
+pub fn load_init<M: Module>(model: &M, init_from: &str) -> TaskResult<Option<NewHead>> {
     if init_from.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let mut path = PathBuf::from(init_from);
     if path.is_dir() {
         path = path.join("model.safetensors");
     }
-    model
-        .load_safetensors(&path, true)
-        .map(|_| ())
-        .map_err(|e| TrainError::model(format!("model.init_from = {init_from:?}"), e))
+    let context = format!("model.init_from = {init_from:?}");
+    let mut state: HashMap<String, Tensor> = oxtrain_tensor::safetensors::load_all(&path)
+        .map_err(|e| TrainError::model(context.clone(), e))?
+        .into_iter()
+        .collect();
+    let new_head = replace_head(model, &mut state, "fc");
+    model.load_state_dict(&state, true).map_err(|e| TrainError::model(context, e))?;
+    Ok(new_head)
 }
 
 impl Task for ImageClassification {
@@ -220,7 +227,12 @@ impl Task for ImageClassification {
     fn build_model(&self) -> TaskResult<ResNet> {
         let model = ResNet::new(&resnet_config(&self.config, self.num_classes()), self.place.device)
             .map_err(|e| TrainError::model("", e))?;
-        load_init(&model, &self.config.model.init_from)?;
+        if let Some(head) = load_init(&model, &self.config.model.init_from)? {
+            if self.place.rank == 0 {
+                println!("{head}");
+            }
+        }
+        freeze(&model, &self.config)?;
         Ok(model)
     }
 

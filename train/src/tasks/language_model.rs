@@ -2,12 +2,13 @@
 //! folder) on text files packed into blocks; the loss is the next-token cross-entropy and the
 //! evaluation reports perplexity.
 
+use super::finetune::{tune, Tuned, GPT2_LORA};
 use super::text_classification::tokenizer_for;
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
-use crate::config::Config;
+use crate::config::{Config, DataKind};
 use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
-use oxtrain_datasets::{DataLoader, DistributedSampler, LmDataset, LoaderConfig};
+use oxtrain_datasets::{DataLoader, DistributedSampler, LmDataset, LoaderConfig, TokenShards};
 use oxtrain_models::{Gpt2Config, Gpt2LMHeadModel};
 use oxtrain_nn::Module;
 use oxtrain_tensor::{DType, Tensor};
@@ -23,13 +24,17 @@ pub struct LanguageModel {
 }
 
 fn dataset(
+    config: &Config,
     path: &str,
     key: &str,
     tok: &dyn oxtrain_datasets::Tokenizer,
-    block: usize,
 ) -> TaskResult<LmDataset> {
-    let ds = LmDataset::from_files(&[PathBuf::from(path)], tok, block)
-        .map_err(|e| TrainError::data(format!("{key} = {path:?}"), e))?;
+    let block = config.data.block_size;
+    let ds = match config.data.kind {
+        DataKind::TokenShards => TokenShards::from_spec(path).and_then(|s| LmDataset::from_shards(s, block)),
+        _ => LmDataset::from_files(&[PathBuf::from(path)], tok, block),
+    }
+    .map_err(|e| TrainError::data(format!("{key} = {path:?}"), e))?;
     if ds.is_empty() {
         return Err(TrainError::TooFewTokens {
             key: key.to_string(),
@@ -39,6 +44,31 @@ fn dataset(
         });
     }
     Ok(ds)
+}
+
+/// The vocabulary the data needs: the tokenizer's; for token shards without a tokenizer
+/// (data.tokenizer, or one beside model.init_from), GPT-2's, whose ids llm.c's u16 shards hold.
+fn data_vocab(config: &Config, tok: &dyn oxtrain_datasets::Tokenizer) -> usize {
+    let no_tokenizer = config.data.tokenizer.is_empty()
+        && !Path::new(&config.model.init_from).join("tokenizer.json").is_file();
+    if config.data.kind == DataKind::TokenShards && no_tokenizer {
+        Gpt2Config::gpt2().vocab_size
+    } else {
+        tok.vocab_size()
+    }
+}
+
+/// Every token of the shards (train, then val) has a row in a vocabulary of `vocab`.
+fn check_shard_ids(sets: &[(&'static str, Option<&LmDataset>)], vocab: usize) -> TaskResult<()> {
+    for (key, set) in sets {
+        if let Some(shards) = set.and_then(|s| s.shards()) {
+            let token = shards.max_token();
+            if token as usize >= vocab {
+                return Err(TrainError::TokenOutOfVocab { key, token, vocab });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The GPT-2 shape: `init_from`'s config.json when it is a folder with one, else GPT-2 small;
@@ -86,14 +116,29 @@ pub fn gpt2_config(config: &Config, tokenizer_vocab: usize) -> TaskResult<Gpt2Co
     Ok(c)
 }
 
+/// GPT-2 of the config's shape (a vocabulary of `tokenizer_vocab` unless set), with
+/// `model.init_from`'s weights when given.
+pub fn build_gpt2(
+    config: &Config,
+    tokenizer_vocab: usize,
+    device: oxtrain_tensor::Device,
+) -> TaskResult<Gpt2LMHeadModel> {
+    let c = gpt2_config(config, tokenizer_vocab)?;
+    let model = Gpt2LMHeadModel::new(&c, device).map_err(|e| TrainError::model("", e))?;
+    if !config.model.init_from.is_empty() {
+        model.load_weights(&config.model.init_from).map_err(|e| TrainError::model("model.init_from", e))?;
+    }
+    Ok(model)
+}
+
 impl LanguageModel {
     pub fn new(config: &Config, place: Placement) -> TaskResult<Self> {
         let d = &config.data;
         let tok = tokenizer_for(config)?;
-        let train_set = dataset(&d.train, "data.train", tok.as_ref(), d.block_size)?;
+        let train_set = dataset(config, &d.train, "data.train", tok.as_ref())?;
         let val_set = match d.val.as_str() {
             "" => None,
-            v => Some(dataset(v, "data.val", tok.as_ref(), d.block_size)?),
+            v => Some(dataset(config, v, "data.val", tok.as_ref())?),
         };
         if train_set.len() < d.batch_size * place.world_size {
             return Err(TrainError::TooFewBlocks {
@@ -123,7 +168,7 @@ impl LanguageModel {
             place,
             train: loader(train_set, true, true)?,
             val: val_set.map(|v| loader(v, false, false)).transpose()?,
-            vocab_size: tok.vocab_size(),
+            vocab_size: data_vocab(config, tok.as_ref()),
             autocast: crate::runtime::autocast_dtype(config),
         })
     }
@@ -138,7 +183,7 @@ impl LanguageModel {
 }
 
 impl Task for LanguageModel {
-    type Model = Gpt2LMHeadModel;
+    type Model = Tuned<Gpt2LMHeadModel>;
     type Batch = (Tensor, Tensor);
 
     fn config(&self) -> &Config {
@@ -158,15 +203,11 @@ impl Task for LanguageModel {
         )
     }
 
-    fn build_model(&self) -> TaskResult<Gpt2LMHeadModel> {
-        let c = gpt2_config(&self.config, self.vocab_size)?;
-        let model = Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::model("", e))?;
-        if !self.config.model.init_from.is_empty() {
-            model
-                .load_weights(&self.config.model.init_from)
-                .map_err(|e| TrainError::model("model.init_from", e))?;
-        }
-        Ok(model)
+    fn build_model(&self) -> TaskResult<Tuned<Gpt2LMHeadModel>> {
+        let vocab = gpt2_config(&self.config, self.vocab_size)?.vocab_size;
+        let val = self.val.as_ref().map(|v| v.dataset());
+        check_shard_ids(&[("data.train", Some(self.train.dataset())), ("data.val", val)], vocab)?;
+        tune(build_gpt2(&self.config, self.vocab_size, self.place.device)?, &self.config, GPT2_LORA)
     }
 
     fn batches_per_epoch(&self) -> usize {
@@ -192,11 +233,11 @@ impl Task for LanguageModel {
         batch.0.elem_count()
     }
 
-    fn loss(&self, model: &Gpt2LMHeadModel, (x, y): &(Tensor, Tensor)) -> Var {
+    fn loss(&self, model: &Tuned<Gpt2LMHeadModel>, (x, y): &(Tensor, Tensor)) -> Var {
         Gpt2LMHeadModel::loss(&model.forward(x, None), y)
     }
 
-    fn evaluate(&self, strategy: &Strategy<Gpt2LMHeadModel>) -> TaskResult<Option<Evaluation>> {
+    fn evaluate(&self, strategy: &Strategy<Tuned<Gpt2LMHeadModel>>) -> TaskResult<Option<Evaluation>> {
         let Some(val) = &self.val else { return Ok(None) };
         let model = strategy.module();
         model.eval();

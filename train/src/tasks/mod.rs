@@ -1,6 +1,7 @@
 //! What the loop trains: each task builds its model, its batches and its evaluation from the
 //! config; the loop in [`crate::trainer`] is the same for all of them.
 
+pub mod finetune;
 pub mod image;
 pub mod language_model;
 pub mod text_classification;

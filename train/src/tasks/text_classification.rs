@@ -1,6 +1,7 @@
 //! Text classification: BERT for sequence classification (all-MiniLM-L6-v2 or any BERT
 //! folder, or random init) on `{"text", "label"}` lines; accuracy and loss.
 
+use super::finetune::{replace_head, tune, Tuned, BERT_LORA};
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
 use crate::config::Config;
 use crate::runtime::{Strategy, TrainError};
@@ -20,8 +21,13 @@ pub fn tokenizer_for(config: &Config) -> TaskResult<Box<dyn Tokenizer>> {
         "" => return Ok(Box::new(ByteTokenizer)),
         p => p.into(),
     };
-    let tok = oxtrain_models::Tokenizer::from_file(&path)
-        .map_err(|e| TrainError::data(format!("data.tokenizer = {:?}", path.display().to_string()), e))?;
+    hf_tokenizer(&path, format!("data.tokenizer = {:?}", path.display().to_string()))
+}
+
+/// A Hugging Face tokenizer.json as a [`Tokenizer`], its end-of-text token found by name;
+/// `context` says where the path came from in an error.
+pub fn hf_tokenizer(path: &Path, context: String) -> TaskResult<Box<dyn Tokenizer>> {
+    let tok = oxtrain_models::Tokenizer::from_file(path).map_err(|e| TrainError::data(context, e))?;
     let eos = ["<|endoftext|>", "[SEP]", "</s>"].iter().find_map(|t| tok.token_to_id(t));
     let vocab = tok.inner().get_vocab_size(true);
     Ok(Box::new(oxtrain_datasets::text::FnTokenizer {
@@ -84,15 +90,18 @@ impl TextClassification {
             .shuffle(true)
             .seed(config.train.seed)
             .drop_last(true);
+        let mut config = config.clone();
+        // Saved with every checkpoint: evaluation and `export --merge-lora` rebuild the same head.
+        config.model.num_classes = num_labels;
         Ok(TextClassification {
-            config: config.clone(),
+            tokenizer: tokenizer_for(&config)?,
+            autocast: crate::runtime::autocast_dtype(&config),
+            config,
             place,
             train,
             val,
             sampler: Mutex::new(sampler),
-            tokenizer: tokenizer_for(config)?,
             num_labels,
-            autocast: crate::runtime::autocast_dtype(config),
         })
     }
 
@@ -105,53 +114,81 @@ impl TextClassification {
         let to = |t: Tensor| t.to_device(dev).map_err(|e| TrainError::data("", e));
         Ok((to(ids)?, to(mask)?, to(labels)?))
     }
+}
 
-    fn bert_config(&self) -> TaskResult<BertConfig> {
-        let m = &self.config.model;
-        let json = Path::new(&m.init_from).join("config.json");
-        let mut c = if !m.init_from.is_empty() && json.is_file() {
-            BertConfig::from_file(&json).map_err(|e| TrainError::model("", e))?
-        } else {
-            let mut c = BertConfig::bert_base();
-            c.vocab_size = self.tokenizer.vocab_size();
-            c
-        };
-        let set = |v: usize, f: &mut usize| {
-            if v != 0 {
-                *f = v
-            }
-        };
-        set(m.layers, &mut c.num_hidden_layers);
-        set(m.hidden_size, &mut c.hidden_size);
-        set(m.heads, &mut c.num_attention_heads);
-        set(m.intermediate_size, &mut c.intermediate_size);
-        set(m.max_positions, &mut c.max_position_embeddings);
-        set(m.vocab_size, &mut c.vocab_size);
-        if m.dropout >= 0.0 {
-            (c.hidden_dropout_prob, c.attention_probs_dropout_prob) = (m.dropout, m.dropout);
+/// The BERT shape: `init_from`'s config.json when it is a folder with one, else BERT-base with
+/// the tokenizer's vocabulary; then the config's size keys and `num_labels` classes.
+pub fn bert_config(config: &Config, tokenizer_vocab: usize, num_labels: usize) -> TaskResult<BertConfig> {
+    let m = &config.model;
+    let json = Path::new(&m.init_from).join("config.json");
+    let mut c = if !m.init_from.is_empty() && json.is_file() {
+        BertConfig::from_file(&json).map_err(|e| TrainError::model("", e))?
+    } else {
+        let mut c = BertConfig::bert_base();
+        c.vocab_size = tokenizer_vocab;
+        c
+    };
+    let set = |v: usize, f: &mut usize| {
+        if v != 0 {
+            *f = v
         }
-        c.id2label = Some((0..self.num_labels).map(|i| (i.to_string(), format!("LABEL_{i}"))).collect());
-        if c.hidden_size % c.num_attention_heads != 0 {
-            return Err(TrainError::HeadsDoNotDivide {
-                model: "BERT",
-                width: c.hidden_size,
-                heads: c.num_attention_heads,
-            });
-        }
-        if self.config.data.max_length > c.max_position_embeddings {
-            return Err(TrainError::LongerThanPositions {
-                setting: "data.max_length",
-                length: self.config.data.max_length,
-                positions: c.max_position_embeddings,
-                advice: "lower it",
-            });
-        }
-        Ok(c)
+    };
+    set(m.layers, &mut c.num_hidden_layers);
+    set(m.hidden_size, &mut c.hidden_size);
+    set(m.heads, &mut c.num_attention_heads);
+    set(m.intermediate_size, &mut c.intermediate_size);
+    set(m.max_positions, &mut c.max_position_embeddings);
+    set(m.vocab_size, &mut c.vocab_size);
+    if m.dropout >= 0.0 {
+        (c.hidden_dropout_prob, c.attention_probs_dropout_prob) = (m.dropout, m.dropout);
     }
+    c.id2label = Some((0..num_labels).map(|i| (i.to_string(), format!("LABEL_{i}"))).collect());
+    if c.hidden_size % c.num_attention_heads != 0 {
+        return Err(TrainError::HeadsDoNotDivide {
+            model: "BERT",
+            width: c.hidden_size,
+            heads: c.num_attention_heads,
+        });
+    }
+    if config.data.max_length > c.max_position_embeddings {
+        return Err(TrainError::LongerThanPositions {
+            setting: "data.max_length",
+            length: config.data.max_length,
+            positions: c.max_position_embeddings,
+            advice: "lower it",
+        });
+    }
+    Ok(c)
+}
+
+/// BERT of the config's shape with `model.init_from`'s weights when given; a classifier of
+/// another number of classes than the checkpoint's starts fresh, and `rank` 0 says so.
+pub fn build_bert(
+    config: &Config,
+    tokenizer_vocab: usize,
+    num_labels: usize,
+    place: Placement,
+) -> TaskResult<BertForSequenceClassification> {
+    let model =
+        BertForSequenceClassification::new(&bert_config(config, tokenizer_vocab, num_labels)?, place.device)
+            .map_err(|e| TrainError::model("", e))?;
+    let init = &config.model.init_from;
+    if init.is_empty() {
+        return Ok(model);
+    }
+    let mut state = oxtrain_models::loading::read_checkpoint(init)
+        .map_err(|e| TrainError::model("model.init_from", e))?;
+    if let Some(head) = replace_head(&model, &mut state, "classifier") {
+        if place.rank == 0 {
+            println!("{head}");
+        }
+    }
+    model.load_state(state).map_err(|e| TrainError::model("model.init_from", e))?;
+    Ok(model)
 }
 
 impl Task for TextClassification {
-    type Model = BertForSequenceClassification;
+    type Model = Tuned<BertForSequenceClassification>;
     type Batch = Batch;
 
     fn config(&self) -> &Config {
@@ -166,15 +203,9 @@ impl Task for TextClassification {
         format!("bert on {} texts of {} labels", self.train.len(), self.num_labels)
     }
 
-    fn build_model(&self) -> TaskResult<BertForSequenceClassification> {
-        let model = BertForSequenceClassification::new(&self.bert_config()?, self.place.device)
-            .map_err(|e| TrainError::model("", e))?;
-        if !self.config.model.init_from.is_empty() {
-            model
-                .load_weights(&self.config.model.init_from)
-                .map_err(|e| TrainError::model("model.init_from", e))?;
-        }
-        Ok(model)
+    fn build_model(&self) -> TaskResult<Tuned<BertForSequenceClassification>> {
+        let model = build_bert(&self.config, self.tokenizer.vocab_size(), self.num_labels, self.place)?;
+        tune(model, &self.config, BERT_LORA)
     }
 
     fn batches_per_epoch(&self) -> usize {
@@ -214,11 +245,14 @@ impl Task for TextClassification {
         batch.2.elem_count()
     }
 
-    fn loss(&self, model: &BertForSequenceClassification, (ids, mask, labels): &Batch) -> Var {
+    fn loss(&self, model: &Tuned<BertForSequenceClassification>, (ids, mask, labels): &Batch) -> Var {
         BertForSequenceClassification::loss(&model.forward(ids, Some(mask), None), labels)
     }
 
-    fn evaluate(&self, strategy: &Strategy<BertForSequenceClassification>) -> TaskResult<Option<Evaluation>> {
+    fn evaluate(
+        &self,
+        strategy: &Strategy<Tuned<BertForSequenceClassification>>,
+    ) -> TaskResult<Option<Evaluation>> {
         let Some(val) = &self.val else { return Ok(None) };
         let model = strategy.module();
         model.eval();

@@ -22,9 +22,9 @@ pub fn base_lr(config: &Config, world_size: usize) -> f64 {
 pub fn build_optimizer<M: Module>(config: &Config, model: &M, lr: f64) -> Box<dyn Optimizer> {
     let o = &config.optim;
     let groups = if o.no_decay_bias_and_norm {
-        decay_groups(model.named_parameters(), o.weight_decay)
+        decay_groups(model.trainable_named_parameters(), o.weight_decay)
     } else {
-        vec![ParamGroupSpec::new(model.named_parameters().into_iter().map(|(_, v)| v).collect())
+        vec![ParamGroupSpec::new(model.trainable_named_parameters().into_iter().map(|(_, v)| v).collect())
             .weight_decay(o.weight_decay)]
     };
     match o.name {

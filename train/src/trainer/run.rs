@@ -17,8 +17,9 @@ use crate::tasks::{Evaluation, Task};
 use oxtrain_autograd::{autocast, Var};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
 use oxtrain_nn::lr_scheduler::LrScheduler;
-use oxtrain_nn::optim::{clip_grad_norm_, Optimizer};
+use oxtrain_nn::optim::{clip_grad_norm_, total_grad_norm, Optimizer};
 use oxtrain_nn::Module;
+use oxtrain_tensor::Tensor;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -52,6 +53,8 @@ struct Tally {
     start_units: usize,
     window_start: Instant,
     train_loss: f64,
+    /// The gradient norm of the last logged step, on the device until the log reads it.
+    grad_norm: Option<Tensor>,
     last_eval: Option<(usize, Evaluation)>,
 }
 
@@ -91,7 +94,8 @@ impl<'a, T: Task> Trainer<'a, T> {
         });
         let guard = NonFiniteGuard::new(config, world, scaler.is_enabled());
         let progress = Progress::new(config.log.progress, strategy.rank(), plan.total, plan.epochs);
-        let (params, named_params) = (strategy.module().parameters(), strategy.module().named_parameters());
+        let named_params = strategy.module().trainable_named_parameters();
+        let params: Vec<Var> = named_params.iter().map(|(_, v)| v.clone()).collect();
         let tally = Tally {
             step: 0,
             window: LossWindow::new(0.0, 0),
@@ -102,6 +106,7 @@ impl<'a, T: Task> Trainer<'a, T> {
             start_units: 0,
             window_start: Instant::now(),
             train_loss: f64::NAN,
+            grad_norm: None,
             last_eval: None,
         };
         Ok(Trainer {
@@ -134,10 +139,7 @@ impl<'a, T: Task> Trainer<'a, T> {
         self.strategy.barrier().map_err(|e| TrainError::comm("", e))?;
         self.saver = Some(Saver::new(config, rank, self.strategy.world_size())?);
         let dir = PathBuf::from(&config.log.dir);
-        self.log = Some(match resumed {
-            Some(step) => MetricsLog::resume(&dir, rank == 0, config.log.plots, step)?,
-            None => MetricsLog::create(&dir, rank == 0, config.log.plots)?,
-        });
+        self.log = Some(MetricsLog::open(&dir, rank == 0, &config.log, resumed)?);
         self.progress.println(&format!(
             "oxtrain train: {}; {} on {:?}, {}; {} steps of {} x {} x {} samples",
             self.task.describe(),
@@ -316,10 +318,7 @@ impl<'a, T: Task> Trainer<'a, T> {
                 return Ok(None);
             }
         }
-        if self.config.train.clip_grad_norm > 0.0 {
-            self.scaler.unscale_(self.opt.as_mut());
-            clip_grad_norm_(&self.params, self.config.train.clip_grad_norm, 2.0);
-        }
+        self.tally.grad_norm = self.clip_or_measure(step);
         let lr = self.opt.lr(0);
         let grad_flag = match self.guard.checks_every_step() {
             true => None,
@@ -335,10 +334,29 @@ impl<'a, T: Task> Trainer<'a, T> {
         self.after_step(step, epoch, lr)
     }
 
+    /// Clips the gradients (`train.clip_grad_norm`), and returns their norm where it is clipped
+    /// or logged: a device tensor, read at the log interval. Unscaled first under a grad scaler.
+    fn clip_or_measure(&mut self, step: usize) -> Option<Tensor> {
+        let clip = self.config.train.clip_grad_norm;
+        if clip <= 0.0 && !self.logs_at(step) {
+            return None;
+        }
+        self.scaler.unscale_(self.opt.as_mut());
+        Some(match clip > 0.0 {
+            true => clip_grad_norm_(&self.params, clip, 2.0),
+            false => total_grad_norm(&self.params, 2.0),
+        })
+    }
+
+    /// Whether optimizer step `step` ends a logging window.
+    fn logs_at(&self, step: usize) -> bool {
+        step.is_multiple_of(self.config.log.every_steps) || step == self.plan.total
+    }
+
     /// Logging, evaluation and saves due after optimizer step `step`.
     fn after_step(&mut self, step: usize, epoch: usize, lr: f64) -> Result<Option<Flow>, TrainError> {
         let total = self.plan.total;
-        if step.is_multiple_of(self.config.log.every_steps) || step == total {
+        if self.logs_at(step) {
             self.log_window(step, epoch, lr)?;
         }
         if self.config.train.eval_every > 0 && step.is_multiple_of(self.config.train.eval_every) {
@@ -385,6 +403,8 @@ impl<'a, T: Task> Trainer<'a, T> {
             wall_time: unix_time(),
             elapsed: log.elapsed(),
             bad_files: self.task.bad_files(),
+            // Read with the losses, at the log interval only.
+            grad_norm: t.grad_norm.take().map(|n| n.item()),
         };
         self.progress.record(&r, self.plan.total);
         log.log_step(r)?;

@@ -164,6 +164,39 @@ fn two_shm_ranks_killed_after_a_checkpoint_resume_bit_identical() {
     );
 }
 
+/// ZeRO-1 (`ddp.shard_optimizer`): each rank saves its own shard of the optimizer state in its
+/// part, and a run killed after a checkpoint resumes bit-identical to the undisturbed one.
+#[test]
+fn zero_1_ranks_save_their_shards_and_resume_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let launch = |port: u16, args: Vec<String>| -> Vec<String> {
+        let head =
+            ["launch", "--nproc-per-node", "2", "--backend", "shm", "--master-port", &port.to_string(), "--"];
+        head.iter().map(|s| s.to_string()).chain(args).collect()
+    };
+    let every = format!("checkpoint.every_steps={}", STEPS / 2);
+    let zero = "ddp.shard_optimizer=true";
+    let out = run_ok(d, &launch(29821, train_args(d, "reference", &[&every, zero])), &[]);
+    assert!(out.contains("ZeRO-1"), "the start line says the optimizer is sharded: {out}");
+
+    let args = train_args(d, "killed", &[&every, zero]);
+    let mut w = start(d, &launch(29822, args.clone()), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "8".into())]);
+    let halted = w.wait_for("halted after step 8", 2);
+    let ckpts = d.join("killed/checkpoints");
+    for part in ["step-000006", "step-000006.rank-1"] {
+        assert!(ckpts.join(part).join("optimizer.safetensors").is_file(), "{part} holds its rank's shard");
+    }
+    for line in &halted {
+        sigkill(pid_in(line));
+    }
+    let (status, _) = w.finish();
+    assert!(!status.success(), "the launcher reports its killed workers");
+    let out = run_ok(d, &launch(29823, [args, vec!["--resume".into()]].concat()), &[]);
+    assert!(out.contains("step-000006 (step 6, epoch 2)"), "{out}");
+    assert_same_run(&d.join("reference"), &d.join("killed"));
+}
+
 #[test]
 fn export_writes_the_model_of_a_checkpoint_for_pytorch() {
     let dir = tempfile::tempdir().unwrap();

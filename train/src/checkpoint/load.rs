@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub struct Checkpoint {
     path: PathBuf,
+    /// This rank's own part (the step directory itself for rank 0).
+    own: PathBuf,
     manifest: Manifest,
     trainer: TrainerState,
     rank: RankState,
@@ -60,7 +62,7 @@ impl Checkpoint {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io(&config, "reading")(e)),
         };
-        Ok(Checkpoint { path, manifest, trainer, rank: rank_state, config_toml })
+        Ok(Checkpoint { path, own, manifest, trainer, rank: rank_state, config_toml })
     }
 
     pub fn path(&self) -> &Path {
@@ -116,7 +118,10 @@ impl Checkpoint {
 
     /// Restores the optimizer's state and hyper-parameters.
     pub fn restore_optimizer(&self, opt: &mut dyn Optimizer) -> Result<()> {
-        let path = self.path.join(OPTIMIZER_FILE);
+        // Under ZeRO-1 every rank's part holds its own shard of the state; else rank 0's
+        // replicated file is everyone's.
+        let own = self.own.join(OPTIMIZER_FILE);
+        let path = if own.is_file() { own } else { self.path.join(OPTIMIZER_FILE) };
         let restore_err =
             |message: String| CheckpointError::Restore { path: path.clone(), what: "the optimizer", message };
         if !path.exists() {

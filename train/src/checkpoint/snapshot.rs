@@ -113,9 +113,20 @@ impl Snapshot {
         Ok(self)
     }
 
-    /// The optimizer's state (momentum, moments, step counts) and hyper-parameters.
-    pub fn optimizer(mut self, opt: &dyn Optimizer) -> Result<Snapshot> {
-        if self.writes_replicated {
+    /// The optimizer's state (momentum, moments, step counts) and hyper-parameters, written by
+    /// rank 0 (every rank holds the same).
+    pub fn optimizer(self, opt: &dyn Optimizer) -> Result<Snapshot> {
+        let write = self.writes_replicated;
+        self.optimizer_if(opt, write)
+    }
+
+    /// A sharded optimizer's state (ZeRO-1): every rank writes its own shard into its part.
+    pub fn sharded_optimizer(self, opt: &dyn Optimizer) -> Result<Snapshot> {
+        self.optimizer_if(opt, true)
+    }
+
+    fn optimizer_if(mut self, opt: &dyn Optimizer, write: bool) -> Result<Snapshot> {
+        if write {
             // The live buffers, copied once into the file's image (not first into a state_dict copy).
             let state = opt.state_dict_shared();
             let metadata = HashMap::from([(GROUPS_KEY.to_string(), state.param_groups_json())]);

@@ -66,6 +66,8 @@ pub(crate) struct RunState<'a> {
     pub epoch: usize,
     pub model: &'a dyn Module,
     pub optimizer: &'a dyn Optimizer,
+    /// ZeRO-1: each rank's optimizer holds its own shard, saved in its own part.
+    pub sharded_optimizer: bool,
     pub schedule: &'a dyn LrScheduler,
     pub scaler: &'a GradScaler,
     pub data: SamplerState,
@@ -267,10 +269,12 @@ impl Saver {
         // this one over may too.
         let writer = &mut self.writer;
         let saved = (|| {
-            let snap = writer
-                .snapshot(s.step as u64, s.epoch as u64)?
-                .model(s.model)?
-                .optimizer(s.optimizer)?
+            let snap = writer.snapshot(s.step as u64, s.epoch as u64)?.model(s.model)?;
+            let snap = match s.sharded_optimizer {
+                true => snap.sharded_optimizer(s.optimizer)?,
+                false => snap.optimizer(s.optimizer)?,
+            };
+            let snap = snap
                 .scheduler(s.schedule)
                 .grad_scaler(s.scaler)
                 .config_toml(s.config.to_toml())

@@ -2,6 +2,7 @@
 //! parameters; the schedule steps once per optimizer step.
 
 use crate::config::{Config, OptimName, ScheduleName};
+use crate::runtime::{Strategy, TrainError};
 use oxtrain_nn::lr_scheduler::{
     CosineAnnealingLR, LambdaLR, LinearLR, LrScheduler, PolynomialLR, SequentialLR, StepLR,
 };
@@ -19,14 +20,30 @@ pub fn base_lr(config: &Config, world_size: usize) -> f64 {
     }
 }
 
-pub fn build_optimizer<M: Module>(config: &Config, model: &M, lr: f64) -> Box<dyn Optimizer> {
+/// The optimizer the config names over the model's trainable parameters; under ZeRO-1
+/// (`ddp.shard_optimizer`) sharded over the ranks (collective then).
+pub fn build_optimizer<M: Module>(
+    config: &Config,
+    strategy: &Strategy<M>,
+    lr: f64,
+) -> Result<Box<dyn Optimizer>, TrainError> {
+    let groups = param_groups(config, strategy.module());
+    strategy.optimizer(groups, |g| make_optimizer(config, g, lr)).map_err(|e| TrainError::comm("", e))
+}
+
+/// The parameter groups: weight decay off for biases and norms where the config says so.
+fn param_groups<M: Module>(config: &Config, model: &M) -> Vec<ParamGroupSpec> {
     let o = &config.optim;
-    let groups = if o.no_decay_bias_and_norm {
+    if o.no_decay_bias_and_norm {
         decay_groups(model.trainable_named_parameters(), o.weight_decay)
     } else {
         vec![ParamGroupSpec::new(model.trainable_named_parameters().into_iter().map(|(_, v)| v).collect())
             .weight_decay(o.weight_decay)]
-    };
+    }
+}
+
+fn make_optimizer(config: &Config, groups: Vec<ParamGroupSpec>, lr: f64) -> Box<dyn Optimizer> {
+    let o = &config.optim;
     match o.name {
         OptimName::Sgd => Box::new(Sgd::new(
             groups,

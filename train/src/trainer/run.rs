@@ -17,7 +17,7 @@ use crate::tasks::{Evaluation, Task};
 use oxtrain_autograd::{autocast, Var};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
 use oxtrain_nn::lr_scheduler::LrScheduler;
-use oxtrain_nn::optim::{clip_grad_norm_, total_grad_norm, Optimizer};
+use oxtrain_nn::optim::{total_grad_norm, Optimizer};
 use oxtrain_nn::Module;
 use oxtrain_tensor::Tensor;
 use std::path::PathBuf;
@@ -71,7 +71,6 @@ pub(super) struct Trainer<'a, T: Task> {
     saver: Option<Saver>,
     log: Option<MetricsLog>,
     pub progress: Progress,
-    params: Vec<Var>,
     named_params: Vec<(String, Var)>,
     tally: Tally,
     /// The epoch and whether its batches were used up, from the checkpoint resumed.
@@ -84,7 +83,7 @@ impl<'a, T: Task> Trainer<'a, T> {
         let config = task.config();
         let strategy = make_strategy(task.build_model()?, config, place)?;
         let world = strategy.world_size();
-        let mut opt = optim::build_optimizer(config, strategy.module(), optim::base_lr(config, world));
+        let mut opt = optim::build_optimizer(config, &strategy, optim::base_lr(config, world))?;
         let schedule = optim::build_schedule(config, opt.as_mut(), plan.total, plan.per_epoch);
         let scaler = GradScaler::new(GradScalerConfig {
             init_scale: config.precision.init_scale,
@@ -95,7 +94,6 @@ impl<'a, T: Task> Trainer<'a, T> {
         let guard = NonFiniteGuard::new(config, world, scaler.is_enabled());
         let progress = Progress::new(config.log.progress, strategy.rank(), plan.total, plan.epochs);
         let named_params = strategy.module().trainable_named_parameters();
-        let params: Vec<Var> = named_params.iter().map(|(_, v)| v.clone()).collect();
         let tally = Tally {
             step: 0,
             window: LossWindow::new(0.0, 0),
@@ -122,7 +120,6 @@ impl<'a, T: Task> Trainer<'a, T> {
             saver: None,
             log: None,
             progress,
-            params,
             named_params,
             tally,
             first_epoch: (0, false),
@@ -167,6 +164,7 @@ impl<'a, T: Task> Trainer<'a, T> {
             epoch,
             model: self.strategy.module(),
             optimizer: self.opt.as_ref(),
+            sharded_optimizer: self.strategy.shards_optimizer(),
             schedule: self.schedule.as_ref(),
             scaler: &self.scaler,
             data: self.task.data_state(),
@@ -318,7 +316,7 @@ impl<'a, T: Task> Trainer<'a, T> {
                 return Ok(None);
             }
         }
-        self.tally.grad_norm = self.clip_or_measure(step);
+        self.tally.grad_norm = self.clip_or_measure(step)?;
         let lr = self.opt.lr(0);
         let grad_flag = match self.guard.checks_every_step() {
             true => None,
@@ -336,16 +334,23 @@ impl<'a, T: Task> Trainer<'a, T> {
 
     /// Clips the gradients (`train.clip_grad_norm`), and returns their norm where it is clipped
     /// or logged: a device tensor, read at the log interval. Unscaled first under a grad scaler.
-    fn clip_or_measure(&mut self, step: usize) -> Option<Tensor> {
+    fn clip_or_measure(&mut self, step: usize) -> Result<Option<Tensor>, TrainError> {
         let clip = self.config.train.clip_grad_norm;
         if clip <= 0.0 && !self.logs_at(step) {
-            return None;
+            return Ok(None);
         }
         self.scaler.unscale_(self.opt.as_mut());
-        Some(match clip > 0.0 {
-            true => clip_grad_norm_(&self.params, clip, 2.0),
-            false => total_grad_norm(&self.params, 2.0),
-        })
+        // The optimizer's parameters: under ZeRO-1 this rank's reduced shards, whose norm is
+        // summed over the ranks (clipping at infinity measures it and scales by 1).
+        let params = self.opt.params();
+        let norm = match (clip > 0.0, self.strategy.shards_optimizer()) {
+            (false, false) => total_grad_norm(&params, 2.0),
+            (true, _) => self.strategy.clip_grad_norm_(&params, clip).map_err(|e| TrainError::comm("", e))?,
+            (false, true) => {
+                self.strategy.clip_grad_norm_(&params, f64::INFINITY).map_err(|e| TrainError::comm("", e))?
+            }
+        };
+        Ok(Some(norm))
     }
 
     /// Whether optimizer step `step` ends a logging window.

@@ -160,7 +160,8 @@ impl Task for LanguageModel {
 
     fn build_model(&self) -> TaskResult<Gpt2LMHeadModel> {
         let c = gpt2_config(&self.config, self.vocab_size)?;
-        let model = Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::model("", e))?;
+        let mut model = Gpt2LMHeadModel::new(&c, self.place.device).map_err(|e| TrainError::model("", e))?;
+        model.transformer.set_activation_checkpointing(self.config.train.activation_checkpointing.is_on());
         if !self.config.model.init_from.is_empty() {
             model
                 .load_weights(&self.config.model.init_from)

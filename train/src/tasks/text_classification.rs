@@ -167,8 +167,9 @@ impl Task for TextClassification {
     }
 
     fn build_model(&self) -> TaskResult<BertForSequenceClassification> {
-        let model = BertForSequenceClassification::new(&self.bert_config()?, self.place.device)
+        let mut model = BertForSequenceClassification::new(&self.bert_config()?, self.place.device)
             .map_err(|e| TrainError::model("", e))?;
+        model.bert.set_activation_checkpointing(self.config.train.activation_checkpointing.is_on());
         if !self.config.model.init_from.is_empty() {
             model
                 .load_weights(&self.config.model.init_from)

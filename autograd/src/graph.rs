@@ -544,6 +544,5 @@ fn walk_backward(
             }
         }
     }
-    drop(complete);
     reached
 }

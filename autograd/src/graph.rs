@@ -436,19 +436,30 @@ pub(crate) fn node_key(node: &Arc<Node>) -> usize {
     key(node)
 }
 
-/// The backward walk itself, without recursion. With `boundary`, nodes made before that
-/// sequence number are outside: their gradients are returned rather than used.
-fn walk_backward(
-    roots: Vec<(Arc<Node>, Tensor)>,
-    retain_graph: bool,
-    boundary: Option<u64>,
-) -> HashMap<usize, Tensor> {
-    let outside = |node: &Node| boundary.is_some_and(|first| node.seq < first);
-    // Pass 1: how many consumers inside this graph each node has. A node's gradient is
-    // complete once all of them have run.
+/// The roots' gradients into `grads` (summed where a root comes twice); the distinct roots.
+fn seed_roots(roots: Vec<(Arc<Node>, Tensor)>, grads: &mut HashMap<usize, Pending>) -> Vec<Arc<Node>> {
+    let mut distinct = Vec::new();
+    for (root, grad) in roots {
+        let k = key(&root);
+        let grad = conform(grad, &root);
+        let acc = match grads.remove(&k) {
+            Some(prev) => prev.add(grad),
+            None => {
+                distinct.push(root.clone());
+                Pending::first(&root, grad)
+            }
+        };
+        grads.insert(k, acc);
+    }
+    distinct
+}
+
+/// Pass 1 of the walk: how many consumers inside the graph of `roots` each node has (a node's
+/// gradient is complete once all of them have run). Nodes `outside` are counted, not entered.
+fn count_consumers(roots: Vec<Arc<Node>>, outside: &impl Fn(&Node) -> bool) -> HashMap<usize, usize> {
     let mut pending: HashMap<usize, usize> = HashMap::new();
-    let mut stack: Vec<Arc<Node>> = roots.iter().map(|(n, _)| n.clone()).collect();
-    let mut seen: std::collections::HashSet<usize> = stack.iter().map(key).collect();
+    let mut seen: std::collections::HashSet<usize> = roots.iter().map(key).collect();
+    let mut stack = roots;
     while let Some(node) = stack.pop() {
         if outside(&node) {
             continue;
@@ -460,7 +471,18 @@ fn walk_backward(
             }
         }
     }
-    drop(seen);
+    pending
+}
+
+/// The backward walk itself, without recursion. With `boundary`, nodes made before that
+/// sequence number are outside: their gradients are returned rather than used.
+fn walk_backward(
+    roots: Vec<(Arc<Node>, Tensor)>,
+    retain_graph: bool,
+    boundary: Option<u64>,
+) -> HashMap<usize, Tensor> {
+    let outside = |node: &Node| boundary.is_some_and(|first| node.seq < first);
+    let mut pending = count_consumers(roots.iter().map(|(n, _)| n.clone()).collect(), &outside);
 
     // Pass 2: Kahn's walk. Partial gradients wait in `grads` until their node is ready; the
     // gradients of a several-output op's outputs wait in `slots` until the op is.
@@ -484,22 +506,9 @@ fn walk_backward(
                 ready.push(Ready(node));
             }
         };
-    let mut starts = Vec::new();
-    for (root, grad) in roots {
-        let k = key(&root);
-        let grad = conform(grad, &root);
-        let acc = match grads.remove(&k) {
-            Some(prev) => prev.add(grad),
-            None => {
-                starts.push(root.clone());
-                Pending::first(&root, grad)
-            }
-        };
-        grads.insert(k, acc);
-    }
     // A root that no other root's graph reads has its whole gradient now; the others wait
     // for their consumers like any node.
-    for root in starts {
+    for root in seed_roots(roots, &mut grads) {
         if !pending.contains_key(&key(&root)) {
             complete(root, &mut grads, &mut ready);
         }

@@ -1,7 +1,7 @@
 """PyTorch peer of `memory_cpu` (bench/src/bin/memory_cpu): one measurement per process.
 
 Usage: python3 bench/peers/memory_cpu.py activation LAYERS WIDTH HEADS BATCH SEQ MODE STEPS
-MODE: baseline (the model and a gradient for every parameter, no step), none (STEPS
+MODE: baseline (the model and a gradient for every parameter, written, no step), none (STEPS
 forward+backward steps) or blocks (the same with activation checkpointing per block:
 transformers' activation_checkpointing_enable (gradient_checkpointing_enable before
 version 5) with use_reentrant=False, i.e.
@@ -39,7 +39,8 @@ def main():
     out = {"mode": mode}
     if mode == "baseline":
         for p in model.parameters():
-            p.grad = torch.zeros_like(p)
+            # A copy, not zeros: untouched zero pages would not count in the RSS.
+            p.grad = p.detach().clone()
     else:
         if mode == "blocks":
             # transformers 5 renamed gradient_checkpointing_enable; both wrap each block in

@@ -58,7 +58,8 @@ pub fn child(args: &[String]) -> Result<Value, Box<dyn std::error::Error>> {
     let ids = Tensor::randint_with(&mut Generator::new(1), 0, 50257, [batch, seq], Device::Cpu)?;
     let mut out = json!({ "mode": mode });
     match mode.as_str() {
-        "baseline" => model.parameters().iter().for_each(|p| p.set_grad(Some(p.tensor().zeros_like()))),
+        // A copy, not zeros: untouched zero pages would not count in the RSS.
+        "baseline" => model.parameters().iter().for_each(|p| p.set_grad(Some(p.tensor().copy()))),
         "none" | "blocks" => {
             model.transformer.set_activation_checkpointing(mode == "blocks");
             let mut times = Vec::new();
@@ -67,10 +68,13 @@ pub fn child(args: &[String]) -> Result<Value, Box<dyn std::error::Error>> {
                 model.zero_grad();
                 let before = cpu_memory_stats().allocated;
                 reset_cpu_peak();
-                Gpt2LMHeadModel::loss(&model.forward(&ids, None), &ids).backward();
+                let loss = Gpt2LMHeadModel::loss(&model.forward(&ids, None), &ids);
+                let saved = cpu_memory_stats().allocated - before;
+                loss.backward();
                 times.push(start.elapsed().as_secs_f64());
                 if i == 0 {
                     out["allocator_peak_bytes"] = json!(cpu_memory_stats().peak_allocated - before);
+                    out["allocator_saved_bytes"] = json!(saved);
                 }
             }
             out["step_seconds"] = json!(if times.len() > 1 { median(&times[1..]) } else { times[0] });
@@ -123,7 +127,7 @@ pub fn measure(runner: &Runner) -> Result<Section, String> {
          False) (torch.utils.checkpoint per GPT2Block); step time the median of the steps after the first of \
          {} per process; fraction = checkpointed over plain activation memory (goal for oxtrain: at most {GOAL}); \
          ratio = PyTorch's figure over oxtrain's (memory and time: lower is better, so higher ratio is better); \
-         oxtrain_allocator_* are the bytes of oxtrain's live CPU tensors at their peak during the first step.{}",
+         oxtrain_allocator_* are the bytes of oxtrain's live CPU tensors at their peak during the first step          beyond those alive before it (activations and the gradients made so far), oxtrain_saved_for_backward_*          those alive when the loss is computed (what the graph keeps for backward).{}",
         steps(),
         peer_error.map(|e| format!(" The peer did not run: {e}")).unwrap_or_default()
     );
@@ -179,6 +183,13 @@ fn add_rows(section: &mut Section, case: &Case, runs: &[[Vec<Value>; 3]; 2]) {
     more.insert("oxtrain_allocator_peak_mb".into(), json!(alloc(1)));
     more.insert("oxtrain_allocator_peak_mb_checkpointed".into(), json!(alloc(2)));
     more.insert("oxtrain_allocator_fraction".into(), json!(alloc(2).zip(alloc(1)).map(|(b, n)| b / n)));
+    let saved = |mode: usize| field(&runs[0][mode], "allocator_saved_bytes").map(|b| b / (1 << 20) as f64);
+    more.insert("oxtrain_saved_for_backward_mb".into(), json!(saved(1)));
+    more.insert("oxtrain_saved_for_backward_mb_checkpointed".into(), json!(saved(2)));
+    more.insert(
+        "oxtrain_saved_for_backward_fraction".into(),
+        json!(saved(2).zip(saved(1)).map(|(b, n)| b / n)),
+    );
     section.extras.push((fraction_name, more));
     let time = |side: usize, mode: usize| field(&runs[side][mode], "step_seconds");
     if let (Some(on), Some(off)) = (time(0, 2), time(0, 1)) {

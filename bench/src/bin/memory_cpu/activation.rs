@@ -1,6 +1,6 @@
 //! Activation memory of one GPT-2 training step (forward and backward, dropout 0.1 as Hugging
 //! Face's default, one thread), with and without activation checkpointing per block, against
-//! transformers' GPT2LMHeadModel with `gradient_checkpointing_enable(use_reentrant=False)`.
+//! transformers' GPT2LMHeadModel with `activation_checkpointing_enable` (use_reentrant=False).
 //!
 //! Each figure comes from a fresh process. The activation memory of a step is its process's
 //! peak RSS less that of a baseline process holding the same model and a gradient for every
@@ -123,11 +123,13 @@ pub fn measure(runner: &Runner) -> Result<Section, String> {
          GPT2LMHeadModel layout (vocabulary 50257, dropout 0.1, tied embeddings) on random ids, 1 thread, \
          each figure from a fresh process; activation memory = the step process's peak RSS (getrusage \
          ru_maxrss) less a baseline process's holding the model and a gradient per parameter; checkpointed: \
-         oxtrain's set_activation_checkpointing (per block), torch's gradient_checkpointing_enable(use_reentrant=\
-         False) (torch.utils.checkpoint per GPT2Block); step time the median of the steps after the first of \
+         oxtrain's set_activation_checkpointing (per block), torch's activation_checkpointing_enable (transformers 5's name for \
+         gradient_checkpointing_enable) with use_reentrant=False (torch.utils.checkpoint per GPT2Block); step time the median of the steps after the first of \
          {} per process; fraction = checkpointed over plain activation memory (goal for oxtrain: at most {GOAL}); \
          ratio = PyTorch's figure over oxtrain's (memory and time: lower is better, so higher ratio is better); \
-         oxtrain_allocator_* are the bytes of oxtrain's live CPU tensors at their peak during the first step          beyond those alive before it (activations and the gradients made so far), oxtrain_saved_for_backward_*          those alive when the loss is computed (what the graph keeps for backward).{}",
+         oxtrain_allocator_* are the bytes of oxtrain's live CPU tensors at their peak during the first step \
+         beyond those alive before it (activations and the gradients made so far), oxtrain_saved_for_backward_* \
+         those alive when the loss is computed (what the graph keeps for backward).{}",
         steps(),
         peer_error.map(|e| format!(" The peer did not run: {e}")).unwrap_or_default()
     );

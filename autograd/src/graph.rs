@@ -403,25 +403,67 @@ fn key(node: &Arc<Node>) -> usize {
 
 /// Runs backward from `root` with gradient `grad`, then the callbacks queued during it.
 pub(crate) fn backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) -> Result<(), BackwardError> {
-    let frame = Frame::open();
-    walk_backward(root, grad, retain_graph);
-    frame.finish()
-}
-
-/// The backward walk itself, without recursion.
-fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
     assert!(
         grad.dims() == root.dims.as_slice(),
         "backward: the gradient has shape {:?}, the output has shape {:?}",
         grad.dims(),
         root.dims
     );
-    // Pass 1: how many consumers inside this graph each node has. A node's gradient is
-    // complete once all of them have run.
+    let frame = Frame::open();
+    walk_backward(vec![(root.clone(), grad)], retain_graph, None);
+    frame.finish()
+}
+
+/// The sequence number the next node will get: nodes made before this moment have smaller ones.
+pub(crate) fn next_seq() -> u64 {
+    NEXT_SEQ.load(Ordering::Relaxed)
+}
+
+/// A backward walk from several `roots` (nodes with their outputs' gradients) that stops at
+/// every node made before `first_seq`: such a node's inputs are not visited and its gradient
+/// (the sum of the parts that reached it) is returned, keyed by [`node_key`], instead of being
+/// propagated or put into a leaf's `.grad`. Activation checkpointing backpropagates through a
+/// recomputed piece of graph this way, as `torch.autograd.grad(outputs, inputs)`.
+pub(crate) fn backward_to_boundary(
+    roots: Vec<(Arc<Node>, Tensor)>,
+    first_seq: u64,
+) -> HashMap<usize, Tensor> {
+    walk_backward(roots, false, Some(first_seq))
+}
+
+/// The identity of a node, as [`backward_to_boundary`] keys its results.
+pub(crate) fn node_key(node: &Arc<Node>) -> usize {
+    key(node)
+}
+
+/// The roots' gradients into `grads` (summed where a root comes twice); the distinct roots.
+fn seed_roots(roots: Vec<(Arc<Node>, Tensor)>, grads: &mut HashMap<usize, Pending>) -> Vec<Arc<Node>> {
+    let mut distinct = Vec::new();
+    for (root, grad) in roots {
+        let k = key(&root);
+        let grad = conform(grad, &root);
+        let acc = match grads.remove(&k) {
+            Some(prev) => prev.add(grad),
+            None => {
+                distinct.push(root.clone());
+                Pending::first(&root, grad)
+            }
+        };
+        grads.insert(k, acc);
+    }
+    distinct
+}
+
+/// Pass 1 of the walk: how many consumers inside the graph of `roots` each node has (a node's
+/// gradient is complete once all of them have run). Nodes `outside` are counted, not entered.
+fn count_consumers(roots: Vec<Arc<Node>>, outside: &impl Fn(&Node) -> bool) -> HashMap<usize, usize> {
     let mut pending: HashMap<usize, usize> = HashMap::new();
-    let mut stack = vec![root.clone()];
-    let mut seen = std::collections::HashSet::from([key(root)]);
+    let mut seen: std::collections::HashSet<usize> = roots.iter().map(key).collect();
+    let mut stack = roots;
     while let Some(node) = stack.pop() {
+        if outside(&node) {
+            continue;
+        }
         for input in node.input_nodes() {
             *pending.entry(key(&input)).or_default() += 1;
             if seen.insert(key(&input)) {
@@ -429,19 +471,48 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
             }
         }
     }
-    drop(seen);
+    pending
+}
+
+/// The backward walk itself, without recursion. With `boundary`, nodes made before that
+/// sequence number are outside: their gradients are returned rather than used.
+fn walk_backward(
+    roots: Vec<(Arc<Node>, Tensor)>,
+    retain_graph: bool,
+    boundary: Option<u64>,
+) -> HashMap<usize, Tensor> {
+    let outside = |node: &Node| boundary.is_some_and(|first| node.seq < first);
+    let mut pending = count_consumers(roots.iter().map(|(n, _)| n.clone()).collect(), &outside);
 
     // Pass 2: Kahn's walk. Partial gradients wait in `grads` until their node is ready; the
     // gradients of a several-output op's outputs wait in `slots` until the op is.
     let mut grads: HashMap<usize, Pending> = HashMap::new();
     let mut slots: Slots = HashMap::new();
-    let grad = conform(grad, root);
-    if root.is_leaf() {
-        root.finish_leaf(grad);
-        return;
+    let mut reached: HashMap<usize, Tensor> = HashMap::new();
+    let mut ready = BinaryHeap::new();
+    // A node whose gradient is complete: collected when outside, put into `.grad` when a
+    // leaf, else run.
+    let mut complete =
+        |node: Arc<Node>, grads: &mut HashMap<usize, Pending>, ready: &mut BinaryHeap<Ready>| {
+            if outside(&node) {
+                if let Some(g) = grads.remove(&key(&node)) {
+                    reached.insert(key(&node), g.into_sum());
+                }
+            } else if node.is_leaf() {
+                if let Some(g) = grads.remove(&key(&node)) {
+                    profile::region("backward", "(gradient into .grad)", || node.finish_leaf(g.into_sum()));
+                }
+            } else {
+                ready.push(Ready(node));
+            }
+        };
+    // A root that no other root's graph reads has its whole gradient now; the others wait
+    // for their consumers like any node.
+    for root in seed_roots(roots, &mut grads) {
+        if !pending.contains_key(&key(&root)) {
+            complete(root, &mut grads, &mut ready);
+        }
     }
-    grads.insert(key(root), Pending::first(root, grad));
-    let mut ready = BinaryHeap::from([Ready(root.clone())]);
     while let Some(Ready(node)) = ready.pop() {
         let NodeKind::Op(state) = &node.kind else { unreachable!("leaves are finished when ready") };
         let grad = grads.remove(&key(&node));
@@ -478,16 +549,9 @@ fn walk_backward(root: &Arc<Node>, grad: Tensor, retain_graph: bool) {
             *count -= 1;
             if *count == 0 {
                 pending.remove(&k);
-                if input.is_leaf() {
-                    if let Some(g) = grads.remove(&k) {
-                        profile::region("backward", "(gradient into .grad)", || {
-                            input.finish_leaf(g.into_sum())
-                        });
-                    }
-                } else {
-                    ready.push(Ready(input));
-                }
+                complete(input, &mut grads, &mut ready);
             }
         }
     }
+    reached
 }

@@ -9,6 +9,7 @@
 
 mod autocast;
 mod callback;
+mod checkpoint;
 mod convert;
 mod gradcheck;
 mod graph;
@@ -17,6 +18,7 @@ mod var;
 
 pub use autocast::{autocast, autocast_disabled, autocast_dtype};
 pub use callback::{in_backward, queue_callback, BackwardError};
+pub use checkpoint::{checkpoint, checkpoint_many, is_recomputing};
 pub use gradcheck::{gradcheck, GradcheckError};
 pub use graph::sum_to_shape;
 pub use ops::profile;

@@ -15,6 +15,29 @@ pub fn is_grad_enabled() -> bool {
     GRAD_ENABLED.with(Cell::get)
 }
 
+/// Runs `f` with recording on on this thread, as `with torch.enable_grad():` (a checkpointed
+/// piece recomputed during a backward that runs under `no_grad`).
+pub(crate) fn enable_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(true)));
+    f()
+}
+
+/// Whether an op with `inputs` records a node. When it does not because recording is off,
+/// a checkpointed forward running here learns which graph nodes the op read.
+fn records(inputs: &[&Var]) -> bool {
+    if !is_grad_enabled() {
+        crate::checkpoint::note_reads(inputs.iter().filter_map(|v| v.node.as_ref()));
+        return false;
+    }
+    inputs.iter().any(|v| v.node.is_some())
+}
+
 /// Runs `f` with recording off on this thread, as `with torch.no_grad():`. Ops inside give
 /// constants. Nests, and restores the previous state even when `f` panics.
 pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
@@ -65,6 +88,21 @@ impl Var {
         tensor.keep_casts();
         let node = Node::leaf(&tensor);
         Var { tensor, node: Some(node) }
+    }
+
+    /// A leaf standing for `tensor` in a recomputed piece of graph: unlike a parameter, its
+    /// storage is not marked to keep casts.
+    pub(crate) fn fresh_leaf(tensor: Tensor) -> Var {
+        let node = Node::leaf(&tensor);
+        Var { tensor, node: Some(node) }
+    }
+
+    pub(crate) fn from_node(tensor: Tensor, node: Option<Arc<Node>>) -> Var {
+        Var { tensor, node }
+    }
+
+    pub(crate) fn node(&self) -> Option<&Arc<Node>> {
+        self.node.as_ref()
     }
 
     /// A value that gets no gradient (inputs, targets, masks).
@@ -236,7 +274,7 @@ impl Var {
         backward: impl Fn(&Tensor, &[bool]) -> Vec<Option<Tensor>> + Send + Sync + 'static,
     ) -> Var {
         crate::ops::profile::forward_done(name);
-        if !is_grad_enabled() || inputs.iter().all(|v| v.node.is_none()) {
+        if !records(inputs) {
             return Var::constant(output);
         }
         let edges = inputs.iter().map(|v| v.node.clone()).collect();
@@ -257,7 +295,7 @@ impl Var {
         backward: impl Fn(Vec<Tensor>, &[bool]) -> Vec<Option<Tensor>> + Send + Sync + 'static,
     ) -> Var {
         crate::ops::profile::forward_done(name);
-        if !is_grad_enabled() || inputs.iter().all(|v| v.node.is_none()) {
+        if !records(inputs) {
             return Var::constant(output);
         }
         let edges = inputs.iter().map(|v| v.node.clone()).collect();
@@ -283,7 +321,7 @@ impl Var {
     ) -> Vec<Var> {
         assert!(!outputs.is_empty(), "from_multi_output_op: {name} has no outputs");
         crate::ops::profile::forward_done(name);
-        if !is_grad_enabled() || inputs.iter().all(|v| v.node.is_none()) {
+        if !records(inputs) {
             return outputs.into_iter().map(Var::constant).collect();
         }
         let edges = inputs.iter().map(|v| v.node.clone()).collect();

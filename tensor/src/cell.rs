@@ -22,6 +22,14 @@ pub(crate) struct StorageCell {
     version: AtomicU64,
     keep_casts: AtomicBool,
     casts: Mutex<Vec<KeptCast>>,
+    /// Bytes this storage adds to the CPU tensor count (0 on other devices).
+    cpu_bytes: usize,
+}
+
+impl Drop for StorageCell {
+    fn drop(&mut self) {
+        crate::cpu_memory::sub(self.cpu_bytes);
+    }
 }
 
 /// The whole storage cast to another dtype, flat, and the versions it is valid for.
@@ -41,7 +49,13 @@ impl KeptCast {
 
 impl StorageCell {
     pub(crate) fn new(data: Storage) -> StorageCell {
+        let cpu_bytes = match &data {
+            Storage::Cpu(s) => s.len() * s.dtype().size_in_bytes(),
+            Storage::Cuda(_) => 0,
+        };
+        crate::cpu_memory::add(cpu_bytes);
         StorageCell {
+            cpu_bytes,
             data: RwLock::new(data),
             version: AtomicU64::new(0),
             keep_casts: AtomicBool::new(false),

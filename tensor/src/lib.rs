@@ -14,6 +14,7 @@ pub use half;
 #[macro_use]
 mod storage;
 mod cell;
+mod cpu_memory;
 pub mod cuda;
 mod device;
 mod dtype;
@@ -30,6 +31,7 @@ mod tensor;
 pub mod testing;
 mod vmath;
 
+pub use cpu_memory::{cpu_memory_stats, reset_cpu_peak, CpuMemoryStats};
 pub use device::Device;
 pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};

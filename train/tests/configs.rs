@@ -110,30 +110,50 @@ fn bert_jsonl_at_toy_size() {
     assert!(e.stdout.contains(&format!("accuracy {:.2}%", 100.0 * last)), "{} vs {last}", e.stdout);
 }
 
+/// The README's GPT-2 command at toy size, with `extra` overrides; its metrics.
+fn gpt2_toy(dir: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let line = "the quick brown fox jumps over the lazy dog. ";
+    std::fs::write(dir.join("corpus.txt"), line.repeat(200)).unwrap();
+    std::fs::write(dir.join("val.txt"), line.repeat(20)).unwrap();
+    let mut o: Vec<String> = [
+        "data.train=corpus.txt",
+        "data.val=val.txt",
+        "data.block_size=32",
+        "data.batch_size=4",
+        "model.layers=2",
+        "model.hidden_size=32",
+        "model.heads=2",
+        "model.max_positions=64",
+        "optim.lr=3e-3",
+        "train.steps=15",
+        "train.eval_every=5",
+        "log.every_steps=1",
+    ]
+    .map(String::from)
+    .to_vec();
+    o.extend(extra.iter().map(|s| s.to_string()));
+    train(dir, "gpt2_text.toml", &o)
+}
+
+/// Activation checkpointing changes no number of a run (dropout on): the same losses,
+/// logged with all their digits, step for step.
+#[test]
+fn gpt2_text_with_activation_checkpointing_logs_the_same_losses() {
+    let losses = |extra: &[&str]| -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let m = gpt2_toy(dir.path(), extra);
+        common::of_kind(&m, "train").iter().map(|v| v["loss"].to_string()).collect()
+    };
+    let plain = losses(&["model.dropout=0.1"]);
+    let checkpointed = losses(&["model.dropout=0.1", "train.activation_checkpointing=blocks"]);
+    assert_eq!(plain.len(), 15);
+    assert_eq!(checkpointed, plain);
+}
+
 #[test]
 fn gpt2_text_at_toy_size() {
     let dir = tempfile::tempdir().unwrap();
-    let line = "the quick brown fox jumps over the lazy dog. ";
-    std::fs::write(dir.path().join("corpus.txt"), line.repeat(200)).unwrap();
-    std::fs::write(dir.path().join("val.txt"), line.repeat(20)).unwrap();
-    let m = train(
-        dir.path(),
-        "gpt2_text.toml",
-        &[
-            "data.train=corpus.txt".into(),
-            "data.val=val.txt".into(),
-            "data.block_size=32".into(),
-            "data.batch_size=4".into(),
-            "model.layers=2".into(),
-            "model.hidden_size=32".into(),
-            "model.heads=2".into(),
-            "model.max_positions=64".into(),
-            "optim.lr=3e-3".into(),
-            "train.steps=15".into(),
-            "train.eval_every=5".into(),
-            "log.every_steps=1".into(),
-        ],
-    );
+    let m = gpt2_toy(dir.path(), &[]);
     assert_loss_falls(&m);
     let eval = common::of_kind(&m, "eval");
     assert_eq!(eval.len(), 3);

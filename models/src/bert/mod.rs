@@ -16,7 +16,7 @@ use crate::list::List;
 use crate::loading::{given_or_read, load_pretrained, read_checkpoint, NameRules};
 use crate::mask::additive_mask;
 use crate::Result;
-use oxtrain_autograd::Var;
+use oxtrain_autograd::{checkpoint, Var};
 use oxtrain_nn::functional::dropout;
 use oxtrain_nn::{init, Forward, Linear, LoadReport, Module, TrainingFlag, Visitor};
 use oxtrain_tensor::{Device, Tensor};
@@ -65,6 +65,8 @@ pub struct BertModel {
     pub encoder: BertEncoder,
     pub pooler: Option<BertPooler>,
     pub config: BertConfig,
+    /// Run each layer under [`checkpoint`]: see [`BertModel::set_activation_checkpointing`].
+    activation_checkpointing: bool,
 }
 
 impl BertModel {
@@ -73,7 +75,7 @@ impl BertModel {
     pub fn new(config: &BertConfig, add_pooling_layer: bool, device: Device) -> Result<BertModel> {
         config.check()?;
         let act = Activation::parse(&config.hidden_act)?;
-        let layers = (0..config.num_hidden_layers)
+        let layers: Vec<BertLayer> = (0..config.num_hidden_layers)
             .map(|_| BertLayer::new(config, act, device))
             .collect::<oxtrain_tensor::Result<_>>()?;
         let pooler = if add_pooling_layer {
@@ -88,9 +90,10 @@ impl BertModel {
         };
         Ok(BertModel {
             embeddings: BertEmbeddings::new(config, device)?,
-            encoder: BertEncoder { layer: List(layers) },
+            encoder: BertEncoder { layer: layers.into_iter().collect() },
             pooler,
             config: config.clone(),
+            activation_checkpointing: false,
         })
     }
 
@@ -117,6 +120,17 @@ impl BertModel {
         load_pretrained(self, read_checkpoint(path)?, &rules)
     }
 
+    /// Activation checkpointing per layer (`model.gradient_checkpointing_enable()` in Hugging
+    /// Face): each layer keeps only its input in training and reruns its forward in
+    /// backward, random masks replayed, so gradients are those without it, bit for bit.
+    pub fn set_activation_checkpointing(&mut self, on: bool) {
+        self.activation_checkpointing = on;
+    }
+
+    pub fn activation_checkpointing(&self) -> bool {
+        self.activation_checkpointing
+    }
+
     /// `input_ids [B, T]`, `attention_mask [B, T]` (1 = token, 0 = padding; all tokens when
     /// `None`), `token_type_ids [B, T]` (zeros when `None`).
     pub fn forward(
@@ -134,7 +148,12 @@ impl BertModel {
         let mut x = self.embeddings.forward_ids(input_ids, token_type_ids);
         let mask = additive_mask(attention_mask, false, [t, t], x.dtype(), "BERT");
         for layer in &self.encoder.layer.0 {
-            x = layer.forward_masked(&x, mask.as_ref());
+            x = if self.activation_checkpointing {
+                let (layer, mask) = (layer.clone(), mask.clone());
+                checkpoint(move |x| layer.forward_masked(x, mask.as_ref()), &x)
+            } else {
+                layer.forward_masked(&x, mask.as_ref())
+            };
         }
         let pooler_output = self.pooler.as_ref().map(|p| p.dense.forward(&x.select(1, 0)).tanh());
         BertOutput { last_hidden_state: x, pooler_output }

@@ -13,11 +13,13 @@ use crate::list::List;
 use crate::loading::{given_or_read, load_pretrained, read_checkpoint, NameRules};
 use crate::Result;
 use layers::layer_norm;
+use oxtrain_autograd::checkpoint_many;
 use oxtrain_autograd::Var;
 use oxtrain_nn::functional::dropout;
 use oxtrain_nn::{init, Embedding, Forward, LayerNorm, LoadReport, Module, Parameter, TrainingFlag, Visitor};
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Names in GPT-2 checkpoints that are not weights: the causal-mask buffers older
 /// `transformers` versions saved (`h.0.attn.bias`, `h.0.attn.masked_bias`).
@@ -33,6 +35,8 @@ pub struct Gpt2Model {
     pub ln_f: LayerNorm,
     pub config: Gpt2Config,
     training: TrainingFlag,
+    /// Run each block under [`checkpoint_many`]: see [`Gpt2Model::set_activation_checkpointing`].
+    activation_checkpointing: bool,
 }
 
 impl Gpt2Model {
@@ -47,16 +51,28 @@ impl Gpt2Model {
         for e in [&wte, &wpe] {
             init::normal_(&e.weight.tensor(), 0.0, c.initializer_range, None);
         }
-        let h =
+        let h: Vec<Gpt2Block> =
             (0..c.n_layer).map(|_| Gpt2Block::new(c, act, device)).collect::<oxtrain_tensor::Result<_>>()?;
         Ok(Gpt2Model {
             wte,
             wpe,
-            h: List(h),
+            h: h.into_iter().collect(),
             ln_f: layer_norm(c.n_embd, c.layer_norm_epsilon, device)?,
             config: c.clone(),
             training: TrainingFlag::default(),
+            activation_checkpointing: false,
         })
+    }
+
+    /// Activation checkpointing per block (`model.gradient_checkpointing_enable()` in Hugging
+    /// Face): each block keeps only its inputs in training and reruns its forward in
+    /// backward, random masks replayed, so gradients are those without it, bit for bit.
+    pub fn set_activation_checkpointing(&mut self, on: bool) {
+        self.activation_checkpointing = on;
+    }
+
+    pub fn activation_checkpointing(&self) -> bool {
+        self.activation_checkpointing
     }
 
     /// The bare model of a checkpoint (`GPT2Model.from_pretrained(path)`), `path_or_dir` and
@@ -104,7 +120,11 @@ impl Gpt2Model {
         // then ln_f).
         let mut pending: Option<Var> = None;
         for block in &self.h.0 {
-            let (h, mlp_out) = block.forward_deferred(&x, pending.as_ref(), attention_mask);
+            let (h, mlp_out) = if self.activation_checkpointing {
+                checkpointed_block(block, &x, pending.as_ref(), attention_mask)
+            } else {
+                block.forward_deferred(&x, pending.as_ref(), attention_mask)
+            };
             (x, pending) = (h, Some(mlp_out));
         }
         match pending {
@@ -112,6 +132,27 @@ impl Gpt2Model {
             None => self.ln_f.forward(&x),
         }
     }
+}
+
+/// [`Gpt2Block::forward_deferred`] under [`checkpoint_many`]: the block's inputs `x` (and the
+/// previous block's pending `m`) are all it keeps for backward.
+fn checkpointed_block(
+    block: &Arc<Gpt2Block>,
+    x: &Var,
+    pending: Option<&Var>,
+    attention_mask: Option<&Tensor>,
+) -> (Var, Var) {
+    let (block, mask) = (block.clone(), attention_mask.cloned());
+    let inputs: Vec<&Var> = std::iter::once(x).chain(pending).collect();
+    let mut out = checkpoint_many(
+        move |xs: &[Var]| {
+            let (h, m) = block.forward_deferred(&xs[0], xs.get(1), mask.as_ref());
+            vec![h, m]
+        },
+        &inputs,
+    );
+    let m = out.pop().expect("two outputs");
+    (out.pop().expect("two outputs"), m)
 }
 
 impl Module for Gpt2Model {

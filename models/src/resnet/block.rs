@@ -2,10 +2,11 @@
 //! `Bottleneck` (1x1, 3x3, 1x1, ResNet-50 and up; the stride sits on the 3x3 convolution, the
 //! "ResNet v1.5" that torchvision ships).
 
-use oxtrain_autograd::Var;
+use oxtrain_autograd::{checkpoint, Var};
 use oxtrain_nn::init::{self, FanMode, Nonlinearity};
 use oxtrain_nn::{BatchNorm2d, BatchNormConfig, Conv2d, Conv2dConfig, Forward, Module, Sequential, Visitor};
 use oxtrain_tensor::{DType, Device, Result};
+use std::sync::Arc;
 
 /// A bias-free convolution with torchvision's initialisation: `kaiming_normal_(mode="fan_out",
 /// nonlinearity="relu")`.
@@ -202,14 +203,25 @@ impl Forward for Block {
     }
 }
 
-/// `layer1` ... `layer4`: blocks named `0`, `1`, ... (torchvision's `nn.Sequential`).
+/// `layer1` ... `layer4`: blocks named `0`, `1`, ... (torchvision's `nn.Sequential`). Each
+/// block sits behind an `Arc`, so a checkpointed stage can keep handles to the blocks it
+/// reruns in backward.
 #[derive(Debug)]
-pub struct Stage(pub Vec<Block>);
+pub struct Stage(pub Vec<Arc<Block>>);
+
+impl Stage {
+    /// The stage under activation checkpointing: it keeps only its input and reruns its
+    /// blocks in backward (batch norm's running statistics are updated once, in the first run).
+    pub fn forward_checkpointed(&self, x: &Var) -> Var {
+        let blocks = self.0.clone();
+        checkpoint(move |x| blocks.iter().fold(x.clone(), |x, b| b.forward(&x)), x)
+    }
+}
 
 impl Module for Stage {
     fn visit(&self, v: &mut dyn Visitor) {
         for (i, b) in self.0.iter().enumerate() {
-            v.child(&i.to_string(), b);
+            v.child(&i.to_string(), &**b);
         }
     }
 }

@@ -18,6 +18,7 @@ use oxtrain_nn::{
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Which residual block a ResNet stacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +161,8 @@ pub struct ResNet {
     pub avgpool: AdaptiveAvgPool2d,
     pub fc: Linear,
     pub config: ResNetConfig,
+    /// Run each stage checkpointed: see [`ResNet::set_activation_checkpointing`].
+    activation_checkpointing: bool,
 }
 
 impl ResNet {
@@ -181,10 +184,10 @@ impl ResNet {
                     zero_init_residual: config.zero_init_residual,
                     dtype,
                 };
-                out.push(match config.block {
+                out.push(Arc::new(match config.block {
                     BlockKind::Basic => Block::Basic(BasicBlock::new(&spec, device)?),
                     BlockKind::Bottleneck => Block::Bottleneck(Bottleneck::new(&spec, device)?),
-                });
+                }));
                 inplanes = planes * config.expansion();
             }
             Ok(Stage(out))
@@ -214,6 +217,7 @@ impl ResNet {
             avgpool: AdaptiveAvgPool2d::new([1, 1]),
             fc,
             config: config.clone(),
+            activation_checkpointing: false,
         })
     }
 
@@ -261,6 +265,17 @@ impl ResNet {
         Ok(model)
     }
 
+    /// Activation checkpointing per stage (`layer1` ... `layer4`): each stage keeps only its
+    /// input in training and reruns its blocks in backward ([`Stage::forward_checkpointed`]),
+    /// so gradients are those without it, bit for bit.
+    pub fn set_activation_checkpointing(&mut self, on: bool) {
+        self.activation_checkpointing = on;
+    }
+
+    pub fn activation_checkpointing(&self) -> bool {
+        self.activation_checkpointing
+    }
+
     /// Images `[N, 3, H, W]` to logits `[N, num_classes]`; the images are a `Tensor` (from a
     /// loader: they get no gradient) or a `Var`, by value or by reference.
     pub fn forward(&self, images: impl Into<Var>) -> Var {
@@ -278,7 +293,14 @@ impl ResNet {
         );
         let x = if self.config.channels_last { to_channels_last(x) } else { x.clone() };
         let x = self.maxpool.forward(&self.bn1.forward_relu(&self.conv1.forward(&x)));
-        let x = self.layer4.forward(&self.layer3.forward(&self.layer2.forward(&self.layer1.forward(&x))));
+        let stages = [&self.layer1, &self.layer2, &self.layer3, &self.layer4];
+        let x = stages.iter().fold(x, |x, stage| {
+            if self.activation_checkpointing {
+                stage.forward_checkpointed(&x)
+            } else {
+                stage.forward(&x)
+            }
+        });
         self.avgpool.forward(&x).flatten(1, 3)
     }
 }

@@ -233,7 +233,8 @@ impl BatchNorm2d {
                     "BatchNorm2d: expected more than 1 value per channel when training, got input of shape {:?}",
                     x.dims()
                 );
-                if let (Some(stats), true) = (running, training) {
+                // A checkpointed forward rerun in backward has updated them already.
+                if let (Some(stats), true, false) = (running, training, oxtrain_autograd::is_recomputing()) {
                     self.update_running_stats(stats, &mean, &var, per_channel);
                 }
                 out

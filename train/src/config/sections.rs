@@ -282,6 +282,22 @@ impl Default for PrecisionConfig {
     }
 }
 
+/// Which activations a training step recomputes in backward instead of keeping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationCheckpointing {
+    /// Keep every activation backward needs.
+    None,
+    /// Checkpoint each transformer block / ResNet stage (`torch.utils.checkpoint` per block).
+    Blocks,
+}
+
+impl ActivationCheckpointing {
+    pub fn is_on(self) -> bool {
+        self == ActivationCheckpointing::Blocks
+    }
+}
+
 /// What to do when the loss is NaN or infinite.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -314,6 +330,9 @@ pub struct TrainConfig {
     pub on_nonfinite: NonFinite,
     /// With on_nonfinite = "skip": stop after this many skipped steps.
     pub max_skipped: usize,
+    /// "blocks": each transformer block (GPT-2, BERT) or ResNet stage keeps only its input
+    /// and recomputes its activations in backward (less memory, about one more forward).
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 impl Default for TrainConfig {
@@ -330,6 +349,7 @@ impl Default for TrainConfig {
             label_smoothing: 0.0,
             on_nonfinite: NonFinite::Stop,
             max_skipped: 10,
+            activation_checkpointing: ActivationCheckpointing::None,
         }
     }
 }

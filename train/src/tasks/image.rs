@@ -225,8 +225,9 @@ impl Task for ImageClassification {
     }
 
     fn build_model(&self) -> TaskResult<ResNet> {
-        let model = ResNet::new(&resnet_config(&self.config, self.num_classes()), self.place.device)
+        let mut model = ResNet::new(&resnet_config(&self.config, self.num_classes()), self.place.device)
             .map_err(|e| TrainError::model("", e))?;
+        model.set_activation_checkpointing(self.config.train.activation_checkpointing.is_on());
         if let Some(head) = load_init(&model, &self.config.model.init_from)? {
             if self.place.rank == 0 {
                 println!("{head}");

@@ -207,7 +207,9 @@ impl Task for LanguageModel {
         let vocab = gpt2_config(&self.config, self.vocab_size)?.vocab_size;
         let val = self.val.as_ref().map(|v| v.dataset());
         check_shard_ids(&[("data.train", Some(self.train.dataset())), ("data.val", val)], vocab)?;
-        tune(build_gpt2(&self.config, self.vocab_size, self.place.device)?, &self.config, GPT2_LORA)
+        let mut model = build_gpt2(&self.config, self.vocab_size, self.place.device)?;
+        model.transformer.set_activation_checkpointing(self.config.train.activation_checkpointing.is_on());
+        tune(model, &self.config, GPT2_LORA)
     }
 
     fn batches_per_epoch(&self) -> usize {

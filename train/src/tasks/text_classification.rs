@@ -204,7 +204,8 @@ impl Task for TextClassification {
     }
 
     fn build_model(&self) -> TaskResult<Tuned<BertForSequenceClassification>> {
-        let model = build_bert(&self.config, self.tokenizer.vocab_size(), self.num_labels, self.place)?;
+        let mut model = build_bert(&self.config, self.tokenizer.vocab_size(), self.num_labels, self.place)?;
+        model.bert.set_activation_checkpointing(self.config.train.activation_checkpointing.is_on());
         tune(model, &self.config, BERT_LORA)
     }
 

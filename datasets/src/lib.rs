@@ -3,6 +3,7 @@
 pub mod dataset;
 pub mod decode;
 pub mod error;
+pub mod gpu_decode;
 pub mod image_folder;
 pub mod loader;
 pub mod rng;

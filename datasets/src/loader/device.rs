@@ -8,6 +8,7 @@ use crate::error::Result;
 use oxtrain_tensor::cuda::{Event, Stream};
 use oxtrain_tensor::ops::image::ImageNorm;
 use oxtrain_tensor::{DType, Device, Tensor};
+use std::sync::Mutex;
 
 /// How raw u8 `[N, H, W, 3]` images become the network's input on the device.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -24,6 +25,19 @@ impl DeviceInput {
     /// path's `ImageTransform::imagenet_train`, bit for bit.
     pub const IMAGENET_F32: DeviceInput =
         DeviceInput { norm: ImageNorm::IMAGENET, dtype: DType::F32, channels_last: false };
+}
+
+/// The copy stream of device `ordinal`, one per process: blocks the caching allocator keeps for
+/// a stream serve that stream's later allocations, so a stream per epoch would strand them.
+fn copy_stream(ordinal: usize) -> Result<Stream> {
+    static STREAMS: Mutex<Vec<(usize, Stream)>> = Mutex::new(Vec::new());
+    let mut streams = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, s)) = streams.iter().find(|(n, _)| *n == ordinal) {
+        return Ok(s.clone());
+    }
+    let s = Stream::new(ordinal)?;
+    streams.push((ordinal, s.clone()));
+    Ok(s)
 }
 
 /// A batch whose copies are queued, with the event that marks their end on the copy stream.
@@ -49,7 +63,7 @@ impl<I: Iterator<Item = Result<Batch>>> ToDevice<I> {
     /// already, normalised on the host).
     pub fn new(batches: I, device: Device, input: Option<DeviceInput>) -> Result<Self> {
         let copy = match device {
-            Device::Cuda(n) => Some(Stream::new(n)?),
+            Device::Cuda(n) => Some(copy_stream(n)?),
             Device::Cpu => None,
         };
         Ok(ToDevice { batches, device, input, copy, ahead: None })

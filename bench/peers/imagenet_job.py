@@ -22,37 +22,48 @@ import statistics
 import time
 
 
-def make(args):
+def make_class(job):
+    """Writes class `c`'s pictures (its own random stream, so the folder is the same whatever
+    the number of processes); returns (files, bytes)."""
     import numpy as np
     from PIL import Image
+
+    args, c = job
+    rng = np.random.default_rng(c)
+    h, w = args.height, args.width
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    count, total = 0, 0
+    for split, n in (("train", args.per_class), ("val", args.val_per_class)):
+        d = os.path.join(args.root, split, f"n{c:08d}")
+        os.makedirs(d, exist_ok=True)
+        for i in range(n):
+            # Smooth colour fields, an edge and fine texture, as photographs have.
+            f = rng.uniform(5, 40, size=6)
+            base = np.stack([
+                128 + 90 * np.sin(x / f[0] + y / f[1]),
+                128 + 80 * np.cos(y / f[2] - x / f[3]),
+                128 + 70 * np.sin((x + y) / f[4]) * np.cos(x / f[5]),
+            ], axis=-1)
+            cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(h / 10, h / 2.5)
+            base[(x - cx) ** 2 + (y - cy) ** 2 < r * r] += rng.uniform(-80, 80, size=3)
+            img = np.clip(base + rng.normal(0, 11.5, size=(h, w, 3)), 0, 255).astype(np.uint8)
+            path = os.path.join(d, f"img_{i:05d}.JPEG")
+            Image.fromarray(img).save(path, quality=args.quality)
+            count += 1
+            total += os.path.getsize(path)
+    return count, total
+
+
+def make(args):
+    from multiprocessing import Pool
 
     train = os.path.join(args.root, "train")
     if os.path.isdir(train) and len(os.listdir(train)) == args.classes:
         print(json.dumps({"root": args.root, "made": False}))
         return
-    rng = np.random.default_rng(0)
-    h, w = args.height, args.width
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    count, total = 0, 0
-    for c in range(args.classes):
-        for split, n in (("train", args.per_class), ("val", args.val_per_class)):
-            d = os.path.join(args.root, split, f"n{c:08d}")
-            os.makedirs(d, exist_ok=True)
-            for i in range(n):
-                # Smooth colour fields, an edge and fine texture, as photographs have.
-                f = rng.uniform(5, 40, size=6)
-                base = np.stack([
-                    128 + 90 * np.sin(x / f[0] + y / f[1]),
-                    128 + 80 * np.cos(y / f[2] - x / f[3]),
-                    128 + 70 * np.sin((x + y) / f[4]) * np.cos(x / f[5]),
-                ], axis=-1)
-                cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(h / 10, h / 2.5)
-                base[(x - cx) ** 2 + (y - cy) ** 2 < r * r] += rng.uniform(-80, 80, size=3)
-                img = np.clip(base + rng.normal(0, 11.5, size=(h, w, 3)), 0, 255).astype(np.uint8)
-                path = os.path.join(d, f"img_{i:05d}.JPEG")
-                Image.fromarray(img).save(path, quality=args.quality)
-                count += 1
-                total += os.path.getsize(path)
+    with Pool(os.cpu_count()) as pool:
+        done = pool.map(make_class, [(args, c) for c in range(args.classes)])
+    count, total = sum(d[0] for d in done), sum(d[1] for d in done)
     print(json.dumps({"root": args.root, "made": True, "files": count, "mean_bytes": total / max(count, 1)}))
 
 

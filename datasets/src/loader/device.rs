@@ -1,6 +1,5 @@
-//! Batches onto the device one step ahead: the next batch's copy is queued on a copy stream of
-//! its own while the current step computes, and the compute stream waits for it only when it
-//! needs it. Images of raw bytes (a transform `for_device_normalize`) are flipped and
+//! Batches onto the device through a copy stream of their own: a batch's copy runs beside the
+//! compute stream's queued work, and the compute stream waits for it only where it needs it. Images of raw bytes (a transform `for_device_normalize`) are flipped and
 //! normalised there by `Tensor::normalize_images`.
 
 use super::batch::Batch;
@@ -48,14 +47,17 @@ struct Uploaded {
     copied: Option<Event>,
 }
 
-/// `(images, labels)` on `device` from an iterator of batches, one batch uploaded ahead.
+/// `(images, labels)` on `device` from an iterator of batches. A batch is taken from the
+/// loader only when the step asks for it, so the loader's position (what a checkpoint saves)
+/// counts the batches trained on; the overlap comes from the host queueing the step's kernels
+/// ahead of the GPU: the next batch's copy runs on the copy stream while the GPU still works
+/// on the last step.
 pub struct ToDevice<I> {
     batches: I,
     device: Device,
     input: Option<DeviceInput>,
     /// The copy stream (CUDA only).
     copy: Option<Stream>,
-    ahead: Option<Result<Uploaded>>,
 }
 
 impl<I: Iterator<Item = Result<Batch>>> ToDevice<I> {
@@ -66,13 +68,7 @@ impl<I: Iterator<Item = Result<Batch>>> ToDevice<I> {
             Device::Cuda(n) => Some(copy_stream(n)?),
             Device::Cpu => None,
         };
-        Ok(ToDevice { batches, device, input, copy, ahead: None })
-    }
-
-    /// Queues the next batch's copies on the copy stream (None when the batches are done).
-    fn upload_next(&mut self) -> Option<Result<Uploaded>> {
-        let batch = self.batches.next()?;
-        Some(batch.and_then(|b| self.upload(b)))
+        Ok(ToDevice { batches, device, input, copy })
     }
 
     fn upload(&self, mut batch: Batch) -> Result<Uploaded> {
@@ -108,15 +104,7 @@ impl<I: Iterator<Item = Result<Batch>>> Iterator for ToDevice<I> {
     type Item = Result<(Tensor, Tensor)>;
 
     fn next(&mut self) -> Option<Result<(Tensor, Tensor)>> {
-        let current = match self.ahead.take() {
-            Some(u) => u,
-            None => self.upload_next()?,
-        };
-        // The next batch's copy is queued before this one's step, so the two overlap. An error
-        // ends the epoch: nothing is read past it.
-        if current.is_ok() {
-            self.ahead = self.upload_next();
-        }
-        Some(current.and_then(|u| self.finish(u)))
+        let batch = self.batches.next()?;
+        Some(batch.and_then(|b| self.upload(b)).and_then(|u| self.finish(u)))
     }
 }

@@ -55,3 +55,17 @@ fn flip_and_normalise_after_the_loader_give_the_host_paths_images() {
 fn flip_and_normalise_on_the_gpu_give_the_host_paths_images() {
     same_batches_as_the_host_path(Device::Cuda(0));
 }
+
+#[test]
+fn the_loaders_position_counts_only_the_batches_handed_to_the_step() {
+    // A checkpoint saves the position: a batch read ahead and not trained on would be skipped
+    // by the resumed run.
+    let d = tmp("device_position");
+    crate::synthetic::write_shapes_image_folder(&d, 2, 6, 40, 4).unwrap();
+    let l = loader(&d, ImageTransform::imagenet_train(24).for_device_normalize());
+    let mut it = ToDevice::new(l.epoch(0), Device::Cpu, Some(DeviceInput::IMAGENET_F32)).unwrap();
+    it.next().unwrap().unwrap();
+    it.next().unwrap().unwrap();
+    assert_eq!(l.state_dict().position, 8);
+    std::fs::remove_dir_all(&d).unwrap();
+}

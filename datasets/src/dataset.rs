@@ -33,4 +33,11 @@ pub trait Dataset: Send + Sync + 'static {
     /// A file that is not a usable image returns [`crate::Error::BadImage`], which the
     /// loader skips or reports as its [`crate::BadFilePolicy`] says.
     fn load_into(&self, index: usize, rng: &mut SampleRng, out: &mut [u8]) -> Result<i64>;
+
+    /// As `load_into`, also saying whether the device is to mirror the sample: a dataset that
+    /// draws its flip on the host and leaves the pixel work to the GPU returns true for the
+    /// samples drawn flipped. Datasets that flip themselves (or never) keep this default.
+    fn load_with_flip(&self, index: usize, rng: &mut SampleRng, out: &mut [u8]) -> Result<(i64, bool)> {
+        self.load_into(index, rng, out).map(|label| (label, false))
+    }
 }

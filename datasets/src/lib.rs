@@ -3,6 +3,7 @@
 pub mod dataset;
 pub mod decode;
 pub mod error;
+pub mod gpu_decode;
 pub mod image_folder;
 pub mod loader;
 pub mod rng;
@@ -16,7 +17,10 @@ pub use dataset::{Dataset, Sample};
 pub use decode::DecodeLimits;
 pub use error::{Error, Result};
 pub use image_folder::ImageFolder;
-pub use loader::{BadFilePolicy, Batch, DataLoader, EpochIter, LoaderConfig, PinMemory};
+pub use loader::{
+    BadFilePolicy, Batch, DataLoader, DeviceInput, EpochIter, LoaderConfig, PinMemory, PrefetchStatus,
+    ToDevice,
+};
 pub use rng::SampleRng;
 pub use sampler::{DistributedSampler, SamplerState};
 pub use text::{ByteTokenizer, LmDataset, TextClassificationDataset, Tokenizer};

@@ -165,9 +165,13 @@ impl Dataset for ImageFolder {
     }
 
     fn load_into(&self, index: usize, rng: &mut SampleRng, out: &mut [u8]) -> Result<i64> {
+        self.load_with_flip(index, rng, out).map(|(label, _)| label)
+    }
+
+    fn load_with_flip(&self, index: usize, rng: &mut SampleRng, out: &mut [u8]) -> Result<(i64, bool)> {
         let (path, class) = &self.samples[index];
         let bytes = read_file(path)?;
-        self.transform.load_into(&bytes, path, &self.limits, rng, out)?;
-        Ok(*class as i64)
+        let flip = self.transform.load_into(&bytes, path, &self.limits, rng, out)?;
+        Ok((*class as i64, flip))
     }
 }

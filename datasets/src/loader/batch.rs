@@ -47,6 +47,10 @@ pub struct Batch {
     pub(crate) labels: Vec<i64>,
     /// The dataset indices of the samples, in batch order (skipped bad files left out).
     pub indices: Vec<usize>,
+    /// Per sample: whether the device is to mirror it (a transform with `flip_on_device`).
+    pub(crate) flips: Vec<bool>,
+    /// Bad files met loading it, counted into the loader's total when it is handed out.
+    pub(crate) bad_files: usize,
 }
 
 impl Batch {
@@ -79,6 +83,12 @@ impl Batch {
                     .expect("a CPU copy of pinned memory")
             }
         }
+    }
+
+    /// Per sample, whether it is still to be mirrored left to right (drawn on the host, left to
+    /// the device by a transform with `flip_on_device`; all false otherwise).
+    pub fn flips(&self) -> &[bool] {
+        &self.flips
     }
 
     /// The labels, `[n]` i64 on the CPU.

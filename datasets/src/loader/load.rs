@@ -25,39 +25,53 @@ pub(crate) fn load_batch_guarded<D: Dataset>(
         })
 }
 
-/// Fills `bytes` (room for `indices.len()` samples) and returns the labels and indices of the
-/// samples kept; bad files leave no gap.
-fn fill<D: Dataset>(
-    shared: &Shared<D>,
-    epoch: u64,
-    indices: &[usize],
-    bytes: &mut [u8],
-) -> Result<(Vec<i64>, Vec<usize>)> {
+/// What `fill` wrote: per sample kept, its label, its index and whether the device is to
+/// mirror it.
+#[derive(Default)]
+struct Filled {
+    labels: Vec<i64>,
+    kept: Vec<usize>,
+    flips: Vec<bool>,
+    /// Bad files met, replacement tries included.
+    bad: usize,
+}
+
+impl Filled {
+    fn push(&mut self, (label, flip): (i64, bool), index: usize) {
+        self.labels.push(label);
+        self.kept.push(index);
+        self.flips.push(flip);
+    }
+}
+
+/// Fills `bytes` (room for `indices.len()` samples) with the samples kept; bad files leave no
+/// gap.
+fn fill<D: Dataset>(shared: &Shared<D>, epoch: u64, indices: &[usize], bytes: &mut [u8]) -> Result<Filled> {
     let sb = shared.dataset.sample().bytes();
-    let (mut labels, mut kept) = (Vec::with_capacity(indices.len()), Vec::with_capacity(indices.len()));
+    let mut filled = Filled::default();
     for &index in indices {
-        let slot = &mut bytes[kept.len() * sb..(kept.len() + 1) * sb];
+        let n_kept = filled.kept.len();
+        let slot = &mut bytes[n_kept * sb..(n_kept + 1) * sb];
         let mut rng = SampleRng::new(shared.config.seed, epoch, index as u64);
-        let e = match shared.dataset.load_into(index, &mut rng, slot) {
-            Ok(label) => {
-                labels.push(label);
-                kept.push(index);
+        let e = match shared.dataset.load_with_flip(index, &mut rng, slot) {
+            Ok(loaded) => {
+                filled.push(loaded, index);
                 continue;
             }
             Err(e @ Error::BadImage { .. }) if shared.config.bad_files != BadFilePolicy::Fail => e,
             Err(e) => return Err(e),
         };
-        let n = shared.count_bad(&e);
+        filled.bad += 1;
+        let n = shared.note_bad(&e, filled.bad);
         if shared.config.bad_files == BadFilePolicy::Skip {
             eprintln!("oxtrain-datasets: skipping sample {index}: {e} ({n} bad files so far)");
             continue;
         }
-        let (label, used) = replacement(shared, epoch, index, slot)?;
+        let (loaded, used) = replacement(shared, epoch, index, slot, &mut filled.bad)?;
         eprintln!("oxtrain-datasets: sample {index} replaced by sample {used}: {e} ({n} bad files so far)");
-        labels.push(label);
-        kept.push(used);
+        filled.push(loaded, used);
     }
-    Ok((labels, kept))
+    Ok(filled)
 }
 
 /// The first index after `bad` (wrapping round) whose file loads, written into `slot` with
@@ -67,28 +81,30 @@ fn replacement<D: Dataset>(
     epoch: u64,
     bad: usize,
     slot: &mut [u8],
-) -> Result<(i64, usize)> {
+    bad_in_batch: &mut usize,
+) -> Result<((i64, bool), usize)> {
     let len = shared.dataset.len();
     for k in 1..len {
         let index = (bad + k) % len;
         let mut rng = SampleRng::new(shared.config.seed, epoch, index as u64);
-        match shared.dataset.load_into(index, &mut rng, slot) {
-            Ok(label) => return Ok((label, index)),
+        match shared.dataset.load_with_flip(index, &mut rng, slot) {
+            Ok(loaded) => return Ok((loaded, index)),
             Err(e @ Error::BadImage { .. }) => {
-                shared.count_bad(&e);
+                *bad_in_batch += 1;
+                shared.note_bad(&e, *bad_in_batch);
             }
             Err(e) => return Err(e),
         }
     }
-    Err(shared.no_good_files(shared.bad_files.load(Ordering::Relaxed)))
+    Err(shared.no_good_files(shared.bad_files.load(Ordering::Relaxed) + *bad_in_batch))
 }
 
 macro_rules! typed_batch {
     ($t:ty, $shared:expr, $epoch:expr, $indices:expr, $per:expr) => {{
         let mut data = vec![<$t>::default(); $indices.len() * $per];
-        let (labels, kept) = fill($shared, $epoch, $indices, bytemuck::cast_slice_mut(&mut data))?;
-        data.truncate(kept.len() * $per);
-        (Tensor::from_vec(data, batch_shape($shared, kept.len()), Device::Cpu)?, labels, kept)
+        let filled = fill($shared, $epoch, $indices, bytemuck::cast_slice_mut(&mut data))?;
+        data.truncate(filled.kept.len() * $per);
+        (Tensor::from_vec(data, batch_shape($shared, filled.kept.len()), Device::Cpu)?, filled)
     }};
 }
 
@@ -102,18 +118,20 @@ pub(crate) fn load_batch<D: Dataset>(shared: &Shared<D>, epoch: u64, indices: &[
     let sample = shared.dataset.sample();
     if let Some(pool) = &shared.pinned {
         let mut buf = pool.take(indices.len() * sample.bytes())?;
-        let (labels, kept) = fill(shared, epoch, indices, buf.as_mut_slice::<u8>())?;
+        let filled = fill(shared, epoch, indices, buf.as_mut_slice::<u8>())?;
         let images = Images::Pinned { buf: Some(buf), pool: pool.clone() };
         return Ok(Batch {
             images,
-            shape: batch_shape(shared, kept.len()),
+            shape: batch_shape(shared, filled.kept.len()),
             dtype: sample.dtype,
-            labels,
-            indices: kept,
+            labels: filled.labels,
+            indices: filled.kept,
+            flips: filled.flips,
+            bad_files: filled.bad,
         });
     }
     let per = sample.shape.iter().product::<usize>();
-    let (tensor, labels, kept) = match sample.dtype {
+    let (tensor, filled) = match sample.dtype {
         DType::F32 => typed_batch!(f32, shared, epoch, indices, per),
         DType::U8 => typed_batch!(u8, shared, epoch, indices, per),
         DType::I64 => typed_batch!(i64, shared, epoch, indices, per),
@@ -125,7 +143,9 @@ pub(crate) fn load_batch<D: Dataset>(shared: &Shared<D>, epoch: u64, indices: &[
         shape: tensor.dims().to_vec(),
         dtype: sample.dtype,
         images: Images::Cpu(tensor),
-        labels,
-        indices: kept,
+        labels: filled.labels,
+        indices: filled.kept,
+        flips: filled.flips,
+        bad_files: filled.bad,
     })
 }

@@ -4,25 +4,38 @@
 //! Determinism: the sampler fixes the order of indices for (seed, epoch), and every random
 //! choice for a sample comes from a stream keyed by (seed, epoch, index) ([`SampleRng`]), so
 //! the batches are the same whatever the number of workers or their timing.
+//!
+//! Workers live as long as the loader. Once every batch of epoch `e` has been sent to them, the
+//! free slots go to the first batches of epoch `e + 1` (its order is known from the sampler's
+//! seed), so those are decoded while epoch `e` ends and while evaluation runs. `epoch(e + 1)`
+//! uses them only when its batches are exactly those prefetched (a resumed position, another
+//! epoch number: the prefetch is dropped), so the batches stay those of a loader without it.
 
 #[cfg(test)]
 mod bad_file_tests;
 mod batch;
+mod device;
+#[cfg(test)]
+mod device_tests;
+mod iter;
 mod load;
+mod pool;
+#[cfg(test)]
+mod prefetch_tests;
 #[cfg(test)]
 mod tests;
 
 pub use batch::Batch;
+pub use device::{DeviceInput, ToDevice};
+pub use iter::EpochIter;
 
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::sampler::{DistributedSampler, SamplerState};
 use batch::PinnedPool;
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
-use std::collections::{BTreeMap, VecDeque};
+use pool::{Stream, WorkerPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use crate::rng::SampleRng;
 
@@ -67,6 +80,9 @@ pub struct LoaderConfig {
     pub drop_last: bool,
     pub pin_memory: PinMemory,
     pub bad_files: BadFilePolicy,
+    /// With workers: once an epoch's batches are all sent, start loading the next epoch's
+    /// first batches (off for a loader always read at the same epoch, as an evaluation set).
+    pub prefetch_next_epoch: bool,
 }
 
 impl Default for LoaderConfig {
@@ -79,6 +95,7 @@ impl Default for LoaderConfig {
             drop_last: false,
             pin_memory: PinMemory::Auto,
             bad_files: BadFilePolicy::Replace,
+            prefetch_next_epoch: true,
         }
     }
 }
@@ -94,11 +111,14 @@ pub(crate) struct Shared<D: Dataset> {
 }
 
 impl<D: Dataset> Shared<D> {
-    /// Counts a bad file; returns how many so far.
-    pub(crate) fn count_bad(&self, e: &Error) -> usize {
+    /// Notes a bad file met while loading a batch that has `in_batch` of them so far (this
+    /// one included); returns how many that makes with those of the batches handed out. The
+    /// count itself grows as batches are handed out, so a batch loaded ahead for the next
+    /// epoch counts in that epoch.
+    pub(crate) fn note_bad(&self, e: &Error, in_batch: usize) -> usize {
         let mut first = self.first_bad.lock().unwrap_or_else(|p| p.into_inner());
         first.get_or_insert_with(|| e.to_string());
-        self.bad_files.fetch_add(1, Ordering::Relaxed) + 1
+        self.bad_files.load(Ordering::Relaxed) + in_batch
     }
 
     pub(crate) fn no_good_files(&self, bad: usize) -> Error {
@@ -111,9 +131,24 @@ impl<D: Dataset> Shared<D> {
     }
 }
 
+/// Where the loading of an epoch that has not started yet stands ([`DataLoader::prefetch_status`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefetchStatus {
+    pub epoch: u64,
+    /// Batches sent to the workers.
+    pub sent: usize,
+    /// Of those, batches loaded and waiting.
+    pub loaded: usize,
+}
+
 pub struct DataLoader<D: Dataset> {
     shared: Arc<Shared<D>>,
     sampler: Arc<Mutex<DistributedSampler>>,
+    /// The batches of the next epoch, loading ahead. Declared before `pool` so that dropping
+    /// the loader cancels its queued jobs before the workers are joined.
+    next: Arc<Mutex<Option<Stream>>>,
+    /// Started at the first epoch with workers, kept for the loader's life.
+    pool: Mutex<Option<Arc<WorkerPool>>>,
 }
 
 impl<D: Dataset> DataLoader<D> {
@@ -136,7 +171,12 @@ impl<D: Dataset> DataLoader<D> {
         let pinned = ordinal.map(|n| Arc::new(PinnedPool::new(n)));
         let shared =
             Shared { dataset, config, bad_files: AtomicUsize::new(0), first_bad: Mutex::new(None), pinned };
-        Ok(DataLoader { shared: Arc::new(shared), sampler: Arc::new(Mutex::new(sampler)) })
+        Ok(DataLoader {
+            shared: Arc::new(shared),
+            sampler: Arc::new(Mutex::new(sampler)),
+            next: Arc::new(Mutex::new(None)),
+            pool: Mutex::new(None),
+        })
     }
 
     pub fn dataset(&self) -> &D {
@@ -206,178 +246,87 @@ impl<D: Dataset> DataLoader<D> {
             }
             s.remaining()
         };
-        let b = self.shared.config.batch_size;
-        let mut batches: VecDeque<Vec<usize>> = indices.chunks(b).map(<[usize]>::to_vec).collect();
-        if self.shared.config.drop_last && batches.back().is_some_and(|l| l.len() < b) {
-            batches.pop_back();
-        }
-        EpochIter::start(self.shared.clone(), self.sampler.clone(), epoch, batches)
-    }
-}
-
-type Job = (usize, Vec<usize>);
-type Done = (usize, Result<Batch>);
-
-/// The batches of one epoch, in order. Dropping it stops the workers.
-pub struct EpochIter<D: Dataset> {
-    shared: Arc<Shared<D>>,
-    sampler: Arc<Mutex<DistributedSampler>>,
-    epoch: u64,
-    queued: VecDeque<Vec<usize>>,
-    /// Sample counts of the batches sent to workers, by sequence number.
-    sizes: BTreeMap<usize, usize>,
-    next_send: usize,
-    next_yield: usize,
-    ready: BTreeMap<usize, Result<Batch>>,
-    jobs: Option<Sender<Job>>,
-    done: Option<Receiver<Done>>,
-    workers: Vec<JoinHandle<()>>,
-    finished: bool,
-    /// Samples handed out, and the loader's bad-file count when the epoch began: an epoch of
-    /// bad files only is an error, not an empty epoch.
-    samples_out: usize,
-    bad_at_start: usize,
-}
-
-impl<D: Dataset> EpochIter<D> {
-    fn start(
-        shared: Arc<Shared<D>>,
-        sampler: Arc<Mutex<DistributedSampler>>,
-        epoch: u64,
-        queued: VecDeque<Vec<usize>>,
-    ) -> Self {
-        let mut it = EpochIter {
-            shared,
-            sampler,
-            epoch,
-            queued,
-            sizes: BTreeMap::new(),
-            next_send: 0,
-            next_yield: 0,
-            ready: BTreeMap::new(),
-            jobs: None,
-            done: None,
-            workers: Vec::new(),
-            finished: false,
-            samples_out: 0,
-            bad_at_start: 0,
+        let batches = split_batches(&indices, &self.shared.config);
+        let Some(pool) = self.worker_pool() else {
+            return EpochIter::inline(self.shared.clone(), self.sampler.clone(), epoch, batches.into());
         };
-        it.bad_at_start = it.shared.bad_files.load(Ordering::Relaxed);
-        let workers = it.shared.config.num_workers;
-        if workers > 0 && !it.queued.is_empty() {
-            let ahead = workers * it.shared.config.prefetch_factor.max(1);
-            let (jobs_tx, jobs_rx) = bounded::<Job>(ahead);
-            let (done_tx, done_rx) = unbounded::<Done>();
-            for w in 0..workers {
-                let (shared, jobs_rx, done_tx) = (it.shared.clone(), jobs_rx.clone(), done_tx.clone());
-                let handle = std::thread::Builder::new()
-                    .name(format!("oxtrain-loader-{w}"))
-                    .spawn(move || {
-                        for (seq, indices) in jobs_rx.iter() {
-                            let r = load::load_batch_guarded(&shared, epoch, &indices);
-                            if done_tx.send((seq, r)).is_err() {
-                                break;
-                            }
-                        }
-                    })
-                    .expect("spawning a loader worker thread");
-                it.workers.push(handle);
-            }
-            it.jobs = Some(jobs_tx);
-            it.done = Some(done_rx);
-            for _ in 0..ahead {
-                it.send_next();
-            }
-        }
-        it
+        let prefetched = lock(&self.next).take().filter(|s| s.epoch == epoch && s.batches == batches);
+        let stream = prefetched.unwrap_or_else(|| Stream::new(epoch, batches));
+        EpochIter::pooled(self.shared.clone(), self.sampler.clone(), pool, stream, self.next.clone())
     }
 
-    fn send_next(&mut self) {
-        if let (Some(tx), Some(indices)) = (&self.jobs, self.queued.pop_front()) {
-            self.sizes.insert(self.next_send, indices.len());
-            // The channel holds `ahead` jobs and at most that many are outstanding.
-            let _ = tx.send((self.next_send, indices));
-            self.next_send += 1;
+    /// Starts loading the first batches of `epoch` from its start (as many as the workers
+    /// load ahead), unless they are loading already; the next `epoch(epoch)` hands them out if
+    /// it starts there. Epochs prefetch their successor by themselves (`prefetch_next_epoch`);
+    /// this is for the first epoch, while the model is being built. Nothing without workers.
+    pub fn prefetch_epoch(&self, epoch: u64) {
+        let Some(pool) = self.worker_pool() else { return };
+        let mut next = lock(&self.next);
+        if next.as_ref().is_some_and(|s| s.epoch == epoch) {
+            return;
         }
+        let mut stream = Stream::new(epoch, self.epoch_batches(epoch));
+        while stream.outstanding() < self.shared.config.ahead() && stream.send_next(&pool) {}
+        *next = Some(stream);
     }
 
-    /// The sampler's state as of the batches handed out so far.
-    pub fn state_dict(&self) -> SamplerState {
-        self.sampler.lock().unwrap_or_else(|e| e.into_inner()).state_dict()
+    /// The batches of `epoch` from its start, without moving the sampler.
+    fn epoch_batches(&self, epoch: u64) -> Vec<Vec<usize>> {
+        epoch_batches(&self.sampler, &self.shared.config, epoch)
     }
 
-    fn next_result(&mut self) -> Option<Result<Batch>> {
-        if self.jobs.is_none() {
-            let indices = self.queued.pop_front()?;
-            let n = indices.len();
-            let r = load::load_batch_guarded(&self.shared, self.epoch, &indices);
-            self.sampler.lock().unwrap_or_else(|e| e.into_inner()).advance(n);
-            return Some(r);
+    /// The epoch loading ahead, if any.
+    pub fn prefetch_status(&self) -> Option<PrefetchStatus> {
+        let mut next = lock(&self.next);
+        let s = next.as_mut()?;
+        Some(PrefetchStatus { epoch: s.epoch, sent: s.sent(), loaded: s.loaded() })
+    }
+
+    /// Blocks until every batch sent ahead for the next epoch is loaded, then says where it
+    /// stands (a measurement can start its clock with the epoch's first batches ready).
+    pub fn wait_prefetched(&self) -> Result<Option<PrefetchStatus>> {
+        let Some(pool) = lock(&self.pool).clone() else { return Ok(None) };
+        if let Some(s) = lock(&self.next).as_mut() {
+            s.wait_loaded(&pool)?;
         }
-        if self.next_yield == self.next_send {
+        Ok(self.prefetch_status())
+    }
+
+    fn worker_pool(&self) -> Option<Arc<WorkerPool>> {
+        let workers = self.shared.config.num_workers;
+        if workers == 0 {
             return None;
         }
-        let seq = self.next_yield;
-        let r = loop {
-            if let Some(r) = self.ready.remove(&seq) {
-                break r;
-            }
-            match self.done.as_ref().expect("workers running").recv() {
-                Ok((s, r)) => {
-                    self.ready.insert(s, r);
-                }
-                Err(_) => break Err(Error::Worker("every loader worker thread has exited".into())),
-            }
-        };
-        self.next_yield += 1;
-        let n = self.sizes.remove(&seq).unwrap_or(0);
-        self.sampler.lock().unwrap_or_else(|e| e.into_inner()).advance(n);
-        self.send_next();
-        Some(r)
+        let mut pool = lock(&self.pool);
+        Some(pool.get_or_insert_with(|| Arc::new(WorkerPool::start(&self.shared, workers))).clone())
     }
 }
 
-impl<D: Dataset> Iterator for EpochIter<D> {
-    type Item = Result<Batch>;
-
-    fn next(&mut self) -> Option<Result<Batch>> {
-        if self.finished {
-            return None;
-        }
-        loop {
-            match self.next_result() {
-                None => {
-                    self.finished = true;
-                    // A dropped incomplete batch was never handed out; the epoch is over all the same.
-                    self.sampler.lock().unwrap_or_else(|e| e.into_inner()).finish_epoch();
-                    let bad = self.shared.bad_files.load(Ordering::Relaxed) - self.bad_at_start;
-                    if self.samples_out == 0 && bad > 0 {
-                        return Some(Err(self.shared.no_good_files(bad)));
-                    }
-                    return None;
-                }
-                // A batch whose every file was bad has nothing to hand out.
-                Some(Ok(b)) if b.is_empty() => continue,
-                Some(Err(e)) => {
-                    self.finished = true;
-                    return Some(Err(e));
-                }
-                Some(Ok(b)) => {
-                    self.samples_out += b.len();
-                    return Some(Ok(b));
-                }
-            }
-        }
+impl LoaderConfig {
+    /// Batches the workers may hold loaded or loading at once, over both epochs.
+    pub(crate) fn ahead(&self) -> usize {
+        self.num_workers * self.prefetch_factor.max(1)
     }
 }
 
-impl<D: Dataset> Drop for EpochIter<D> {
-    fn drop(&mut self) {
-        // Closing the job queue ends each worker after its current batch.
-        self.jobs = None;
-        self.done = None;
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `indices` in batches, the incomplete last one left out under `drop_last`.
+fn split_batches(indices: &[usize], config: &LoaderConfig) -> Vec<Vec<usize>> {
+    let b = config.batch_size;
+    let mut batches: Vec<Vec<usize>> = indices.chunks(b).map(<[usize]>::to_vec).collect();
+    if config.drop_last && batches.last().is_some_and(|l| l.len() < b) {
+        batches.pop();
     }
+    batches
+}
+
+/// The batches of `epoch` from its start, read from a copy of the sampler so that its
+/// position (what a checkpoint saves) does not move.
+fn epoch_batches(sampler: &Mutex<DistributedSampler>, config: &LoaderConfig, epoch: u64) -> Vec<Vec<usize>> {
+    let mut s = lock(sampler).clone();
+    s.set_epoch(epoch);
+    split_batches(&s.epoch_indices(), config)
 }

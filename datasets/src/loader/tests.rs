@@ -14,7 +14,10 @@ pub(super) fn config(batch_size: usize, num_workers: usize) -> LoaderConfig {
     LoaderConfig { batch_size, num_workers, seed: 42, pin_memory: PinMemory::Off, ..Default::default() }
 }
 
-fn collect<D: Dataset>(loader: &DataLoader<D>, epoch: u64) -> Vec<(Vec<f32>, Vec<i64>, Vec<usize>)> {
+pub(super) fn collect<D: Dataset>(
+    loader: &DataLoader<D>,
+    epoch: u64,
+) -> Vec<(Vec<f32>, Vec<i64>, Vec<usize>)> {
     loader
         .epoch(epoch)
         .map(|b| {
@@ -224,8 +227,9 @@ fn early_drop_stops_the_workers() {
         DataLoader::new(Panicky, DistributedSampler::single(6).shuffle(false), config(1, 4)).unwrap();
     let mut it = loader.epoch(0);
     assert!(it.next().unwrap().is_ok());
-    drop(it); // joins the workers; a hang here would time the test out
+    drop(it); // cancels the batches it sent ahead; the workers stay for the next epoch
     assert_eq!(loader.epoch(1).take(3).count(), 3);
+    drop(loader); // joins the workers; a hang here would time the test out
 }
 
 #[test]

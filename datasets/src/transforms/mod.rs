@@ -47,6 +47,9 @@ pub struct ImageTransform {
     /// Allow decoding JPEGs at 1/2, 1/4 or 1/8 size when the crop still has at least as many
     /// pixels as the output (faster; differs slightly from a full decode).
     pub dct_scaling: bool,
+    /// Draw the flip but leave it to the device ([`ImageTransform::load_into`] says which
+    /// samples to mirror): with `PixelOutput::U8` and `Hwc`, the GPU flips and normalises.
+    pub flip_on_device: bool,
 }
 
 impl ImageTransform {
@@ -63,6 +66,7 @@ impl ImageTransform {
             pixels: PixelOutput::F32 { normalize: Some(Normalize::IMAGENET) },
             layout: ChannelLayout::Chw,
             dct_scaling: true,
+            flip_on_device: false,
         }
     }
 
@@ -76,7 +80,14 @@ impl ImageTransform {
             pixels: PixelOutput::F32 { normalize: Some(Normalize::IMAGENET) },
             layout: ChannelLayout::Chw,
             dct_scaling: true,
+            flip_on_device: false,
         }
+    }
+
+    /// Raw bytes, channels last, flip drawn but not applied: what the GPU input pass
+    /// (`Tensor::normalize_images`) takes.
+    pub fn for_device_normalize(self) -> Self {
+        ImageTransform { pixels: PixelOutput::U8, layout: ChannelLayout::Hwc, flip_on_device: true, ..self }
     }
 
     pub fn with_pixels(mut self, pixels: PixelOutput) -> Self {
@@ -157,7 +168,8 @@ impl ImageTransform {
         CropPlan { source: (width, height), region, out, flip }
     }
 
-    /// The sample of the image in `bytes` (an encoded file) written into `out`.
+    /// The sample of the image in `bytes` (an encoded file) written into `out`; true when the
+    /// device is to mirror it (`flip_on_device` and the flip was drawn).
     pub fn load_into(
         &self,
         bytes: &[u8],
@@ -165,13 +177,13 @@ impl ImageTransform {
         limits: &DecodeLimits,
         rng: &mut impl TransformRng,
         out: &mut [u8],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let (w, h) = decode::image_dimensions(bytes, path, limits)?;
         let plan = self.plan(w, h, rng);
         let reduction = if self.dct_scaling { plan.dct_reduction() } else { 1 };
         let img = decode::decode_rgb_reduced(bytes, path, limits, reduction)?;
         self.apply(&img, &plan, out);
-        Ok(())
+        Ok(plan.flip && self.flip_on_device)
     }
 
     /// Resamples `img` (the planned source, possibly decoded at a reduced size) and writes the
@@ -182,7 +194,7 @@ impl ImageTransform {
             &resized.data,
             plan.out.0 as usize,
             plan.out.1 as usize,
-            plan.flip,
+            plan.flip && !self.flip_on_device,
             self.pixels,
             self.layout,
             out,

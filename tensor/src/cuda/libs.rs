@@ -21,6 +21,8 @@ pub enum CudaLib {
     Curand,
     Nccl,
     NvJitLink,
+    /// JPEG decoding on the GPU (the data loader's `decode = "gpu"`).
+    NvJpeg,
 }
 
 impl CudaLib {
@@ -34,6 +36,7 @@ impl CudaLib {
             CudaLib::Curand => &["libcurand.so.10", "libcurand.so"],
             CudaLib::Nccl => &["libnccl.so.2", "libnccl.so"],
             CudaLib::NvJitLink => &["libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so"],
+            CudaLib::NvJpeg => &["libnvjpeg.so.13", "libnvjpeg.so.12", "libnvjpeg.so"],
         }
     }
 

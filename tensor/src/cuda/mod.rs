@@ -44,6 +44,7 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         crate::ops::convert::cuda::SOURCE,
         crate::ops::conv::cuda::SOURCE,
         crate::ops::creation::cuda::SOURCE,
+        crate::ops::image::cuda::SOURCE,
         crate::ops::index::cuda::SOURCE,
         crate::ops::inplace::cuda::SOURCE,
         crate::ops::join::cuda::SOURCE,

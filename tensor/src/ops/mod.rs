@@ -7,6 +7,7 @@ pub mod binary;
 pub mod conv;
 pub mod convert;
 pub mod creation;
+pub mod image;
 pub mod index;
 pub mod inplace;
 pub mod join;

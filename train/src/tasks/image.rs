@@ -9,7 +9,8 @@ use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_datasets::image_folder::{find_classes, make_dataset, IMG_EXTENSIONS};
 use oxtrain_datasets::{
-    BadFilePolicy, DataLoader, DistributedSampler, ImageFolder, ImageTransform, LoaderConfig,
+    BadFilePolicy, Batch, DataLoader, DeviceInput, DistributedSampler, ImageFolder, ImageTransform,
+    LoaderConfig, ToDevice,
 };
 use oxtrain_models::{ResNet, ResNetConfig};
 use oxtrain_nn::loss::{cross_entropy_with, CrossEntropyOptions};
@@ -25,6 +26,8 @@ pub struct ImageClassification {
     val: Option<DataLoader<ImageFolder>>,
     classes: Vec<String>,
     autocast: Option<DType>,
+    /// On a GPU the loader hands over raw bytes and the GPU flips and normalises them.
+    device_input: Option<DeviceInput>,
 }
 
 /// (train folder, val folder or none) for the config's data.
@@ -102,7 +105,12 @@ impl ImageClassification {
             (0, _) => size * 8 / 7,
             (r, _) => r,
         };
-        let eval_tf = ImageTransform::imagenet_eval(resize, size);
+        let mut eval_tf = ImageTransform::imagenet_eval(resize, size);
+        let device_input = place.device.is_cuda().then_some(DeviceInput::IMAGENET_F32);
+        if device_input.is_some() {
+            train_tf = train_tf.for_device_normalize();
+            eval_tf = eval_tf.for_device_normalize();
+        }
         let classes = class_list(config, &train_dir)?;
         let train_set = open_labelled(&train_dir, train_tf, "data.train", &classes)?;
         let global_batch = d.batch_size * place.world_size;
@@ -134,6 +142,8 @@ impl ImageClassification {
                     seed: config.train.seed,
                     drop_last,
                     bad_files,
+                    // The evaluation set is read at one epoch only: nothing to load ahead.
+                    prefetch_next_epoch: shuffle,
                     ..LoaderConfig::default()
                 };
                 DataLoader::new(set, sampler, lc).map_err(|e| TrainError::data("", e))
@@ -152,7 +162,20 @@ impl ImageClassification {
             train: loader(train_set, true, true)?,
             val,
             classes,
+            device_input,
         })
+    }
+
+    /// `batches` as the network's input on the task's device, the next batch's copy queued
+    /// while the current step runs.
+    fn on_device<'a>(
+        &self,
+        batches: impl Iterator<Item = oxtrain_datasets::Result<Batch>> + 'a,
+    ) -> Box<dyn Iterator<Item = TaskResult<(Tensor, Tensor)>> + 'a> {
+        match ToDevice::new(batches, self.place.device, self.device_input) {
+            Ok(it) => Box::new(it.map(|r| r.map_err(|e| TrainError::data("", e)))),
+            Err(e) => Box::new(std::iter::once(Err(TrainError::data("a copy stream for the batches", e)))),
+        }
     }
 
     pub fn num_classes(&self) -> usize {
@@ -242,11 +265,11 @@ impl Task for ImageClassification {
     }
 
     fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<(Tensor, Tensor)>> + '_> {
-        let device = self.place.device;
-        Box::new(self.train.epoch(epoch).map(move |b| {
-            let b = b.map_err(|e| TrainError::data("", e))?;
-            b.to(device).map_err(|e| TrainError::data("", e))
-        }))
+        self.on_device(self.train.epoch(epoch))
+    }
+
+    fn prefetch(&self, epoch: u64) {
+        self.train.prefetch_epoch(epoch);
     }
 
     fn data_state(&self) -> oxtrain_datasets::SamplerState {
@@ -277,9 +300,8 @@ impl Task for ImageClassification {
         model.eval();
         let (mut loss_sum, mut samples, mut top1, mut top5) = (0.0, 0usize, 0.0, 0.0);
         let k = self.num_classes().min(5);
-        for b in val.epoch(0) {
-            let b = b.map_err(|e| TrainError::data("", e))?;
-            let (images, labels) = b.to(self.place.device).map_err(|e| TrainError::data("", e))?;
+        for b in self.on_device(val.epoch(0)) {
+            let (images, labels) = b?;
             let logits = no_grad(|| {
                 let x = Var::constant(images);
                 match self.autocast {

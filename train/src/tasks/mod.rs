@@ -68,6 +68,10 @@ pub trait Task {
     /// This rank's batches of `epoch`, on the task's device.
     fn batches(&self, epoch: u64) -> Box<dyn Iterator<Item = TaskResult<Self::Batch>> + '_>;
 
+    /// Starts loading the first batches of `epoch` in the background (the loop's first epoch,
+    /// while the model is built); later epochs load ahead by themselves. Nothing by default.
+    fn prefetch(&self, _epoch: u64) {}
+
     /// This rank's position in its training data (epoch, samples used), for a checkpoint.
     fn data_state(&self) -> SamplerState;
 

@@ -219,6 +219,9 @@ impl<'a, T: Task> Trainer<'a, T> {
                 self.tally.step, self.plan.total
             ));
         } else {
+            // The first epoch's first batches load while the loop starts (later epochs load
+            // ahead by themselves, during the end of the one before and its evaluation).
+            self.task.prefetch(first as u64);
             for epoch in first..self.plan.epochs {
                 last_epoch = epoch;
                 match self.train_epoch(epoch, used_up && epoch == first)? {

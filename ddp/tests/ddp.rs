@@ -5,27 +5,9 @@
 mod common;
 
 use common::ddp_train::{self as t, Model, Opt};
-use oxtrain_comm::{Communicator, ShmOptions};
+use common::on_ranks;
 use oxtrain_ddp::{convert_sync_batchnorm, Compression, Ddp, DdpConfig};
 use oxtrain_nn::Module;
-use std::sync::Arc;
-
-/// Runs `f` on `world` rank threads over the local backend; returns each rank's result.
-fn on_ranks<R: Send + 'static>(
-    world: usize,
-    f: impl Fn(Arc<dyn Communicator>) -> R + Send + Sync + 'static,
-) -> Vec<R> {
-    let f = Arc::new(f);
-    let worlds = oxtrain_comm::shm::local_group(world, &ShmOptions::default()).unwrap();
-    let handles: Vec<_> = worlds
-        .into_iter()
-        .map(|w| {
-            let f = f.clone();
-            std::thread::spawn(move || f(Arc::new(w.comm) as Arc<dyn Communicator>))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
-}
 
 const STEPS: usize = 5;
 const PER_RANK: usize = 3;

@@ -11,31 +11,14 @@
 mod common;
 
 use common::ddp_train::{self as t, Model, Opt};
+use common::on_ranks;
 use common::zero_train::{self as z, Extras};
 use oxtrain_autograd::Var;
-use oxtrain_comm::{Communicator, ShmOptions};
 use oxtrain_ddp::{Ddp, DdpConfig, DdpError, ZeroOptimizer};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
 use oxtrain_nn::optim::{AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{Module, Parameter, Visitor};
 use oxtrain_tensor::{DType, Device, Tensor};
-use std::sync::Arc;
-
-fn on_ranks<R: Send + 'static>(
-    world: usize,
-    f: impl Fn(Arc<dyn Communicator>) -> R + Send + Sync + 'static,
-) -> Vec<R> {
-    let f = Arc::new(f);
-    let worlds = oxtrain_comm::shm::local_group(world, &ShmOptions::default()).unwrap();
-    let handles: Vec<_> = worlds
-        .into_iter()
-        .map(|w| {
-            let f = f.clone();
-            std::thread::spawn(move || f(Arc::new(w.comm) as Arc<dyn Communicator>))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
-}
 
 const STEPS: usize = 5;
 const PER_RANK: usize = 3;

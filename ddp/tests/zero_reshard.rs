@@ -8,28 +8,13 @@
 mod common;
 
 use common::ddp_train::{self as t, Model, Opt};
-use oxtrain_comm::{Communicator, ShmOptions};
+use common::on_ranks;
+use oxtrain_comm::Communicator;
 use oxtrain_ddp::{Ddp, DdpConfig, DdpError, ShardState, ZeroOptimizer};
 use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, OptimizerState, ParamGroupSpec, Sgd, SgdConfig};
 use oxtrain_nn::Module;
 use oxtrain_tensor::Tensor;
 use std::sync::Arc;
-
-fn on_ranks<R: Send + 'static>(
-    world: usize,
-    f: impl Fn(Arc<dyn Communicator>) -> R + Send + Sync + 'static,
-) -> Vec<R> {
-    let f = Arc::new(f);
-    let worlds = oxtrain_comm::shm::local_group(world, &ShmOptions::default()).unwrap();
-    let handles: Vec<_> = worlds
-        .into_iter()
-        .map(|w| {
-            let f = f.clone();
-            std::thread::spawn(move || f(Arc::new(w.comm) as Arc<dyn Communicator>))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
-}
 
 /// Rows of every step's global batch (divisible by 2 and 3).
 const ROWS: usize = 6;

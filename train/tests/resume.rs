@@ -124,20 +124,22 @@ fn resume_of_a_corrupt_checkpoint_names_the_file_and_latest_with_none_starts_fre
     assert!(!status.success() && out.contains("nowhere"), "{out}");
 }
 
+/// `oxtrain launch` of `args` as 2 shm ranks on `port`.
+fn shm_launch(port: u16, args: Vec<String>) -> Vec<String> {
+    let head =
+        ["launch", "--nproc-per-node", "2", "--backend", "shm", "--master-port", &port.to_string(), "--"];
+    head.iter().map(|s| s.to_string()).chain(args).collect()
+}
+
 #[test]
 fn two_shm_ranks_killed_after_a_checkpoint_resume_bit_identical() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let launch = |port: u16, args: Vec<String>| -> Vec<String> {
-        let head =
-            ["launch", "--nproc-per-node", "2", "--backend", "shm", "--master-port", &port.to_string(), "--"];
-        head.iter().map(|s| s.to_string()).chain(args).collect()
-    };
     let every = format!("checkpoint.every_steps={}", STEPS / 2);
-    run_ok(d, &launch(29811, train_args(d, "reference", &[&every])), &[]);
+    run_ok(d, &shm_launch(29811, train_args(d, "reference", &[&every])), &[]);
 
     let args = train_args(d, "killed", &[&every]);
-    let mut w = start(d, &launch(29812, args.clone()), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "8".into())]);
+    let mut w = start(d, &shm_launch(29812, args.clone()), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "8".into())]);
     let halted = w.wait_for("halted after step 8", 2);
     let ckpts = d.join("killed/checkpoints");
     assert!(
@@ -150,7 +152,7 @@ fn two_shm_ranks_killed_after_a_checkpoint_resume_bit_identical() {
     let (status, _) = w.finish();
     assert!(!status.success(), "the launcher reports its killed workers");
 
-    let out = run_ok(d, &launch(29813, [args, vec!["--resume".into()]].concat()), &[]);
+    let out = run_ok(d, &shm_launch(29813, [args, vec!["--resume".into()]].concat()), &[]);
     assert!(out.contains("DDP rank 0 of 2 (shm)") && out.contains("step-000006 (step 6, epoch 2)"), "{out}");
     assert_same_run(&d.join("reference"), &d.join("killed"));
 
@@ -170,18 +172,13 @@ fn two_shm_ranks_killed_after_a_checkpoint_resume_bit_identical() {
 fn zero_1_ranks_save_their_shards_and_resume_bit_identical() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let launch = |port: u16, args: Vec<String>| -> Vec<String> {
-        let head =
-            ["launch", "--nproc-per-node", "2", "--backend", "shm", "--master-port", &port.to_string(), "--"];
-        head.iter().map(|s| s.to_string()).chain(args).collect()
-    };
     let every = format!("checkpoint.every_steps={}", STEPS / 2);
     let zero = "ddp.shard_optimizer=true";
-    let out = run_ok(d, &launch(29821, train_args(d, "reference", &[&every, zero])), &[]);
+    let out = run_ok(d, &shm_launch(29821, train_args(d, "reference", &[&every, zero])), &[]);
     assert!(out.contains("ZeRO-1"), "the start line says the optimizer is sharded: {out}");
 
     let args = train_args(d, "killed", &[&every, zero]);
-    let mut w = start(d, &launch(29822, args.clone()), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "8".into())]);
+    let mut w = start(d, &shm_launch(29822, args.clone()), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "8".into())]);
     let halted = w.wait_for("halted after step 8", 2);
     let ckpts = d.join("killed/checkpoints");
     for part in ["step-000006", "step-000006.rank-1"] {
@@ -192,7 +189,7 @@ fn zero_1_ranks_save_their_shards_and_resume_bit_identical() {
     }
     let (status, _) = w.finish();
     assert!(!status.success(), "the launcher reports its killed workers");
-    let out = run_ok(d, &launch(29823, [args, vec!["--resume".into()]].concat()), &[]);
+    let out = run_ok(d, &shm_launch(29823, [args, vec!["--resume".into()]].concat()), &[]);
     assert!(out.contains("step-000006 (step 6, epoch 2)"), "{out}");
     assert_same_run(&d.join("reference"), &d.join("killed"));
 }
@@ -361,17 +358,12 @@ fn a_resnet_with_loader_workers_and_augmentation_resumes_bit_identical() {
 fn sigterm_to_the_launcher_saves_one_step_on_both_ranks_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let launch = |port: u16, args: Vec<String>| -> Vec<String> {
-        let head =
-            ["launch", "--nproc-per-node", "2", "--backend", "shm", "--master-port", &port.to_string(), "--"];
-        head.iter().map(|s| s.to_string()).chain(args).collect()
-    };
-    run_ok(d, &launch(29831, train_args(d, "reference", &[])), &[]);
+    run_ok(d, &shm_launch(29831, train_args(d, "reference", &[])), &[]);
 
     // Only rank 1 waits after step 5; rank 0 is then inside step 6. The launcher passes
     // SIGTERM on to both; they agree to save step 6 (or 7) together and exit 0.
     let args = train_args(d, "preempted", &[]);
-    let mut w = start(d, &launch(29832, args.clone()), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "5:1".into())]);
+    let mut w = start(d, &shm_launch(29832, args.clone()), &[("OXTRAIN_TEST_HALT_AFTER_STEP", "5:1".into())]);
     w.wait_for("halted after step 5", 1);
     // SAFETY: kill(2) on the launcher this test started.
     assert_eq!(unsafe { libc::kill(w.child.id() as i32, libc::SIGTERM) }, 0);

@@ -36,33 +36,33 @@ pub enum CommError {
     #[error("{library}: {what}: {message}")]
     Library { library: &'static str, what: String, message: String },
     /// A launcher variable that is set but malformed (`RANK=x`, `MASTER_PORT=http`).
-    #[error("environment variable {var}={value:?} is not {expected}")]
+    #[error("bootstrap: environment variable {var}={value:?} is not {expected}")]
     BadVariable { var: String, value: String, expected: &'static str },
     /// A variable the launcher in use must set.
-    #[error("{launcher} launch: {var} is not set")]
+    #[error("bootstrap: {launcher} launch: {var} is not set")]
     MissingVariable { var: &'static str, launcher: &'static str },
     /// A rank (or local rank) at or above its world size.
-    #[error("{what} {rank} is not below the {what_world} {world}{detail}")]
+    #[error("bootstrap: {what} {rank} is not below the {what_world} {world}{detail}")]
     RankOutOfRange { what: &'static str, rank: usize, what_world: &'static str, world: usize, detail: String },
     /// Rank 0's store did not answer within the timeout.
     #[error(
-        "could not reach the store of rank 0 at {addr} within {timeout:?}{}: is rank 0 running, and are \
+        "bootstrap: could not reach the store of rank 0 at {addr} within {timeout:?}{}: is rank 0 running, and are \
          MASTER_ADDR/MASTER_PORT the same on every rank?",
         last.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
     )]
     StoreUnreachable { addr: String, timeout: Duration, last: Option<Arc<std::io::Error>> },
     /// A store key that no rank set in time (a rank that never got this far).
-    #[error("store: key '{key}' was not set within {timeout:?}")]
+    #[error("bootstrap: store: key '{key}' was not set within {timeout:?}")]
     StoreKeyMissing { key: String, timeout: Duration },
     /// A backend's unique id in the store has the wrong size (ranks of different builds, or a
     /// stale store).
-    #[error("{backend}: the unique id in the store has {bytes} bytes, not {expected}")]
+    #[error("bootstrap: {backend}: the unique id in the store has {bytes} bytes, not {expected}")]
     BadUniqueId { backend: &'static str, bytes: usize, expected: usize },
     /// The job's shape does not fit the chosen backend or devices (`reason` says what to change).
     #[error("bootstrap: {reason}")]
     Placement { reason: String },
     /// A shared-memory segment that belongs to another job or disagrees with this rank.
-    #[error("shm: segment {segment}: {problem}")]
+    #[error("bootstrap: shm: segment {segment}: {problem}")]
     Segment { segment: String, problem: String },
     /// The call cannot be served by this backend (a CUDA tensor on a CPU backend, ...).
     #[error("{0}")]

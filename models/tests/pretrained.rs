@@ -94,7 +94,7 @@ fn resnet_from_pretrained_is_strict_about_weights() {
 
     let bert = fixture("bert_tiny/model.safetensors");
     let err = ResNet::from_pretrained(&bert, None, Device::Cpu).unwrap_err();
-    assert!(matches!(err, ModelError::BadFile { .. }) && err.to_string().contains("fc.weight"), "{err}");
+    assert!(matches!(err, ModelError::NotResNet { .. }) && err.to_string().contains("fc.weight"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }
 

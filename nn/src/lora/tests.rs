@@ -111,12 +111,14 @@ fn targets_that_do_not_fit_are_errors_naming_them() {
 }
 
 #[test]
-fn freezing_by_pattern_leaves_those_out_of_the_parameters_but_in_the_state_dict() {
+fn freezing_by_pattern_leaves_those_out_of_the_trainable_parameters_but_in_the_state_dict() {
     let model = two_linears();
     let frozen = freeze_matching(&model, &["0.*"]).unwrap();
     assert_eq!(frozen, ["0.weight", "0.bias"]);
-    let names: Vec<String> = model.named_parameters().into_iter().map(|(n, _)| n).collect();
+    let names: Vec<String> = model.trainable_named_parameters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["1.weight", "1.bias"]);
+    // As PyTorch's named_parameters(), the full list keeps the frozen ones.
+    assert_eq!(model.named_parameters().len(), 4);
     assert_eq!(model.state_dict().len(), 4);
     let x = Var::constant(Tensor::randn([2, 5], DType::F32, Device::Cpu).unwrap());
     model.forward(&x).sum_all().backward();

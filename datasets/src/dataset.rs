@@ -1,7 +1,8 @@
 //! What the loader needs from a dataset: a length, the shape of one sample, and a way to write
 //! sample `i` into a slot of the batch.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::gpu_decode::{GpuDecoding, PlannedFile};
 use crate::rng::SampleRng;
 use oxtrain_tensor::DType;
 
@@ -39,5 +40,17 @@ pub trait Dataset: Send + Sync + 'static {
     /// samples drawn flipped. Datasets that flip themselves (or never) keep this default.
     fn load_with_flip(&self, index: usize, rng: &mut SampleRng, out: &mut [u8]) -> Result<(i64, bool)> {
         self.load_into(index, rng, out).map(|label| (label, false))
+    }
+
+    /// Set when the samples are decoded on a GPU ([`crate::gpu_decode`]): the loader's workers
+    /// then read and plan each sample ([`Dataset::plan_sample`]) and decode whole batches there.
+    fn gpu_decoding(&self) -> Option<&GpuDecoding> {
+        None
+    }
+
+    /// Sample `index` as its encoded file with the random choices drawn for it from `rng`, and
+    /// its label: the host's part of GPU decoding.
+    fn plan_sample(&self, index: usize, _rng: &mut SampleRng) -> Result<(PlannedFile, i64)> {
+        Err(Error::Config(format!("sample {index}: this dataset does not decode on the GPU")))
     }
 }

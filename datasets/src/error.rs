@@ -50,6 +50,11 @@ pub enum Error {
     #[error(transparent)]
     Tensor(#[from] oxtrain_tensor::Error),
 
+    /// The GPU JPEG decoder could not be opened or run (nvJPEG missing, no GPU, a CUDA error);
+    /// files it merely refuses are decoded on the CPU instead and never reach this.
+    #[error("the GPU JPEG decoder (nvJPEG): {0}; set data.decode = \"cpu\" to decode on the CPU")]
+    GpuDecoder(String),
+
     /// A worker thread failed (a panic inside a transform or a user-supplied dataset).
     #[error("data loader worker failed: {0}")]
     Worker(String),

@@ -18,6 +18,7 @@ use crate::rng::SampleRng;
 use crate::transforms::{CropPlan, ImageTransform};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Below this many CPU cores per GPU, `decode = "auto"` decodes on the GPU. A core decodes
 /// and augments about 410 ImageNet images per second (measured on an H200 node); the bare
@@ -77,11 +78,32 @@ impl PlannedFile {
         path: &Path,
         bytes: Vec<u8>,
     ) -> Result<PlannedFile> {
-        let (w, h) = decode::image_dimensions(&bytes, path, limits)?;
         let mut rng = SampleRng::new(seed, epoch, index as u64);
-        let plan = transform.plan(w, h, &mut rng);
+        PlannedFile::plan_with(transform, limits, index, &mut rng, path, bytes)
+    }
+
+    /// As [`PlannedFile::plan`], drawing from `rng` (the sample's stream, as the loader makes it).
+    pub fn plan_with(
+        transform: &ImageTransform,
+        limits: &DecodeLimits,
+        index: usize,
+        rng: &mut SampleRng,
+        path: &Path,
+        bytes: Vec<u8>,
+    ) -> Result<PlannedFile> {
+        let (w, h) = decode::image_dimensions(&bytes, path, limits)?;
+        let plan = transform.plan(w, h, rng);
         Ok(PlannedFile { index, path: path.to_path_buf(), bytes, plan })
     }
+}
+
+/// A dataset decoded on a GPU ([`crate::ImageFolder::decode_on_gpu`]): the device, the decode
+/// limits for the files the GPU refuses, and how many it refused.
+#[derive(Clone, Debug)]
+pub struct GpuDecoding {
+    pub ordinal: usize,
+    pub limits: DecodeLimits,
+    pub fallbacks: Arc<FallbackCount>,
 }
 
 /// A decoder of batches of JPEGs into device images: nvJPEG, or a stand-in in tests.

@@ -29,7 +29,7 @@ struct NvImage {
     pitch: [usize; MAX_COMPONENT],
 }
 
-type CreateSimple = unsafe extern "C" fn(*mut Handle) -> Status;
+type CreateEx = unsafe extern "C" fn(c_int, *mut c_void, *mut c_void, u32, *mut Handle) -> Status;
 type Destroy = unsafe extern "C" fn(Handle) -> Status;
 type StateCreate = unsafe extern "C" fn(Handle, *mut State) -> Status;
 type StateDestroy = unsafe extern "C" fn(State) -> Status;
@@ -79,6 +79,24 @@ fn check(what: &str, s: Status) -> Result<(), String> {
     }
 }
 
+/// nvJPEG's back ends (`nvjpegBackend_t`) in the order tried: the GPU's JPEG engines (A100,
+/// H100, H200: the SMs stay free for the step), Huffman decoding on the GPU, then nvJPEG's own
+/// choice. `OXTRAIN_NVJPEG_BACKEND` names one to use alone.
+const BACKENDS: [(&str, c_int); 4] = [("hardware", 3), ("gpu_hybrid", 2), ("hybrid", 1), ("default", 0)];
+
+/// The back ends to try: the one `OXTRAIN_NVJPEG_BACKEND` names, or all but "hybrid" (its
+/// Huffman decoding runs on the CPU, which is what decoding on the GPU is to spare).
+fn backends_to_try() -> Result<Vec<(&'static str, c_int)>, String> {
+    match std::env::var("OXTRAIN_NVJPEG_BACKEND") {
+        Ok(name) if !name.is_empty() => BACKENDS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|b| vec![*b])
+            .ok_or_else(|| format!("OXTRAIN_NVJPEG_BACKEND = {name:?} is not one of hardware, gpu_hybrid, hybrid, default")),
+        _ => Ok(BACKENDS.iter().copied().filter(|(n, _)| *n != "hybrid").collect()),
+    }
+}
+
 /// Whether nvJPEG can be opened here (for `decode = "auto"`), or why not.
 pub fn available() -> Result<(), String> {
     open_library().map(|_| ())
@@ -94,6 +112,12 @@ fn open_library() -> Result<Library, String> {
         .ok_or_else(|| libs::describe_search(CudaLib::NvJpeg))
 }
 
+/// Says once per process which back end decodes (every worker makes its own decoder).
+fn announce(backend: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| eprintln!("oxtrain-datasets: decoding JPEGs on the GPU with nvJPEG's {backend} back end"));
+}
+
 /// The function `name` of `lib`, as a pointer of type `T`.
 ///
 /// # Safety
@@ -106,6 +130,7 @@ unsafe fn symbol<T: Copy>(lib: &Library, name: &[u8]) -> Result<T, String> {
 /// A decoder on device `ordinal` with its own nvJPEG handle and state (one per thread).
 pub struct NvJpegDecoder {
     ordinal: usize,
+    backend: &'static str,
     handle: Handle,
     state: State,
     initialized_for: usize,
@@ -127,14 +152,30 @@ impl NvJpegDecoder {
         let lib = open_library()?;
         // SAFETY: the types are those of nvjpeg.h for these symbols.
         unsafe {
-            let create: CreateSimple = symbol(&lib, b"nvjpegCreateSimple\0")?;
+            let create: CreateEx = symbol(&lib, b"nvjpegCreateEx\0")?;
             let state_create: StateCreate = symbol(&lib, b"nvjpegJpegStateCreate\0")?;
-            let mut handle: Handle = std::ptr::null_mut();
-            check("nvjpegCreateSimple", create(&mut handle))?;
+            let mut tried = Vec::new();
+            let mut chosen = None;
+            for (name, backend) in backends_to_try()? {
+                let mut handle: Handle = std::ptr::null_mut();
+                let s = create(backend, std::ptr::null_mut(), std::ptr::null_mut(), 0, &mut handle);
+                match check("nvjpegCreateEx", s) {
+                    Ok(()) => {
+                        chosen = Some((name, handle));
+                        break;
+                    }
+                    Err(e) => tried.push(format!("{name}: {e}")),
+                }
+            }
+            let Some((backend, handle)) = chosen else {
+                return Err(format!("no nvJPEG back end could be created ({})", tried.join("; ")));
+            };
+            announce(backend);
             let mut state: State = std::ptr::null_mut();
             check("nvjpegJpegStateCreate", state_create(handle, &mut state))?;
             Ok(NvJpegDecoder {
                 ordinal,
+                backend,
                 handle,
                 state,
                 initialized_for: 0,
@@ -147,6 +188,11 @@ impl NvJpegDecoder {
                 _lib: lib,
             })
         }
+    }
+
+    /// The back end in use ("hardware", "gpu_hybrid", "hybrid" or "default").
+    pub fn backend(&self) -> &'static str {
+        self.backend
     }
 
     /// (width, height) from the header, or why nvJPEG will not take the file.

@@ -159,9 +159,10 @@ fn crop_scale_and_aspect_ratio_follow_random_resized_crop() {
 #[test]
 #[ignore = "needs a CUDA GPU and nvJPEG"]
 fn nvjpeg_decodes_a_baseline_jpeg_as_the_cpu_decoder_within_rounding() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/transforms/test_photo.jpg");
-    let bytes = std::fs::read(&path).unwrap();
-    let want = decode_rgb(&bytes, &path, &DecodeLimits::default()).unwrap();
+    // Embedded: the GPU machine has no checkout to read it from.
+    let path = Path::new("test_photo.jpg");
+    let bytes = include_bytes!("../transforms/test_photo.jpg").to_vec();
+    let want = decode_rgb(&bytes, path, &DecodeLimits::default()).unwrap();
     let mut gpu = nvjpeg::NvJpegDecoder::new(0).unwrap();
     let mut out = gpu.decode_batch(&[&bytes, b"not a jpeg"]);
     assert!(out[1].is_err(), "a file that is not a JPEG is refused");
@@ -173,4 +174,83 @@ fn nvjpeg_decodes_a_baseline_jpeg_as_the_cpu_decoder_within_rounding() {
     // Decoders differ in their IDCT and chroma upsampling by a level or two per value.
     assert!(mean < 1.0, "mean absolute difference {mean}");
     assert!(diffs.iter().filter(|&&d| d > 4).count() * 1000 < diffs.len(), "more than 0.1% differ by over 4");
+}
+
+/// Absolute differences between two byte images: (mean, largest).
+fn differences(a: &[u8], b: &[u8]) -> (f64, u8) {
+    assert_eq!(a.len(), b.len());
+    let sum: u64 = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y) as u64).sum();
+    (sum as f64 / a.len() as f64, a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0))
+}
+
+#[test]
+fn the_device_resampler_is_the_cpu_paths_pil_filter_within_rounding() {
+    // The kernel's arithmetic (run here by the CPU device) against fast_image_resize's
+    // two-pass fixed-point PIL filter, for training crops and for the evaluation resize.
+    let path = Path::new("test_photo.jpg");
+    let bytes = include_bytes!("../transforms/test_photo.jpg");
+    let img = decode_rgb(bytes, path, &DecodeLimits::default()).unwrap();
+    let source = oxtrain_tensor::Tensor::from_vec(
+        img.data.clone(),
+        [img.height as usize, img.width as usize, 3],
+        oxtrain_tensor::Device::Cpu,
+    )
+    .unwrap();
+    let train = ImageTransform::imagenet_train(64).for_device_normalize();
+    let eval = ImageTransform::imagenet_eval(73, 64).for_device_normalize();
+    let mut worst = (0.0f64, 0u8);
+    for (k, t) in [train, eval].iter().enumerate() {
+        for index in 0..40 {
+            let plan = t.plan(img.width, img.height, &mut SampleRng::new(3, k as u64, index));
+            let mut want = vec![0u8; t.sample_bytes()];
+            t.apply(&img, &plan, &mut want);
+            let r = plan.region;
+            let region = oxtrain_tensor::ops::image::CropRegion {
+                left: r.left,
+                top: r.top,
+                width: r.width,
+                height: r.height,
+                clip_to_region: r.clip_to_region,
+            };
+            let got = oxtrain_tensor::Tensor::resize_crops(&[(&source, region)], (64, 64)).to_vec::<u8>();
+            let (mean, max) = differences(&got, &want);
+            assert!(mean < 0.25 && max <= 2, "{plan:?}: mean {mean}, largest {max}");
+            worst = (worst.0.max(mean), worst.1.max(max));
+        }
+    }
+    eprintln!("worst mean difference {:.3}, largest {}", worst.0, worst.1);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and nvJPEG"]
+fn a_gpu_decoded_batch_is_the_cpu_loaders_within_the_decoders_rounding() {
+    use crate::loader::{DataLoader, LoaderConfig, PinMemory};
+    use crate::sampler::DistributedSampler;
+    let d = tmp("gpu_loader");
+    crate::synthetic::write_shapes_image_folder(&d, 3, 10, 96, 8).unwrap();
+    let t = ImageTransform::imagenet_train(48).for_device_normalize().with_dct_scaling(false);
+    let config = LoaderConfig { batch_size: 8, num_workers: 2, seed: 5, pin_memory: PinMemory::Off, ..Default::default() };
+    let loader = |gpu: bool| {
+        let mut set = ImageFolder::new(&d, t).unwrap();
+        if gpu {
+            set = set.decode_on_gpu(0).unwrap();
+        }
+        let sampler = DistributedSampler::single(set.len()).shuffle(true).seed(1);
+        DataLoader::new(set, sampler, config).unwrap()
+    };
+    let (cpu, gpu) = (loader(false), loader(true));
+    let mut batches = 0;
+    for (a, b) in cpu.epoch(1).zip(gpu.epoch(1)) {
+        let (mut a, mut b) = (a.unwrap(), b.unwrap());
+        assert_eq!((&a.indices, a.flips(), a.labels().to_vec::<i64>()), (&b.indices, b.flips(), b.labels().to_vec::<i64>()));
+        assert!(b.device_ready().is_some(), "the GPU path's batch is on the device");
+        assert_eq!(a.images_shape(), b.images_shape());
+        let (mean, _) = differences(&a.images().to_vec::<u8>(), &b.images().to_vec::<u8>());
+        // Two decoders (IDCT, chroma upsampling) and two resamplers' rounding.
+        assert!(mean < 1.5, "batch {batches}: mean difference {mean}");
+        batches += 1;
+    }
+    assert_eq!(batches, cpu.len());
+    assert_eq!(gpu.dataset().gpu_fallbacks(), 0, "the synthetic JPEGs are baseline: none refused");
+    std::fs::remove_dir_all(&d).unwrap();
 }

@@ -5,7 +5,8 @@ use crate::dataset::{Dataset, Sample};
 use crate::decode::{read_file, DecodeLimits};
 use crate::error::{Error, Result};
 use crate::rng::SampleRng;
-use crate::transforms::ImageTransform;
+use crate::gpu_decode::{GpuDecoding, PlannedFile};
+use crate::transforms::{ChannelLayout, ImageTransform, PixelOutput};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -120,6 +121,8 @@ pub struct ImageFolder {
     pub samples: Vec<(PathBuf, usize)>,
     pub transform: ImageTransform,
     pub limits: DecodeLimits,
+    /// Decoded on a GPU (set by [`ImageFolder::decode_on_gpu`]); None: on the loader's cores.
+    pub gpu: Option<GpuDecoding>,
 }
 
 impl ImageFolder {
@@ -128,7 +131,7 @@ impl ImageFolder {
         let root = root.as_ref().to_path_buf();
         let (classes, class_to_idx) = find_classes(&root)?;
         let samples = make_dataset(&root, &class_to_idx, &IMG_EXTENSIONS)?;
-        Ok(ImageFolder { root, classes, class_to_idx, samples, transform, limits: DecodeLimits::default() })
+        Ok(ImageFolder { root, classes, class_to_idx, samples, transform, limits: DecodeLimits::default(), gpu: None })
     }
 
     /// One split of an ImageNet-layout folder: `root/<split>/<class>/...` (`split` is "train"
@@ -140,6 +143,30 @@ impl ImageFolder {
     pub fn with_limits(mut self, limits: DecodeLimits) -> Self {
         self.limits = limits;
         self
+    }
+
+    /// Decodes this folder's JPEGs on GPU `ordinal` with nvJPEG ([`crate::gpu_decode`]): the
+    /// loader's workers read the files and draw each crop, the GPU decodes, crops and resizes;
+    /// files it refuses go to the CPU decoder and are counted ([`ImageFolder::gpu_fallbacks`]).
+    /// The transform must leave the pixels to the device
+    /// ([`ImageTransform::for_device_normalize`]); set the limits first.
+    pub fn decode_on_gpu(mut self, ordinal: usize) -> Result<Self> {
+        let t = &self.transform;
+        if !(t.pixels == PixelOutput::U8 && t.layout == ChannelLayout::Hwc && t.flip_on_device) {
+            return Err(Error::Config(
+                "decoding on the GPU needs a transform that leaves the pixels to the device \
+                 (ImageTransform::for_device_normalize)"
+                    .into(),
+            ));
+        }
+        crate::gpu_decode::nvjpeg::available().map_err(Error::GpuDecoder)?;
+        self.gpu = Some(GpuDecoding { ordinal, limits: self.limits, fallbacks: Default::default() });
+        Ok(self)
+    }
+
+    /// Files the GPU decoder refused and the CPU decoded instead, so far (0 on the CPU path).
+    pub fn gpu_fallbacks(&self) -> usize {
+        self.gpu.as_ref().map_or(0, |g| g.fallbacks.get())
     }
 
     pub fn len(&self) -> usize {
@@ -173,5 +200,16 @@ impl Dataset for ImageFolder {
         let bytes = read_file(path)?;
         let flip = self.transform.load_into(&bytes, path, &self.limits, rng, out)?;
         Ok((*class as i64, flip))
+    }
+
+    fn gpu_decoding(&self) -> Option<&GpuDecoding> {
+        self.gpu.as_ref()
+    }
+
+    fn plan_sample(&self, index: usize, rng: &mut SampleRng) -> Result<(PlannedFile, i64)> {
+        let (path, class) = &self.samples[index];
+        let bytes = read_file(path)?;
+        let file = PlannedFile::plan_with(&self.transform, &self.limits, index, rng, path, bytes)?;
+        Ok((file, *class as i64))
     }
 }

@@ -2,7 +2,7 @@
 //! so the upload runs asynchronously at full speed) and i64 labels.
 
 use crate::error::Result;
-use oxtrain_tensor::cuda::PinnedBuffer;
+use oxtrain_tensor::cuda::{Event, PinnedBuffer};
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +37,8 @@ impl PinnedPool {
 pub(crate) enum Images {
     Cpu(Tensor),
     Pinned { buf: Option<PinnedBuffer>, pool: Arc<PinnedPool> },
+    /// Decoded on the GPU by a worker, on its own stream: `ready` marks the end of that work.
+    Device { tensor: Tensor, ready: Event },
 }
 
 /// One batch: `images` of shape `[n, ...sample shape]` and `labels` of shape `[n]` (i64).
@@ -77,11 +79,23 @@ impl Batch {
     pub fn images(&mut self) -> Tensor {
         match &mut self.images {
             Images::Cpu(t) => t.clone(),
+            Images::Device { tensor, .. } => {
+                tensor.to_device(Device::Cpu).expect("copying GPU-decoded images to the host")
+            }
             Images::Pinned { buf, .. } => {
                 let buf = buf.as_mut().expect("a pinned batch keeps its buffer until dropped");
                 Tensor::from_pinned(buf, self.shape.clone(), self.dtype, Device::Cpu)
                     .expect("a CPU copy of pinned memory")
             }
+        }
+    }
+
+    /// For images decoded on the GPU, the event after which they are there (the work of a
+    /// worker's stream, which the stream that reads them is to wait for).
+    pub fn device_ready(&self) -> Option<&Event> {
+        match &self.images {
+            Images::Device { ready, .. } => Some(ready),
+            _ => None,
         }
     }
 
@@ -103,6 +117,7 @@ impl Batch {
         let labels = self.labels().to_device_non_blocking(device)?;
         let images = match &mut self.images {
             Images::Cpu(t) => t.to_device_non_blocking(device)?,
+            Images::Device { tensor, .. } => tensor.to_device_non_blocking(device)?,
             Images::Pinned { buf, .. } => {
                 let buf = buf.as_mut().expect("a pinned batch keeps its buffer until dropped");
                 Tensor::from_pinned(buf, self.shape.clone(), self.dtype, device)?

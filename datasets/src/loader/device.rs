@@ -78,6 +78,10 @@ impl<I: Iterator<Item = Result<Batch>>> ToDevice<I> {
             return Ok(Uploaded { images, labels, flips, copied: None });
         };
         let _on_copy_stream = copy.make_current();
+        if let Some(decoded) = batch.device_ready() {
+            // Decoded on a worker's stream: the copy stream's event then covers that work too.
+            copy.wait_event(decoded)?;
+        }
         let (images, labels) = batch.to(self.device)?;
         Ok(Uploaded { images, labels, flips, copied: Some(copy.record_event()?) })
     }

@@ -36,58 +36,72 @@ struct Filled {
     bad: usize,
 }
 
-impl Filled {
-    fn push(&mut self, (label, flip): (i64, bool), index: usize) {
-        self.labels.push(label);
-        self.kept.push(index);
-        self.flips.push(flip);
-    }
-}
-
 /// Fills `bytes` (room for `indices.len()` samples) with the samples kept; bad files leave no
 /// gap.
 fn fill<D: Dataset>(shared: &Shared<D>, epoch: u64, indices: &[usize], bytes: &mut [u8]) -> Result<Filled> {
     let sb = shared.dataset.sample().bytes();
-    let mut filled = Filled::default();
+    let load = |index: usize, rng: &mut SampleRng, slot: usize| {
+        shared.dataset.load_with_flip(index, rng, &mut bytes[slot * sb..(slot + 1) * sb])
+    };
+    let (loaded, bad) = load_each(shared, epoch, indices, load)?;
+    let mut filled = Filled { bad, ..Filled::default() };
+    for ((label, flip), index) in loaded {
+        filled.labels.push(label);
+        filled.kept.push(index);
+        filled.flips.push(flip);
+    }
+    Ok(filled)
+}
+
+/// Each of `indices` through `load(index, rng, slot)`, `slot` being its place among the samples
+/// kept so far (bad files leave no gap), bad files handled as the loader's policy says. Returns
+/// each sample kept with the index it came from, and the bad files met (replacement tries
+/// included).
+pub(super) fn load_each<D: Dataset, T>(
+    shared: &Shared<D>,
+    epoch: u64,
+    indices: &[usize],
+    mut load: impl FnMut(usize, &mut SampleRng, usize) -> Result<T>,
+) -> Result<(Vec<(T, usize)>, usize)> {
+    let (mut kept, mut bad) = (Vec::with_capacity(indices.len()), 0usize);
     for &index in indices {
-        let n_kept = filled.kept.len();
-        let slot = &mut bytes[n_kept * sb..(n_kept + 1) * sb];
+        let slot = kept.len();
         let mut rng = SampleRng::new(shared.config.seed, epoch, index as u64);
-        let e = match shared.dataset.load_with_flip(index, &mut rng, slot) {
+        let e = match load(index, &mut rng, slot) {
             Ok(loaded) => {
-                filled.push(loaded, index);
+                kept.push((loaded, index));
                 continue;
             }
             Err(e @ Error::BadImage { .. }) if shared.config.bad_files != BadFilePolicy::Fail => e,
             Err(e) => return Err(e),
         };
-        filled.bad += 1;
-        let n = shared.note_bad(&e, filled.bad);
+        bad += 1;
+        let n = shared.note_bad(&e, bad);
         if shared.config.bad_files == BadFilePolicy::Skip {
             eprintln!("oxtrain-datasets: skipping sample {index}: {e} ({n} bad files so far)");
             continue;
         }
-        let (loaded, used) = replacement(shared, epoch, index, slot, &mut filled.bad)?;
+        let (loaded, used) = replacement(shared, epoch, index, &mut bad, |i, rng| load(i, rng, slot))?;
         eprintln!("oxtrain-datasets: sample {index} replaced by sample {used}: {e} ({n} bad files so far)");
-        filled.push(loaded, used);
+        kept.push((loaded, used));
     }
-    Ok(filled)
+    Ok((kept, bad))
 }
 
-/// The first index after `bad` (wrapping round) whose file loads, written into `slot` with
-/// that index's own random stream, so the choice depends on nothing but the dataset.
-fn replacement<D: Dataset>(
+/// The first index after `bad` (wrapping round) that `load` takes, loaded with that index's
+/// own random stream, so the choice depends on nothing but the dataset.
+pub(super) fn replacement<D: Dataset, T>(
     shared: &Shared<D>,
     epoch: u64,
     bad: usize,
-    slot: &mut [u8],
     bad_in_batch: &mut usize,
-) -> Result<((i64, bool), usize)> {
+    mut load: impl FnMut(usize, &mut SampleRng) -> Result<T>,
+) -> Result<(T, usize)> {
     let len = shared.dataset.len();
     for k in 1..len {
         let index = (bad + k) % len;
         let mut rng = SampleRng::new(shared.config.seed, epoch, index as u64);
-        match shared.dataset.load_with_flip(index, &mut rng, slot) {
+        match load(index, &mut rng) {
             Ok(loaded) => return Ok((loaded, index)),
             Err(e @ Error::BadImage { .. }) => {
                 *bad_in_batch += 1;
@@ -115,6 +129,9 @@ fn batch_shape<D: Dataset>(shared: &Shared<D>, n: usize) -> Vec<usize> {
 }
 
 pub(crate) fn load_batch<D: Dataset>(shared: &Shared<D>, epoch: u64, indices: &[usize]) -> Result<Batch> {
+    if let Some(gpu) = shared.dataset.gpu_decoding() {
+        return super::gpu_batch::load_batch(shared, gpu, epoch, indices);
+    }
     let sample = shared.dataset.sample();
     if let Some(pool) = &shared.pinned {
         let mut buf = pool.take(indices.len() * sample.bytes())?;

@@ -17,6 +17,7 @@ mod batch;
 mod device;
 #[cfg(test)]
 mod device_tests;
+mod gpu_batch;
 mod iter;
 mod load;
 mod pool;

@@ -1,7 +1,7 @@
 //! Values the types allow but a run cannot use, each refused with what is allowed.
 
 use super::error::ConfigError;
-use super::{Config, DataKind, ModelName};
+use super::{Config, DataKind, Decode, ModelName};
 
 fn at_least(key: &str, v: usize, min: usize, what: &str) -> Result<(), ConfigError> {
     if v < min {
@@ -58,6 +58,14 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid("data.workers", d.workers, "use at most 256 loader threads"));
     }
     at_least("data.image_size", d.image_size as usize, 16, "a ResNet halves the image 5 times")?;
+    let images = matches!(d.kind, DataKind::ImageFolder | DataKind::SyntheticShapes);
+    if d.decode == Decode::Gpu && !images {
+        return Err(ConfigError::invalid(
+            "data.decode",
+            "gpu",
+            format!("only images are decoded, and data.kind = {:?}: leave data.decode at \"auto\"", enum_name(&d.kind)),
+        ));
+    }
     if d.eval_resize != 0 && d.eval_resize < d.image_size {
         return Err(ConfigError::invalid(
             "data.eval_resize",

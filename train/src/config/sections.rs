@@ -96,6 +96,18 @@ pub enum BadFiles {
     Fail,
 }
 
+/// Images: where JPEGs are decoded (`data.decode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decode {
+    /// On the GPU (nvJPEG) when the node has fewer than 16 CPU cores per GPU and nvJPEG is
+    /// there, else on the loader's CPU cores.
+    Auto,
+    Cpu,
+    /// nvJPEG decodes, the GPU crops and resizes; files it refuses go to the CPU, counted.
+    Gpu,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
@@ -134,6 +146,8 @@ pub struct DataConfig {
     pub per_class: usize,
     /// Images: "replace" (default), "skip" or "fail" for files that do not decode.
     pub bad_files: BadFiles,
+    /// Images: "auto" (default), "cpu" or "gpu": where JPEGs are decoded.
+    pub decode: Decode,
     /// Images: the class of each label index; []: the class folders of data.train, sorted.
     /// Training fills it in, so the config saved with a checkpoint or model folder labels
     /// evaluation data (data.val, `oxtrain eval --data`) the way the model was trained.
@@ -159,6 +173,7 @@ impl Default for DataConfig {
             classes: 4,
             per_class: 600,
             bad_files: BadFiles::Replace,
+            decode: Decode::Auto,
             class_names: Vec::new(),
         }
     }

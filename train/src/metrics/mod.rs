@@ -34,6 +34,10 @@ pub struct StepRecord {
     pub elapsed: f64,
     /// Files that did not decode so far on this rank, replaced or skipped (data.bad_files).
     pub bad_files: usize,
+    /// JPEGs the GPU decoder refused and the CPU decoded instead, so far on this rank (only
+    /// with data.decode on the GPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_decode_fallbacks: Option<usize>,
     /// The gradient's global L2 norm at the logged step (before clipping), when measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f64>,
@@ -65,6 +69,7 @@ fn step_record(v: &serde_json::Value) -> StepRecord {
         wall_time: v["wall_time"].as_f64().unwrap_or(0.0),
         elapsed: v["elapsed"].as_f64().unwrap_or(0.0),
         bad_files: v["bad_files"].as_u64().unwrap_or(0) as usize,
+        gpu_decode_fallbacks: v["gpu_decode_fallbacks"].as_u64().map(|n| n as usize),
         grad_norm: v["grad_norm"].as_f64(),
     }
 }

@@ -15,6 +15,7 @@ fn step(step: usize, loss: f64, grad_norm: Option<f64>) -> StepRecord {
         wall_time: 1000.0 + step as f64,
         elapsed: step as f64,
         bad_files: 0,
+        gpu_decode_fallbacks: None,
         grad_norm,
     }
 }

@@ -4,9 +4,10 @@
 
 use super::finetune::{freeze, replace_head, NewHead};
 use super::{finish_eval, Evaluation, Placement, Task, TaskResult};
-use crate::config::{BadFiles, Config, DataKind, ModelName};
+use crate::config::{BadFiles, Config, DataKind, Decode, ModelName};
 use crate::runtime::{Strategy, TrainError};
 use oxtrain_autograd::{no_grad, Var};
+use oxtrain_datasets::gpu_decode::{resolve_decode, DecodeOn, MIN_CPU_CORES_PER_GPU};
 use oxtrain_datasets::image_folder::{find_classes, make_dataset, IMG_EXTENSIONS};
 use oxtrain_datasets::{
     BadFilePolicy, Batch, DataLoader, DeviceInput, DistributedSampler, ImageFolder, ImageTransform,
@@ -15,7 +16,7 @@ use oxtrain_datasets::{
 use oxtrain_models::{ResNet, ResNetConfig};
 use oxtrain_nn::loss::{cross_entropy_with, CrossEntropyOptions};
 use oxtrain_nn::Module;
-use oxtrain_tensor::{DType, Tensor};
+use oxtrain_tensor::{DType, Device, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -74,7 +75,45 @@ fn open_labelled(
         samples,
         transform,
         limits: Default::default(),
+        gpu: None,
     })
+}
+
+/// Where the JPEGs are decoded: `data.decode` resolved for this node (for "auto": the GPU when
+/// there are fewer than 16 CPU cores per GPU, said on one line); Some(ordinal) for the GPU.
+fn decode_device(config: &Config, place: &Placement) -> TaskResult<Option<usize>> {
+    let choice = match config.data.decode {
+        Decode::Auto => DecodeOn::Auto,
+        Decode::Cpu => DecodeOn::Cpu,
+        Decode::Gpu => DecodeOn::Gpu,
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let gpus = match place.device {
+        // The GPUs this node trains on: one per local process.
+        Device::Cuda(_) => std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+        Device::Cpu => 0,
+    };
+    let nvjpeg = match (choice, place.device) {
+        (DecodeOn::Cpu, _) | (_, Device::Cpu) => Err("not looked for".to_string()),
+        _ => oxtrain_datasets::gpu_decode::nvjpeg::available(),
+    };
+    let on = resolve_decode(choice, cores, gpus, nvjpeg)
+        .map_err(|why| TrainError::data("data.decode", oxtrain_datasets::Error::Config(why)))?;
+    let Device::Cuda(ordinal) = place.device else { return Ok(None) };
+    if on == DecodeOn::Gpu && choice == DecodeOn::Auto && place.rank == 0 {
+        println!(
+            "data.decode = auto: decoding JPEGs on the GPU ({cores} CPU cores for {gpus} GPU(s), fewer than {MIN_CPU_CORES_PER_GPU} per GPU)"
+        );
+    }
+    Ok((on == DecodeOn::Gpu).then_some(ordinal))
+}
+
+/// `set` decoded on GPU `ordinal` when `on_gpu` says so.
+fn maybe_on_gpu(set: ImageFolder, on_gpu: Option<usize>, key: &str) -> TaskResult<ImageFolder> {
+    match on_gpu {
+        Some(ordinal) => set.decode_on_gpu(ordinal).map_err(|e| TrainError::data(key, e)),
+        None => Ok(set),
+    }
 }
 
 /// The class of each label: `data.class_names`, or the class folders of the training data; a
@@ -112,7 +151,8 @@ impl ImageClassification {
             eval_tf = eval_tf.for_device_normalize();
         }
         let classes = class_list(config, &train_dir)?;
-        let train_set = open_labelled(&train_dir, train_tf, "data.train", &classes)?;
+        let on_gpu = decode_device(config, &place)?;
+        let train_set = maybe_on_gpu(open_labelled(&train_dir, train_tf, "data.train", &classes)?, on_gpu, "data.train")?;
         let global_batch = d.batch_size * place.world_size;
         if train_set.len() < global_batch {
             return Err(TrainError::TooFewImages {
@@ -149,7 +189,10 @@ impl ImageClassification {
                 DataLoader::new(set, sampler, lc).map_err(|e| TrainError::data("", e))
             };
         let val = match val_dir {
-            Some(v) => Some(loader(open_labelled(&v, eval_tf, "data.val", &classes)?, false, false)?),
+            Some(v) => {
+                let set = maybe_on_gpu(open_labelled(&v, eval_tf, "data.val", &classes)?, on_gpu, "data.val")?;
+                Some(loader(set, false, false)?)
+            }
             None => None,
         };
         let mut config = config.clone();
@@ -286,6 +329,11 @@ impl Task for ImageClassification {
 
     fn bad_files(&self) -> usize {
         self.train.bad_files() + self.val.as_ref().map_or(0, |v| v.bad_files())
+    }
+
+    fn gpu_decode_fallbacks(&self) -> Option<usize> {
+        self.train.dataset().gpu.as_ref()?;
+        Some(self.train.dataset().gpu_fallbacks() + self.val.as_ref().map_or(0, |v| v.dataset().gpu_fallbacks()))
     }
 
     fn loss(&self, model: &ResNet, (images, labels): &(Tensor, Tensor)) -> Var {

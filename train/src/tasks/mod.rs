@@ -88,6 +88,12 @@ pub trait Task {
         0
     }
 
+    /// Files the GPU decoder refused and the CPU decoded instead, so far on this rank (None
+    /// when nothing is decoded on the GPU; the metrics' `gpu_decode_fallbacks`).
+    fn gpu_decode_fallbacks(&self) -> Option<usize> {
+        None
+    }
+
     /// The training loss of `batch` (forward included).
     fn loss(&self, model: &Self::Model, batch: &Self::Batch) -> Var;
 

@@ -411,6 +411,7 @@ impl<'a, T: Task> Trainer<'a, T> {
             wall_time: unix_time(),
             elapsed: log.elapsed(),
             bad_files: self.task.bad_files(),
+            gpu_decode_fallbacks: self.task.gpu_decode_fallbacks(),
             // Read with the losses, at the log interval only.
             grad_norm: t.grad_norm.take().map(|n| n.item()),
         };

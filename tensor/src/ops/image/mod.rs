@@ -5,8 +5,11 @@
 //! conversion off the loader's CPU cores and uploads a quarter of the bytes.
 
 pub(crate) mod cuda;
+mod resize;
 #[cfg(test)]
 mod tests;
+
+pub use resize::CropRegion;
 
 use crate::storage::Storage;
 use crate::{DType, Device, Tensor};

@@ -220,7 +220,10 @@ fn deserialize(table: Table) -> Result<Config, ConfigError> {
     serde_path_to_error::deserialize::<_, Config>(value).map_err(|e| {
         let key = e.path().to_string();
         let message = e.inner().to_string();
-        match backticked(&message).as_slice() {
+        // The message ends by naming the key in backticks too: not one of the variants.
+        let mut quoted = backticked(&message);
+        quoted.retain(|q| *q != key);
+        match quoted.as_slice() {
             [got, allowed @ ..] if message.starts_with("unknown variant") => {
                 let hint = nearest(got, allowed.iter().map(String::as_str))
                     .map(|s| format!(" (did you mean \"{s}\"?)"))

@@ -70,6 +70,15 @@ fn unknown_model_lists_the_models_and_the_nearest() {
     let m = err("[model]\nname = \"resnet51\"\n", &[]);
     assert!(m.contains("`model.name` = \"resnet51\" is not allowed: use one of \"resnet18\""), "{m}");
     assert!(m.contains("\"bert\"") && m.contains("(did you mean \"resnet50\"?)"), "{m}");
+    assert!(!m.contains("\"model.name\""), "the key is not among the allowed values: {m}");
+}
+
+#[test]
+fn data_decode_takes_auto_cpu_or_gpu_and_gpu_only_for_images() {
+    let m = err("", &["data.decode=gpux"]);
+    assert_eq!(m, "`data.decode` = \"gpux\" is not allowed: use one of \"auto\", \"cpu\", \"gpu\" (did you mean \"gpu\"?)");
+    let m = err("", &["data.decode=gpu", "data.kind=text_lm", "data.train=x.txt"]);
+    assert!(m.contains("only images are decoded") && m.contains("\"auto\""), "{m}");
 }
 
 #[test]

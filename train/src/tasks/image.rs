@@ -98,7 +98,7 @@ fn decode_device(config: &Config, place: &Placement) -> TaskResult<Option<usize>
         _ => oxtrain_datasets::gpu_decode::nvjpeg::available(),
     };
     let on = resolve_decode(choice, cores, gpus, nvjpeg)
-        .map_err(|why| TrainError::data("data.decode", oxtrain_datasets::Error::Config(why)))?;
+        .map_err(|why| TrainError::data("", oxtrain_datasets::Error::Config(why)))?;
     let Device::Cuda(ordinal) = place.device else { return Ok(None) };
     if on == DecodeOn::Gpu && choice == DecodeOn::Auto && place.rank == 0 {
         println!(

@@ -38,12 +38,11 @@ for workers in ${WORKER_COUNTS:-16 4}; do
     tag="oxtrain_${workers}w_${decode}"; run="$OUT/$tag"
     echo "== $tag"
     rm -rf "$run"
-    decode_key=(); [ "$decode" != cpu ] && decode_key=("data.decode=$decode")
     timeout "${RUN_TIMEOUT_S:-900}" "$bin" train --config examples/configs/resnet50_imagenet.toml \
       data.train="$DATA/train" data.val="$DATA/val" data.batch_size="$batch" data.workers="$workers" \
       data.image_size="$image" data.eval_resize=$((image * 8 / 7)) precision.dtype=bf16 \
       train.channels_last=true train.device="$dev" train.epochs="$epochs" \
-      log.dir="$run" log.every_steps="$window" log.progress=lines "${decode_key[@]}" \
+      log.dir="$run" log.every_steps="$window" log.progress=lines data.decode="$decode" \
       > "$run.log" 2>&1 || echo "   failed (exit $?): $(tail -n 3 "$run.log" | cut -c1-300)"
     printf '{"workers": %s, "decode": "%s", "batch": %s, "metrics": "%s"}\n' \
       "$workers" "$decode" "$batch" "$run/metrics.jsonl" > "$OUT/$tag.meta.json"

@@ -59,12 +59,6 @@ pub enum DdpError {
          parameters; build the groups from ddp.module().parameters() or named_parameters()"
     )]
     NotInModel { shape: Vec<usize> },
-    /// An optimizer whose update needs whole parameters (LARS's per-parameter norms).
-    #[error(
-        "ZeroOptimizer: {0} needs each parameter whole (LARS's trust ratio is a per-parameter norm), \
-         but a shard holds slices of parameters; use SGD or AdamW with shard_optimizer, or leave it off"
-    )]
-    NeedsWholeParameters(&'static str),
     /// A file that is not a part written by [`crate::ShardState::save`].
     #[error(
         "ZeRO resume: {path} is not a ZeRO optimizer shard (no `zero_shard` metadata, or it is damaged)"

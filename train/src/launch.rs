@@ -10,7 +10,9 @@
 //! a signal, or an exit after a communicator timeout) the others are stopped and waited for,
 //! and all are started again, up to N times, with `TORCHELASTIC_RESTART_COUNT` counting the
 //! restarts; `oxtrain train` workers get `checkpoint.resume=latest`, so the run goes on from
-//! its newest valid checkpoint. Each launcher restarts the workers of its own node.
+//! its newest valid checkpoint. Each launcher restarts the workers of its own node. With
+//! `--min-nproc M` (one node) each restart starts one worker fewer, down to M: the lost worker
+//! stays lost (a failed GPU), and `train` resumes its checkpoint on the smaller world.
 
 use std::ffi::OsString;
 use std::process::{Child, Command, ExitStatus};
@@ -34,6 +36,8 @@ pub struct LaunchSpec {
     pub grace: Duration,
     /// Times the workers are restarted after one of them dies (0: the launch fails then).
     pub max_restarts: usize,
+    /// With restarts: after a worker dies start one fewer, down to this many (None: as many).
+    pub min_nproc: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +113,24 @@ impl LaunchSpec {
         }
         if self.node_rank >= self.nnodes {
             return usage(format!("--node-rank {} must be below --nnodes {}", self.node_rank, self.nnodes));
+        }
+        if let Some(min) = self.min_nproc {
+            if min == 0 || min > self.nproc_per_node {
+                return usage(format!(
+                    "--min-nproc {min} must be between 1 and --nproc-per-node {}",
+                    self.nproc_per_node
+                ));
+            }
+            if self.nnodes > 1 {
+                return usage(
+                    "--min-nproc shrinks one node's workers, and with --nnodes > 1 every node would have to \
+                     agree on the new world size: use it with one node"
+                        .into(),
+                );
+            }
+            if self.max_restarts == 0 {
+                return usage("--min-nproc acts at a restart: give --max-restarts too".into());
+            }
         }
         if self.command.is_empty() {
             return usage("nothing to run: put the command after `--`, e.g. `oxtrain launch --nproc-per-node 2 -- train`".into());
@@ -261,14 +283,23 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
             .map_err(|e| LaunchError::Usage(format!("cannot catch signal {sig}: {e}")))?;
     }
     let mut restart = 0;
+    let mut spec = spec.clone();
     loop {
-        match run_workers(spec, restart, &pending) {
+        match run_workers(&spec, restart, &pending) {
             Err(LaunchError::WorkerFailed { local_rank, rank, how, .. }) if restart < spec.max_restarts => {
                 restart += 1;
+                let lost = spec.min_nproc.is_some_and(|min| spec.nproc_per_node > min);
+                if lost {
+                    spec.nproc_per_node -= 1;
+                }
+                let what = match lost {
+                    true => format!("continuing with {} workers (--min-nproc {})", spec.nproc_per_node, spec.min_nproc.unwrap_or(0)),
+                    false => format!("starting all {} workers again", spec.nproc_per_node),
+                };
                 eprintln!(
                     "oxtrain launch: worker {local_rank} (rank {rank}) {how}; the other workers are stopped; restart \
-                     {restart} of {}: starting all {} workers again from the latest valid checkpoint",
-                    spec.max_restarts, spec.nproc_per_node
+                     {restart} of {}: {what} from the latest valid checkpoint",
+                    spec.max_restarts
                 );
             }
             Err(LaunchError::WorkerFailed { local_rank, rank, pid, how, code, .. }) => {

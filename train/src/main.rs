@@ -45,7 +45,7 @@ enum Command {
     /// are passed on; when one worker fails the others are stopped, and with --max-restarts all are
     /// started again from the latest checkpoint.
     #[command(
-        after_help = "Examples:\n  oxtrain launch --nproc-per-node 8 -- train --config examples/configs/resnet50_imagenet.toml\n  oxtrain launch --nproc-per-node 2 --backend shm -- train train.device=cpu\n  oxtrain launch --nproc-per-node 8 --max-restarts 3 -- train --config run.toml checkpoint.every_steps=1000\n  oxtrain launch --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 -- train --config run.toml"
+        after_help = "Examples:\n  oxtrain launch --nproc-per-node 8 -- train --config examples/configs/resnet50_imagenet.toml\n  oxtrain launch --nproc-per-node 2 --backend shm -- train train.device=cpu\n  oxtrain launch --nproc-per-node 8 --max-restarts 3 -- train --config run.toml checkpoint.every_steps=1000\n  oxtrain launch --nproc-per-node 8 --max-restarts 3 --min-nproc 6 -- train --config run.toml ddp.shard_optimizer=true\n  oxtrain launch --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 -- train --config run.toml"
     )]
     Launch(LaunchArgs),
     /// Print the resolved config: every key with its value, defaults included.
@@ -141,6 +141,11 @@ struct LaunchArgs {
     /// `train` workers then resume from the newest valid checkpoint (checkpoint.resume=latest).
     #[arg(long, default_value_t = 0)]
     max_restarts: usize,
+    /// With --max-restarts: after a worker dies, start one worker fewer, down to this many
+    /// (one node only). `train` then resumes its checkpoint on the smaller world: ZeRO-1 shards
+    /// and the data position are re-partitioned (the per-rank batch stays data.batch_size).
+    #[arg(long, value_name = "N")]
+    min_nproc: Option<usize>,
     /// What each worker runs: an oxtrain subcommand (`train ...`) or any program.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<std::ffi::OsString>,
@@ -309,6 +314,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         command: a.command,
         grace: std::time::Duration::from_secs_f64(a.stop_timeout.clamp(0.0, 3600.0)),
         max_restarts: a.max_restarts,
+        min_nproc: a.min_nproc,
     };
     match oxtrain::launch::launch(&spec) {
         Ok(()) => ExitCode::SUCCESS,

@@ -60,3 +60,48 @@ fn without_restarts_left_the_launch_fails_and_says_so() {
     assert!(out.contains("restart 1 of 1"), "{out}");
     assert!(out.contains("after 1 restart(s)"), "{out}");
 }
+
+#[test]
+fn with_min_nproc_a_lost_worker_stays_lost_and_the_run_goes_on_with_fewer() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 112 samples: the checkpoint of step 6 is inside an epoch, at 24 samples per rank (72 in
+    // all), which 2 ranks split evenly.
+    std::fs::write(d.join("corpus.txt"), "the quick brown fox jumps over the lazy dog. ".repeat(40)).unwrap();
+    let args = train_args(d, "shrunk", &["checkpoint.every_steps=6", "ddp.shard_optimizer=true"]);
+    let head = ["launch", "--nproc-per-node", "3", "--backend", "shm", "--master-port", "29826"];
+    let flags = ["--max-restarts", "1", "--min-nproc", "2", "--stop-timeout", "1", "--"];
+    let cmd: Vec<String> = head.iter().chain(&flags).map(|s| s.to_string()).chain(args).collect();
+    let mut w = start(d, &cmd, &[("OXTRAIN_TEST_HALT_AFTER_STEP", "8:2".into())]);
+    let halted = w.wait_for("halted after step 8", 1);
+    assert!(halted[0].contains("rank 2"), "{halted:?}");
+    sigkill(pid_in(&halted[0]));
+    let (status, out) = w.finish();
+    assert!(status.success(), "the run goes on with two workers ({status}):\n{out}");
+    let restart = out.lines().find(|l| l.contains("restart 1 of 1")).unwrap_or_else(|| panic!("{out}"));
+    assert!(restart.contains("worker 2 (rank 2) was killed by signal 9"), "{restart}");
+    assert!(restart.contains("continuing with 2 workers (--min-nproc 2)"), "{restart}");
+    assert!(out.contains("resuming 3 ranks' checkpoint on 2") && out.contains("step-000006"), "{out}");
+    let steps: Vec<u64> = losses(&d.join("shrunk")).into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, (1..=STEPS as u64).collect::<Vec<_>>(), "every step logged once");
+    let manifest = d.join(format!("shrunk/checkpoints/step-{STEPS:06}/manifest.json"));
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    assert_eq!(manifest["world_size"], 2, "the last checkpoint was written by the two workers left");
+    assert!(final_weights(&d.join("shrunk")).is_file());
+}
+
+#[test]
+fn min_nproc_is_refused_where_it_cannot_act() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |flags: &[&str]| {
+        let cmd: Vec<String> =
+            ["launch", "--nproc-per-node", "2"].iter().chain(flags).chain(&["--", "true"]).map(|s| s.to_string()).collect();
+        let (status, out) = start(dir.path(), &cmd, &[]).finish();
+        assert!(!status.success(), "{flags:?}: {out}");
+        out
+    };
+    assert!(run(&["--min-nproc", "3", "--max-restarts", "1"]).contains("between 1 and --nproc-per-node 2"));
+    assert!(run(&["--min-nproc", "1"]).contains("give --max-restarts too"));
+    let out = run(&["--min-nproc", "1", "--max-restarts", "1", "--nnodes", "2"]);
+    assert!(out.contains("use it with one node"), "{out}");
+}

@@ -223,6 +223,12 @@ impl<D: Dataset> DataLoader<D> {
         self.lock_sampler().load_state_dict(state)
     }
 
+    /// Restores a position saved by any rank of a run on another world size
+    /// ([`DistributedSampler::load_resharded`]): the remaining global order is the same.
+    pub fn load_state_dict_resharded(&self, state: &SamplerState) -> Result<()> {
+        self.lock_sampler().load_resharded(state)
+    }
+
     /// Batches left in the sampler's current epoch (all of `len()` at its start; 0 once a
     /// restored state says the epoch was used up), so a resumed loop knows whether to go on
     /// with that epoch or start the next.

@@ -204,6 +204,16 @@ impl DistributedSampler {
                  resume with the same dataset and shuffling"
             )));
         }
+        let saved_per_rank = match state.drop_last {
+            true => state.len / state.num_replicas,
+            false => state.len.div_ceil(state.num_replicas),
+        };
+        if state.position >= saved_per_rank {
+            // The epoch was used up (padding included): so it is here, whatever its length.
+            self.epoch = state.epoch;
+            self.position = self.num_samples();
+            return Ok(());
+        }
         let global = state.position * state.num_replicas;
         if !global.is_multiple_of(self.num_replicas) {
             return Err(Error::State(format!(

@@ -95,3 +95,15 @@ fn a_position_resumes_on_another_world_size_in_the_same_global_order() {
     assert!(new.load_resharded(&old.state_dict()).is_err());
     assert!(DistributedSampler::new(61, 3, 0).unwrap().seed(5).load_resharded(&old.state_dict()).is_err());
 }
+
+#[test]
+fn a_used_up_epoch_resumes_used_up_on_another_world_size() {
+    // 33 samples: 17 per rank on 2 (one padded), 11 on 3. An epoch finished on 2 ranks
+    // (34 positions, which 3 cannot split) is finished on 3 as well: the next starts afresh.
+    let mut old = DistributedSampler::new(33, 2, 1).unwrap().seed(5);
+    old.set_epoch(4);
+    old.finish_epoch();
+    let mut new = DistributedSampler::new(33, 3, 2).unwrap().seed(5);
+    new.load_resharded(&old.state_dict()).unwrap();
+    assert_eq!((new.epoch(), new.position(), new.remaining().len()), (4, 11, 0));
+}

@@ -13,7 +13,9 @@
 //! slice steps exactly as the same elements of the whole parameter; their state (momentum,
 //! moments) exists for the slice only. Running the optimizer over one flat tensor per bucket
 //! instead would mix parameter groups (weight decay on and off) in one tensor. LARS's trust
-//! ratio is a norm over the whole parameter, which no slice has: it is refused.
+//! ratio needs norms over whole parameters, which no slice has: every rank's sums of squares
+//! over its slices are all-reduced before the step and handed to it
+//! ([`Optimizer::set_whole_parameter_norms`]).
 
 mod state;
 
@@ -133,6 +135,8 @@ pub struct ZeroOptimizer<O: Optimizer> {
     /// Per bucket: this rank's updated slices (the all-gather's input) and the whole bucket.
     own: Vec<Tensor>,
     gathered: Vec<Tensor>,
+    /// Whether the inner optimizer takes whole-parameter norms (LARS); found at the first step.
+    needs_norms: bool,
 }
 
 impl<O: Optimizer> ZeroOptimizer<O> {
@@ -170,10 +174,6 @@ impl<O: Optimizer> ZeroOptimizer<O> {
             })
             .collect::<Result<Vec<_>>>()?;
         let inner = build(specs);
-        // Known by its hyper-parameters, so a boxed LARS is refused as well.
-        if inner.state_dict_shared().param_groups.iter().any(|g| g.hyper.contains_key("trust_coefficient")) {
-            return Err(DdpError::NeedsWholeParameters("Lars"));
-        }
         let device = shards.overflow.device();
         let overflow_sentinel =
             Var::parameter(Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the overflow flag"))?);
@@ -198,6 +198,7 @@ impl<O: Optimizer> ZeroOptimizer<O> {
             overflow_sentinel,
             own,
             gathered,
+            needs_norms: true,
         })
     }
 
@@ -235,8 +236,40 @@ impl<O: Optimizer> ZeroOptimizer<O> {
     /// collective that failed (the parameters are left as they were before the gather).
     pub fn try_step(&mut self) -> Result<()> {
         self.attach_gradients();
+        // LARS scales each parameter by its whole norm, which no slice has: every rank's
+        // partial sums of squares, all-reduced. Element-wise optimizers take no norms.
+        let norms = self.whole_parameter_norms()?;
+        if !self.inner.set_whole_parameter_norms(norms) {
+            self.needs_norms = false;
+        }
         self.inner.step();
         no_grad(|| self.all_gather_parameters())
+    }
+
+    /// Per inner parameter, the L2 norms (weight, gradient) of the whole parameter it is a
+    /// slice of: each rank's sums of squares over its slices, all-reduced (in f32, f64 for f64
+    /// parameters). Collective; nothing once the inner optimizer said it takes no norms.
+    fn whole_parameter_norms(&self) -> Result<Vec<(Tensor, Tensor)>> {
+        if !self.needs_norms {
+            return Ok(Vec::new());
+        }
+        let params = &self.reducer.params;
+        let dtype = if params.iter().any(|p| p.dtype() == DType::F64) { DType::F64 } else { DType::F32 };
+        let device = self.shards().overflow.device();
+        let zero = Tensor::zeros(1, dtype, device).map_err(tensor_error("the parameter norms"))?;
+        let mut partial = vec![zero; 2 * params.len()];
+        for pc in &self.pieces {
+            let square_sum = |t: &Tensor| t.to_dtype(dtype).square().sum_all().reshape(1);
+            partial[2 * pc.param] = square_sum(pc.var.tensor());
+            if let Some(g) = pc.var.grad() {
+                partial[2 * pc.param + 1] = square_sum(&g);
+            }
+        }
+        let sums = Tensor::cat(&partial.iter().collect::<Vec<_>>(), 0);
+        self.reducer.comm.all_reduce(&sums, ReduceOp::Sum)?.wait()?;
+        let norms = sums.sqrt();
+        let at = |i: usize| norms.narrow(0, i, 1).reshape(());
+        Ok(self.order.iter().map(|&k| (at(2 * self.pieces[k].param), at(2 * self.pieces[k].param + 1))).collect())
     }
 
     fn all_gather_parameters(&self) -> Result<()> {
@@ -316,7 +349,7 @@ pub fn clip_grad_norm_sharded(
     Ok(total)
 }
 
-impl<O: Optimizer> Optimizer for ZeroOptimizer<O> {
+impl<O: Optimizer + 'static> Optimizer for ZeroOptimizer<O> {
     /// [`ZeroOptimizer::try_step`]; panics with the collective's error.
     fn step(&mut self) {
         if let Err(e) = self.try_step() {
@@ -367,6 +400,12 @@ impl<O: Optimizer> Optimizer for ZeroOptimizer<O> {
     }
     fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()> {
         self.inner.load_state_dict(state)
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
     }
 }
 

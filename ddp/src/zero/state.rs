@@ -38,6 +38,14 @@ const META_KEY: &str = "zero_shard";
 impl ShardState {
     /// Writes the part to one safetensors file (the layout and groups in its metadata).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let (tensors, meta) = self.to_safetensors();
+        oxtrain_tensor::safetensors::save(tensors, Some(&meta), path.as_ref())
+            .map_err(tensor_error("writing a ZeRO shard"))
+    }
+
+    /// The part as a safetensors file's tensors and metadata (what [`ShardState::save`] writes;
+    /// a checkpoint writer takes them as they are).
+    pub fn to_safetensors(&self) -> (Vec<(String, Tensor)>, HashMap<String, String>) {
         let meta = serde_json::json!({
             "world": self.world,
             "rank": self.rank,
@@ -53,15 +61,23 @@ impl ShardState {
                 per_bucket.iter().enumerate().map(move |(b, t)| (format!("{name}.{b}"), t.clone()))
             })
             .collect();
-        let meta = HashMap::from([(META_KEY.to_string(), meta.to_string())]);
-        oxtrain_tensor::safetensors::save(tensors, Some(&meta), path.as_ref())
-            .map_err(tensor_error("writing a ZeRO shard"))
+        (tensors, HashMap::from([(META_KEY.to_string(), meta.to_string())]))
+    }
+
+    /// Whether a safetensors file's metadata is a ZeRO part's.
+    pub fn is_shard(metadata: &HashMap<String, String>) -> bool {
+        metadata.contains_key(META_KEY)
     }
 
     /// Reads a part written by [`ShardState::save`].
     pub fn load(path: impl AsRef<Path>) -> Result<ShardState> {
         let path = path.as_ref();
         let file = oxtrain_tensor::safetensors::load(path).map_err(tensor_error("reading a ZeRO shard"))?;
+        ShardState::from_safetensors(&file, path)
+    }
+
+    /// The part in an open safetensors file (`path` for messages).
+    pub fn from_safetensors(file: &oxtrain_tensor::safetensors::SafetensorsFile, path: &Path) -> Result<ShardState> {
         let not_a_shard = || DdpError::NotAShard { path: path.to_path_buf() };
         let meta: serde_json::Value =
             serde_json::from_str(file.metadata().get(META_KEY).ok_or_else(not_a_shard)?)

@@ -4,7 +4,7 @@
 use oxtrain_autograd::Var;
 use oxtrain_comm::Communicator;
 use oxtrain_ddp::{Ddp, DdpConfig};
-use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use oxtrain_nn::optim::{AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{
     AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Embedding, Flatten, Forward, LayerNorm, Linear,
     Module, MultiheadAttentionConfig, MultiheadSelfAttention, Parameter, ReLU, Sequential, Visitor,
@@ -30,6 +30,8 @@ pub enum Model {
 pub enum Opt {
     SgdMomentum,
     AdamW,
+    /// LARS: its trust ratio takes whole-parameter norms, which ZeRO all-reduces.
+    Lars,
 }
 
 pub const CLASSES: usize = 4;
@@ -165,7 +167,10 @@ pub fn optimizer(opt: Opt, params: Vec<Var>) -> Box<dyn Optimizer> {
         }
         Opt::AdamW => {
             Box::new(AdamW::new(params, AdamWConfig { lr: 0.01, weight_decay: 0.01, ..Default::default() }))
-        }
+        }        Opt::Lars => Box::new(Lars::new(
+            params,
+            LarsConfig { lr: 0.5, momentum: 0.9, weight_decay: 1e-4, trust_coefficient: 0.02, ..Default::default() },
+        )),
     }
 }
 

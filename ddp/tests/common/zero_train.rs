@@ -5,7 +5,9 @@ use super::ddp_train::{self as t, Model, Opt, Tiny};
 use oxtrain_comm::Communicator;
 use oxtrain_ddp::{Ddp, DdpConfig, ZeroOptimizer};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
-use oxtrain_nn::optim::{clip_grad_norm_, AdamW, AdamWConfig, Optimizer, ParamGroupSpec, Sgd, SgdConfig};
+use oxtrain_nn::optim::{
+    clip_grad_norm_, AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, ParamGroupSpec, Sgd, SgdConfig,
+};
 use oxtrain_nn::Module;
 use oxtrain_tensor::DType;
 use std::sync::Arc;
@@ -40,7 +42,10 @@ fn build_optimizer(opt: Opt, groups: Vec<ParamGroupSpec>) -> Box<dyn Optimizer> 
         }
         Opt::AdamW => {
             Box::new(AdamW::new(groups, AdamWConfig { lr: 0.01, weight_decay: 0.01, ..Default::default() }))
-        }
+        }        Opt::Lars => Box::new(Lars::new(
+            groups,
+            LarsConfig { lr: 0.5, momentum: 0.9, weight_decay: 1e-4, trust_coefficient: 0.02, ..Default::default() },
+        )),
     }
 }
 

@@ -175,13 +175,13 @@ impl<C: GroupConfig> Groups<C> {
         Groups { groups: build(params.into_param_groups(), defaults, op), state: StateTable::default() }
     }
 
-    /// Calls `f(group config, parameter, gradient, state)` for every parameter with a
-    /// gradient, in the state's numbering (the order over all groups).
-    pub(crate) fn for_each_grad(&mut self, mut f: impl FnMut(&C, &Var, Tensor, &mut ParamState)) {
+    /// Calls `f(index, group config, parameter, gradient, state)` for every parameter with a
+    /// gradient, `index` being the state's numbering (the order over all groups).
+    pub(crate) fn for_each_grad_at(&mut self, mut f: impl FnMut(usize, &C, &Var, Tensor, &mut ParamState)) {
         let params = self.groups.iter().flat_map(|g| g.params.iter().map(move |p| (&g.config, p)));
         for (index, (config, p)) in params.enumerate() {
             if let Some(grad) = p.grad() {
-                f(config, p, grad, self.state.get_mut(index));
+                f(index, config, p, grad, self.state.get_mut(index));
             }
         }
     }

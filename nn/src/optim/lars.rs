@@ -15,7 +15,7 @@
 
 use super::groups::{hypers, GroupConfig, Groups, IntoParamGroups};
 use super::state::state_dtype;
-use oxtrain_tensor::CmpOp;
+use oxtrain_tensor::{CmpOp, Tensor};
 
 /// Hyper-parameters of [`Lars`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,15 +54,20 @@ impl GroupConfig for LarsConfig {
 /// LARS with momentum; see the module docs for the formula.
 pub struct Lars {
     pub(crate) held: Groups<LarsConfig>,
+    /// Under ZeRO-1, where each parameter is a slice: the norms of the whole parameters, set
+    /// for the next step by
+    /// [`Optimizer::set_whole_parameter_norms`](super::Optimizer::set_whole_parameter_norms).
+    whole_norms: Option<Vec<(Tensor, Tensor)>>,
 }
 
 impl Lars {
     pub fn new(params: impl IntoParamGroups, config: LarsConfig) -> Lars {
-        Lars { held: Groups::new(params, &config, "Lars") }
+        Lars { held: Groups::new(params, &config, "Lars"), whole_norms: None }
     }
 
     fn update(&mut self) {
-        self.held.for_each_grad(|c, p, grad, st| {
+        let whole = self.whole_norms.take();
+        self.held.for_each_grad_at(|index, c, p, grad, st| {
             let dtype = state_dtype(p);
             let w = p.tensor().to_dtype(dtype);
             let gr = grad.to_dtype(dtype);
@@ -71,8 +76,10 @@ impl Lars {
             let scale = if c.exclude {
                 w.scalar_like(c.lr)
             } else {
-                let w_norm = w.square().sum_all().sqrt();
-                let g_norm = gr.square().sum_all().sqrt();
+                let (w_norm, g_norm) = match whole.as_ref().and_then(|n| n.get(index)) {
+                    Some((w_norm, g_norm)) => (w_norm.to_dtype(dtype), g_norm.to_dtype(dtype)),
+                    None => (w.square().sum_all().sqrt(), gr.square().sum_all().sqrt()),
+                };
                 let ratio = w_norm
                     .mul_scalar(c.trust_coefficient)
                     .div(&g_norm.add(&w_norm.mul_scalar(c.weight_decay)).add_scalar(c.eps));
@@ -89,4 +96,9 @@ impl Lars {
     }
 }
 
-super::impl_optimizer!(Lars, LarsConfig);
+super::impl_optimizer!(Lars, LarsConfig, {
+    fn set_whole_parameter_norms(&mut self, norms: Vec<(Tensor, Tensor)>) -> bool {
+        self.whole_norms = Some(norms);
+        true
+    }
+});

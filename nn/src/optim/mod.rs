@@ -73,6 +73,24 @@ pub trait Optimizer {
     /// Restores what [`Optimizer::state_dict`] saved, onto this optimizer's parameters (their
     /// devices). Fails, changing nothing, when the groups or shapes do not match.
     fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()>;
+
+    /// For an optimizer over slices of parameters (ZeRO-1): the L2 norms (weight, gradient) of
+    /// the whole parameter each of its parameters is a slice of, in [`Optimizer::params`]
+    /// order, for the next step only. True when the optimizer uses them (LARS's trust ratio);
+    /// element-wise optimizers need no norms and return false.
+    fn set_whole_parameter_norms(&mut self, _norms: Vec<(oxtrain_tensor::Tensor, oxtrain_tensor::Tensor)>) -> bool {
+        false
+    }
+
+    /// The optimizer as `Any`, for a caller that knows a wrapper's concrete type (the trainer
+    /// reaches ZeRO-1's sharded checkpoints so). None where an optimizer does not offer it.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// A boxed optimizer is one (`Box<dyn Optimizer>` where the optimizer is picked at run time,
@@ -114,6 +132,15 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()> {
         (**self).load_state_dict(state)
     }
+    fn set_whole_parameter_norms(&mut self, norms: Vec<(oxtrain_tensor::Tensor, oxtrain_tensor::Tensor)>) -> bool {
+        (**self).set_whole_parameter_norms(norms)
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        (**self).as_any()
+    }
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        (**self).as_any_mut()
+    }
 }
 
 /// Implements the bookkeeping part of [`Optimizer`] for a type with `held: groups::Groups<C>`,
@@ -121,6 +148,9 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
 /// `fn update(&mut self)`.
 macro_rules! impl_optimizer {
     ($ty:ty, $config:ty) => {
+        $crate::optim::impl_optimizer!($ty, $config, {});
+    };
+    ($ty:ty, $config:ty, { $($extra:tt)* }) => {
         impl $ty {
             pub fn param_groups(&self) -> &[$crate::optim::ParamGroup<$config>] {
                 &self.held.groups
@@ -167,6 +197,7 @@ macro_rules! impl_optimizer {
             ) -> oxtrain_tensor::Result<()> {
                 self.held.state.load(&mut self.held.groups, state)
             }
+            $($extra)*
         }
     };
 }

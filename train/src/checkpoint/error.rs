@@ -24,15 +24,6 @@ pub enum CheckpointError {
     #[error("{path}: not a valid checkpoint: {problem}")]
     Invalid { path: PathBuf, problem: super::manifest::Problem },
 
-    /// The checkpoint was written by a run with another number of ranks.
-    #[error(
-        "{path} was written by {saved} rank(s), this run has {current}: every rank's RNG and \
-         sampler position are saved per rank, so resume with the same world size (e.g. \
-         --nproc-per-node {saved}), or start a new run from its weights alone \
-         (`oxtrain export` and load the model file)"
-    )]
-    WorldSize { path: PathBuf, saved: usize, current: usize },
-
     /// No valid checkpoint where one was asked for: `why` lists what was skipped, `hint` says
     /// what to do (it depends on who asked: a resume, an export).
     #[error("no valid checkpoint in {dir}{why}; {hint}")]
@@ -45,6 +36,10 @@ pub enum CheckpointError {
 
     #[error(transparent)]
     Tensor(#[from] oxtrain_tensor::Error),
+
+    /// Taking or restoring a ZeRO-1 optimizer shard.
+    #[error("the optimizer's ZeRO-1 shards: {0}")]
+    Shard(#[from] oxtrain_ddp::DdpError),
 
     /// The writer thread panicked or vanished: a bug, reported instead of losing the save silently.
     #[error("the checkpoint writer thread ended unexpectedly ({0}); the last save may be missing")]

@@ -8,6 +8,7 @@ use super::snapshot::{
     rank_file, RankState, TrainerState, CONFIG_FILE, GROUPS_KEY, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE,
 };
 use oxtrain_datasets::SamplerState;
+use oxtrain_ddp::ShardState;
 use oxtrain_nn::amp::GradScaler;
 use oxtrain_nn::lr_scheduler::LrScheduler;
 use oxtrain_nn::optim::{Optimizer, OptimizerState};
@@ -20,12 +21,12 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub struct Checkpoint {
     path: PathBuf,
-    /// This rank's own part (the step directory itself for rank 0).
-    own: PathBuf,
     manifest: Manifest,
     trainer: TrainerState,
     rank: RankState,
     config_toml: Option<String>,
+    /// Saved by another number of ranks than this run's.
+    resharded: bool,
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
@@ -39,22 +40,23 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 
 impl Checkpoint {
     /// Opens step directory `path` for `rank` of `world_size`, after checking every file of
-    /// every rank's part against its manifest. Fails, saying what to do, when the checkpoint
-    /// was written by another number of ranks.
+    /// every rank's part against its manifest. The checkpoint may come from another number of
+    /// ranks ([`Checkpoint::resharded`]): a rank the saving run did not have reads rank 0's part
+    /// (its data position, which the sampler re-deals; its generators are not restored).
     pub fn load(path: impl AsRef<Path>, rank: usize, world_size: usize) -> Result<Checkpoint> {
         let path = path.as_ref().to_path_buf();
         let manifest = verify_checkpoint(&path)?
             .map_err(|problem| CheckpointError::Invalid { path: path.clone(), problem })?;
-        if manifest.world_size != world_size {
-            return Err(CheckpointError::WorldSize { path, saved: manifest.world_size, current: world_size });
-        }
         let trainer: TrainerState = read_json(&path.join(TRAINER_FILE))?;
-        let own = path.parent().unwrap_or(Path::new(".")).join(part_name(manifest.step, rank));
-        if rank != 0 {
+        let part_rank = if rank < manifest.world_size { rank } else { 0 };
+        let own = path.parent().unwrap_or(Path::new(".")).join(part_name(manifest.step, part_rank));
+        if part_rank != 0 {
             // verify_checkpoint checked it; this is the same check, kept for a clear error if
             // the part changed since.
             verify(&own)?.map_err(|problem| CheckpointError::Invalid { path: own.clone(), problem })?;
         }
+        let rank = part_rank;
+        let resharded = manifest.world_size != world_size;
         let rank_state: RankState = read_json(&own.join(rank_file(rank)))?;
         let config = path.join(CONFIG_FILE);
         let config_toml = match std::fs::read_to_string(&config) {
@@ -62,11 +64,43 @@ impl Checkpoint {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io(&config, "reading")(e)),
         };
-        Ok(Checkpoint { path, own, manifest, trainer, rank: rank_state, config_toml })
+        Ok(Checkpoint { path, manifest, trainer, rank: rank_state, config_toml, resharded })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the saving run had another number of ranks than this one (the state is then
+    /// re-partitioned: ZeRO-1 shards, the data position; the per-rank generators are not kept).
+    pub fn resharded(&self) -> bool {
+        self.resharded
+    }
+
+    /// Every rank's optimizer part of a ZeRO-1 save, in rank order, whatever this run's world
+    /// size (`ZeroOptimizer::load_shard_states` re-partitions them).
+    pub fn zero_parts(&self) -> Result<Vec<ShardState>> {
+        (0..self.manifest.world_size)
+            .map(|r| {
+                let dir = match r {
+                    0 => self.path.clone(),
+                    r => self.path.parent().unwrap_or(Path::new(".")).join(part_name(self.manifest.step, r)),
+                };
+                let file = dir.join(OPTIMIZER_FILE);
+                let restore_err = |message: String| CheckpointError::Restore {
+                    path: file.clone(),
+                    what: "the sharded optimizer state",
+                    message,
+                };
+                let st = oxtrain_tensor::safetensors::load(&file).map_err(|e| restore_err(e.to_string()))?;
+                if !ShardState::is_shard(st.metadata()) {
+                    return Err(restore_err(
+                        "it was saved without ddp.shard_optimizer: resume with ddp.shard_optimizer = false".into(),
+                    ));
+                }
+                ShardState::from_safetensors(&st, &file).map_err(|e| restore_err(e.to_string()))
+            })
+            .collect()
     }
 
     /// The optimizer steps taken when it was saved.
@@ -116,18 +150,23 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Restores the optimizer's state and hyper-parameters.
+    /// Restores the optimizer's state and hyper-parameters (saved unsharded).
     pub fn restore_optimizer(&self, opt: &mut dyn Optimizer) -> Result<()> {
-        // Under ZeRO-1 every rank's part holds its own shard of the state; else rank 0's
-        // replicated file is everyone's.
-        let own = self.own.join(OPTIMIZER_FILE);
-        let path = if own.is_file() { own } else { self.path.join(OPTIMIZER_FILE) };
+        // Rank 0's replicated file is everyone's (ZeRO-1's shards: `zero_parts`).
+        let path = self.path.join(OPTIMIZER_FILE);
         let restore_err =
             |message: String| CheckpointError::Restore { path: path.clone(), what: "the optimizer", message };
         if !path.exists() {
             return Err(restore_err("this checkpoint was saved without an optimizer".into()));
         }
         let file = oxtrain_tensor::safetensors::load(&path)?;
+        if ShardState::is_shard(file.metadata()) {
+            return Err(restore_err(
+                "it holds one rank's shard, saved with ddp.shard_optimizer = true: resume with it on \
+                 (on any number of ranks)"
+                    .into(),
+            ));
+        }
         let groups = file
             .metadata()
             .get(GROUPS_KEY)

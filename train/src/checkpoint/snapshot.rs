@@ -11,7 +11,8 @@ use oxtrain_nn::amp::GradScaler;
 use oxtrain_nn::lr_scheduler::LrScheduler;
 use oxtrain_nn::optim::Optimizer;
 use oxtrain_nn::Module;
-use oxtrain_tensor::{default_generator_state, Generator, GeneratorState};
+use oxtrain_ddp::ShardState;
+use oxtrain_tensor::{default_generator_state, Generator, GeneratorState, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -115,27 +116,29 @@ impl Snapshot {
 
     /// The optimizer's state (momentum, moments, step counts) and hyper-parameters, written by
     /// rank 0 (every rank holds the same).
-    pub fn optimizer(self, opt: &dyn Optimizer) -> Result<Snapshot> {
-        let write = self.writes_replicated;
-        self.optimizer_if(opt, write)
-    }
-
-    /// A sharded optimizer's state (ZeRO-1): every rank writes its own shard into its part.
-    pub fn sharded_optimizer(self, opt: &dyn Optimizer) -> Result<Snapshot> {
-        self.optimizer_if(opt, true)
-    }
-
-    fn optimizer_if(mut self, opt: &dyn Optimizer, write: bool) -> Result<Snapshot> {
-        if write {
+    pub fn optimizer(mut self, opt: &dyn Optimizer) -> Result<Snapshot> {
+        if self.writes_replicated {
             // The live buffers, copied once into the file's image (not first into a state_dict copy).
             let state = opt.state_dict_shared();
             let metadata = HashMap::from([(GROUPS_KEY.to_string(), state.param_groups_json())]);
             let tensors: Vec<_> = state.tensors.into_iter().collect();
-            let reuse = self.staging.remove(OPTIMIZER_FILE);
-            let image = safetensors_image(&tensors, Some(&metadata), reuse, Path::new(OPTIMIZER_FILE))?;
-            self.hand_over(PartFile { name: OPTIMIZER_FILE.into(), content: Content::Image(image) })?;
+            self.optimizer_file(&tensors, metadata)?;
         }
         Ok(self)
+    }
+
+    /// A sharded optimizer's state (ZeRO-1): every rank writes its own part
+    /// (`ShardState::to_safetensors`) into its part of the checkpoint.
+    pub fn sharded_optimizer(mut self, part: &ShardState) -> Result<Snapshot> {
+        let (tensors, metadata) = part.to_safetensors();
+        self.optimizer_file(&tensors, metadata)?;
+        Ok(self)
+    }
+
+    fn optimizer_file(&mut self, tensors: &[(String, Tensor)], metadata: HashMap<String, String>) -> Result<()> {
+        let reuse = self.staging.remove(OPTIMIZER_FILE);
+        let image = safetensors_image(tensors, Some(&metadata), reuse, Path::new(OPTIMIZER_FILE))?;
+        self.hand_over(PartFile { name: OPTIMIZER_FILE.into(), content: Content::Image(image) })
     }
 
     pub fn scheduler(mut self, sched: &dyn LrScheduler) -> Snapshot {

@@ -6,7 +6,7 @@ mod error;
 mod strategy;
 
 pub use error::TrainError;
-pub use strategy::Strategy;
+pub use strategy::{as_zero, as_zero_mut, Strategy, Zero};
 
 use crate::config::{parse_device, Config, DdpBackend, GradCompression, PrecisionDtype};
 use oxtrain_ddp::{Compression, DdpConfig};

@@ -110,7 +110,7 @@ impl<M: Module> Strategy<M> {
 
     /// The optimizer `build` makes over `groups` (parameters of [`Strategy::module`]); under
     /// ZeRO-1 a [`ZeroOptimizer`] whose inner optimizer `build` makes over this rank's shards.
-    /// Collective under DDP. Refuses an optimizer that cannot be sharded (LARS).
+    /// Collective under DDP.
     pub fn optimizer(
         &self,
         groups: Vec<ParamGroupSpec>,
@@ -145,4 +145,16 @@ impl<M: Module> Strategy<M> {
             }
         }
     }
+}
+
+/// The trainer's ZeRO-1 optimizer, as [`Strategy::optimizer`] makes it.
+pub type Zero = ZeroOptimizer<Box<dyn Optimizer>>;
+
+/// `opt` as the trainer's ZeRO-1 optimizer, when it is one.
+pub fn as_zero(opt: &dyn Optimizer) -> Option<&Zero> {
+    opt.as_any()?.downcast_ref()
+}
+
+pub fn as_zero_mut(opt: &mut dyn Optimizer) -> Option<&mut Zero> {
+    opt.as_any_mut()?.downcast_mut()
 }

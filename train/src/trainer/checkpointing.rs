@@ -20,6 +20,7 @@ use crate::checkpoint::{
     ProgressFn, SavePolicy, SaveReason, SaveTriggers, WriteProgress,
 };
 use crate::config::{Config, OnSaveError};
+use crate::runtime::{as_zero, as_zero_mut};
 use crate::tasks::Task;
 use oxtrain_datasets::SamplerState;
 use oxtrain_nn::amp::GradScaler;
@@ -58,6 +59,8 @@ pub(crate) struct Start {
     /// Batches left in `epoch` (0: it was used up at the save; the loop starts the next).
     pub epoch_left: usize,
     pub counters: Counters,
+    /// Saved on another number of ranks: this run's epochs have another length.
+    pub resharded: bool,
 }
 
 /// Everything of the live run a checkpoint holds.
@@ -65,9 +68,8 @@ pub(crate) struct RunState<'a> {
     pub step: usize,
     pub epoch: usize,
     pub model: &'a dyn Module,
+    /// Under ZeRO-1 each rank's holds its own shard, saved in its own part.
     pub optimizer: &'a dyn Optimizer,
-    /// ZeRO-1: each rank's optimizer holds its own shard, saved in its own part.
-    pub sharded_optimizer: bool,
     pub schedule: &'a dyn LrScheduler,
     pub scaler: &'a GradScaler,
     pub data: SamplerState,
@@ -181,8 +183,17 @@ pub(crate) fn resume<T: Task>(
             ));
         }
     }
+    if c.resharded() && rank == 0 {
+        say(&format!(
+            "resuming {} ranks' checkpoint on {world}: the data position and any ZeRO-1 shards are re-partitioned",
+            c.manifest().world_size
+        ));
+    }
     c.restore_model(strategy.module())?;
-    c.restore_optimizer(optimizer)?;
+    match as_zero_mut(optimizer) {
+        Some(zero) => zero.load_shard_states(&c.zero_parts()?).map_err(CheckpointError::from)?,
+        None => c.restore_optimizer(optimizer)?,
+    }
     c.restore_scheduler(schedule)?;
     c.restore_grad_scaler(scaler)?;
     let data = c.sampler().ok_or_else(|| CheckpointError::Restore {
@@ -193,7 +204,8 @@ pub(crate) fn resume<T: Task>(
     let epoch_left = task.restore_data_state(data)?;
     let counters = serde_json::from_value(c.extra().clone()).unwrap_or_default();
     c.restore_rng();
-    Ok(Some(Start { step: c.step() as usize, epoch: c.epoch() as usize, epoch_left, counters }))
+    let resharded = c.resharded();
+    Ok(Some(Start { step: c.step() as usize, epoch: c.epoch() as usize, epoch_left, counters, resharded }))
 }
 
 fn step_of(path: &Path) -> Option<u64> {
@@ -270,9 +282,9 @@ impl Saver {
         let writer = &mut self.writer;
         let saved = (|| {
             let snap = writer.snapshot(s.step as u64, s.epoch as u64)?.model(s.model)?;
-            let snap = match s.sharded_optimizer {
-                true => snap.sharded_optimizer(s.optimizer)?,
-                false => snap.optimizer(s.optimizer)?,
+            let snap = match as_zero(s.optimizer) {
+                Some(zero) => snap.sharded_optimizer(&zero.shard_state()?)?,
+                None => snap.optimizer(s.optimizer)?,
             };
             let snap = snap
                 .scheduler(s.schedule)

@@ -31,6 +31,21 @@ pub(super) struct Plan {
     pub total: usize,
 }
 
+impl Plan {
+    /// The plan of a run resumed at `step` inside `epoch`, with `left` of its steps to go, on a
+    /// world whose epochs have `per_epoch` steps, after a checkpoint of another world size
+    /// (whose epochs had another length). A run bound by steps keeps its total and goes on for
+    /// as many epochs as that takes; one bound by epochs ends after its last epoch.
+    pub fn resumed_elsewhere(self, step: usize, epoch: usize, left: usize, by_steps: bool) -> Plan {
+        if by_steps {
+            let after_this_epoch = self.total.saturating_sub(step + left);
+            Plan { epochs: epoch + 1 + after_this_epoch.div_ceil(self.per_epoch), ..self }
+        } else {
+            Plan { total: step + left + self.epochs.saturating_sub(epoch + 1) * self.per_epoch, ..self }
+        }
+    }
+}
+
 /// Where an epoch left the run.
 enum Flow {
     Next,
@@ -164,7 +179,6 @@ impl<'a, T: Task> Trainer<'a, T> {
             epoch,
             model: self.strategy.module(),
             optimizer: self.opt.as_ref(),
-            sharded_optimizer: self.strategy.shards_optimizer(),
             schedule: self.schedule.as_ref(),
             scaler: &self.scaler,
             data: self.task.data_state(),
@@ -203,6 +217,11 @@ impl<'a, T: Task> Trainer<'a, T> {
         t.window_units = c.window_units;
         // A save at the very end of an epoch resumes with the next one.
         self.first_epoch = (s.epoch, s.epoch_left == 0);
+        if s.resharded {
+            let by_steps = self.config.train.steps > 0;
+            let left = s.epoch_left / self.config.train.grad_accum;
+            self.plan = self.plan.resumed_elsewhere(s.step, s.epoch, left, by_steps);
+        }
         Ok(Some(s.step))
     }
 
@@ -515,5 +534,26 @@ impl<'a, T: Task> Trainer<'a, T> {
             interrupted,
             steps_here: t.step - t.start_step,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Plan;
+
+    #[test]
+    fn a_plan_resumed_on_another_world_keeps_its_steps_or_its_epochs() {
+        // Saved on 3 ranks at step 6, inside epoch 0 with 5 steps of it left here on 2 ranks,
+        // whose epochs have 14 steps.
+        let plan = Plan { per_epoch: 14, epochs: 1, total: 12 };
+        let by_steps = plan.resumed_elsewhere(6, 0, 5, true);
+        assert_eq!((by_steps.epochs, by_steps.total), (2, 12), "12 steps: one step of epoch 1");
+        // Bound by 3 epochs: the 5 steps left, then 2 epochs of 14.
+        let plan = Plan { per_epoch: 14, epochs: 3, total: 42 };
+        let by_epochs = plan.resumed_elsewhere(6, 0, 5, false);
+        assert_eq!((by_epochs.epochs, by_epochs.total), (3, 6 + 5 + 28));
+        // Saved at the very end of epoch 1: the next epochs start afresh.
+        let plan = Plan { per_epoch: 14, epochs: 3, total: 42 };
+        assert_eq!(plan.resumed_elsewhere(18, 1, 0, false).total, 18 + 14);
     }
 }

@@ -6,7 +6,8 @@
 # 2. the bare step: `oxtrain bench resnet50 --batch 256 --image 224 --precision bf16
 #    --channels-last`;
 # 3. `oxtrain train` on the folder for $EPOCHS epochs (evaluation after each) at 16 and at 4
-#    workers, with each decoder in $DECODES (data.decode=cpu|gpu), log.every_steps=$WINDOW;
+#    workers, with each setting of $DECODES (data.decode=auto|cpu|gpu; auto is what a user gets,
+#    the others pin the decoder), log.every_steps=$WINDOW;
 # 4. the PyTorch job (ImageFolder, DataLoader with pinned memory, channels_last bf16 step) at 16
 #    and 4 workers;
 # 5. bench/scripts/imagenet_results.py writes the result file from $OUT (nothing by hand).
@@ -21,7 +22,7 @@ py="${PYTHON:-python3}"
 OUT="${OUT:-./gpu-out/imagenet}"; mkdir -p "$OUT"
 DATA="${DATA:-/tmp/oxtrain-imagenet-like}"
 dev="${DEVICE:-cuda}"
-batch="${BATCH:-256}"; image="${IMAGE:-224}"; epochs="${EPOCHS:-4}"; window="${WINDOW:-2}"
+batch="${BATCH:-256}"; image="${IMAGE:-224}"; epochs="${EPOCHS:-4}"; window="${WINDOW:-5}"
 export PYTHONUNBUFFERED=1
 
 echo "== folder $DATA"
@@ -34,7 +35,7 @@ echo "== bare step"
 cat "$OUT/bare.json"
 
 for workers in ${WORKER_COUNTS:-16 4}; do
-  for decode in ${DECODES:-cpu gpu}; do
+  for decode in ${DECODES:-auto cpu gpu}; do
     tag="oxtrain_${workers}w_${decode}"; run="$OUT/$tag"
     echo "== $tag"
     rm -rf "$run"

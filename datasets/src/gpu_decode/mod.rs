@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Below this many CPU cores per GPU, `decode = "auto"` decodes on the GPU. A core decodes
-/// and augments about 410 ImageNet images per second (measured on an H200 node); the bare
-/// ResNet-50 step takes about 5550 per second per GPU, so CPU decoding needs about 14 cores
-/// for the step alone, and 16 leave the training thread and the copies theirs.
-pub const MIN_CPU_CORES_PER_GPU: usize = 16;
+/// and augments about 410 ImageNet images per second; the bare ResNet-50 bf16 step on an H200
+/// takes about 6600 per second (bench/results/imagenet-h200.json), so CPU decoding needs about
+/// 16 cores for the step alone, and 20 leave the training thread and the copies theirs.
+pub const MIN_CPU_CORES_PER_GPU: usize = 20;
 
 /// Where JPEGs are decoded (`data.decode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

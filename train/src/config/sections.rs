@@ -100,7 +100,7 @@ pub enum BadFiles {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decode {
-    /// On the GPU (nvJPEG) when the node has fewer than 16 CPU cores per GPU and nvJPEG is
+    /// On the GPU (nvJPEG) when the node has fewer than 20 CPU cores per GPU and nvJPEG is
     /// there, else on the loader's CPU cores.
     Auto,
     Cpu,

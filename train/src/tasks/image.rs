@@ -80,7 +80,7 @@ fn open_labelled(
 }
 
 /// Where the JPEGs are decoded: `data.decode` resolved for this node (for "auto": the GPU when
-/// there are fewer than 16 CPU cores per GPU, said on one line); Some(ordinal) for the GPU.
+/// there are fewer than 20 CPU cores per GPU, said on one line); Some(ordinal) for the GPU.
 fn decode_device(config: &Config, place: &Placement) -> TaskResult<Option<usize>> {
     let choice = match config.data.decode {
         Decode::Auto => DecodeOn::Auto,

@@ -66,7 +66,7 @@ pub(super) fn resize_crops(
     let bytes: Vec<u8> = sources.iter().flat_map(|s| bytemuck_bytes(s).to_vec()).collect();
     let table = crate::Tensor::from_vec(bytes, [n * std::mem::size_of::<super::resize::CropSource>()], crate::Device::Cpu)
         .expect("a CPU tensor")
-        .to_device(device)
+        .to_device_non_blocking(device)
         .unwrap_or_else(|e| panic!("{op}: uploading the crop table: {e}"));
     let (table_ptr, dev) = match &*table.storage() {
         Storage::Cuda(t) => (t.ptr(), t.device().clone()),

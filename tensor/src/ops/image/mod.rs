@@ -66,9 +66,11 @@ impl Tensor {
             }
             Storage::Cuda(s) => {
                 let flags: Vec<u8> = flips.iter().map(|&f| f as u8).collect();
+                // Staged through pinned memory: a plain upload would wait for the stream's
+                // queued work (the previous step), leaving the GPU idle while the host catches up.
                 let flags = Tensor::from_vec(flags, [n], Device::Cpu)
                     .expect("a CPU tensor")
-                    .to_device(self.device())
+                    .to_device_non_blocking(self.device())
                     .unwrap_or_else(|e| panic!("{op}: uploading the flip flags: {e}"));
                 let storage = match &*flags.storage() {
                     Storage::Cuda(f) => cuda::normalize_images(

@@ -16,7 +16,7 @@ use common::zero_train::{self as z, Extras};
 use oxtrain_autograd::Var;
 use oxtrain_ddp::{Ddp, DdpConfig, DdpError, ZeroOptimizer};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
-use oxtrain_nn::optim::{AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, Sgd, SgdConfig};
+use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{Module, Parameter, Visitor};
 use oxtrain_tensor::{DType, Device, Tensor};
 

@@ -11,7 +11,9 @@ use common::ddp_train::{self as t, Model, Opt};
 use common::on_ranks;
 use oxtrain_comm::Communicator;
 use oxtrain_ddp::{Ddp, DdpConfig, DdpError, ShardState, ZeroOptimizer};
-use oxtrain_nn::optim::{AdamW, AdamWConfig, Optimizer, OptimizerState, ParamGroupSpec, Sgd, SgdConfig};
+use oxtrain_nn::optim::{
+    AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, OptimizerState, ParamGroupSpec, Sgd, SgdConfig,
+};
 use oxtrain_nn::Module;
 use oxtrain_tensor::Tensor;
 use std::sync::Arc;
@@ -28,6 +30,7 @@ fn build_optimizer(opt: Opt, groups: Vec<ParamGroupSpec>) -> Box<dyn Optimizer> 
         Opt::AdamW => {
             Box::new(AdamW::new(groups, AdamWConfig { lr: 0.01, weight_decay: 0.01, ..Default::default() }))
         }
+        Opt::Lars => Box::new(Lars::new(groups, LarsConfig { lr: 0.5, trust_coefficient: 0.02, ..Default::default() })),
     }
 }
 

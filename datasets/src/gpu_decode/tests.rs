@@ -233,7 +233,15 @@ fn a_gpu_decoded_batch_is_the_cpu_loaders_within_the_decoders_rounding() {
     let d = tmp("gpu_loader");
     crate::synthetic::write_shapes_image_folder(&d, 3, 10, 96, 8).unwrap();
     let t = ImageTransform::imagenet_train(48).for_device_normalize().with_dct_scaling(false);
-    let config = LoaderConfig { batch_size: 8, num_workers: 2, seed: 5, pin_memory: PinMemory::Off, ..Default::default() };
+    // No prefetch of the next epoch, whose batches would decode (and count) files again.
+    let config = LoaderConfig {
+        batch_size: 8,
+        num_workers: 2,
+        seed: 5,
+        pin_memory: PinMemory::Off,
+        prefetch_next_epoch: false,
+        ..Default::default()
+    };
     let loader = |gpu: bool| {
         let mut set = ImageFolder::new(&d, t).unwrap();
         if gpu {

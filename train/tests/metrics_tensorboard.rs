@@ -30,6 +30,7 @@ fn step(step: usize, loss: f64, grad_norm: Option<f64>) -> StepRecord {
         wall_time: 1.7e9 + step as f64,
         elapsed: step as f64,
         bad_files: 0,
+        gpu_decode_fallbacks: None,
         grad_norm,
     }
 }

@@ -218,7 +218,11 @@ fn lars_under_zero_takes_whole_parameter_norms_and_follows_plain_ddp() {
             for ((n, a), (_, b)) in sharded[0].0.iter().zip(&plain[0].0) {
                 let scale = b.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
                 let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-                assert!(diff / scale < 1e-5, "{what}: `{n}` differs by {:.2e} of its largest value", diff / scale);
+                assert!(
+                    diff / scale < 1e-5,
+                    "{what}: `{n}` differs by {:.2e} of its largest value",
+                    diff / scale
+                );
             }
         }
     }

@@ -30,7 +30,9 @@ fn build_optimizer(opt: Opt, groups: Vec<ParamGroupSpec>) -> Box<dyn Optimizer> 
         Opt::AdamW => {
             Box::new(AdamW::new(groups, AdamWConfig { lr: 0.01, weight_decay: 0.01, ..Default::default() }))
         }
-        Opt::Lars => Box::new(Lars::new(groups, LarsConfig { lr: 0.5, trust_coefficient: 0.02, ..Default::default() })),
+        Opt::Lars => {
+            Box::new(Lars::new(groups, LarsConfig { lr: 0.5, trust_coefficient: 0.02, ..Default::default() }))
+        }
     }
 }
 

@@ -293,7 +293,11 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
                     spec.nproc_per_node -= 1;
                 }
                 let what = match lost {
-                    true => format!("continuing with {} workers (--min-nproc {})", spec.nproc_per_node, spec.min_nproc.unwrap_or(0)),
+                    true => format!(
+                        "continuing with {} workers (--min-nproc {})",
+                        spec.nproc_per_node,
+                        spec.min_nproc.unwrap_or(0)
+                    ),
                     false => format!("starting all {} workers again", spec.nproc_per_node),
                 };
                 eprintln!(

@@ -85,7 +85,8 @@ fn with_min_nproc_a_lost_worker_stays_lost_and_the_run_goes_on_with_fewer() {
     let steps: Vec<u64> = losses(&d.join("shrunk")).into_iter().map(|(s, _)| s).collect();
     assert_eq!(steps, (1..=STEPS as u64).collect::<Vec<_>>(), "every step logged once");
     let manifest = d.join(format!("shrunk/checkpoints/step-{STEPS:06}/manifest.json"));
-    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
     assert_eq!(manifest["world_size"], 2, "the last checkpoint was written by the two workers left");
     assert!(final_weights(&d.join("shrunk")).is_file());
 }
@@ -94,8 +95,12 @@ fn with_min_nproc_a_lost_worker_stays_lost_and_the_run_goes_on_with_fewer() {
 fn min_nproc_is_refused_where_it_cannot_act() {
     let dir = tempfile::tempdir().unwrap();
     let run = |flags: &[&str]| {
-        let cmd: Vec<String> =
-            ["launch", "--nproc-per-node", "2"].iter().chain(flags).chain(&["--", "true"]).map(|s| s.to_string()).collect();
+        let cmd: Vec<String> = ["launch", "--nproc-per-node", "2"]
+            .iter()
+            .chain(flags)
+            .chain(&["--", "true"])
+            .map(|s| s.to_string())
+            .collect();
         let (status, out) = start(dir.path(), &cmd, &[]).finish();
         assert!(!status.success(), "{flags:?}: {out}");
         out

@@ -7,12 +7,13 @@
 
 #[path = "resume_support/mod.rs"]
 mod support;
-use support::*;
 use std::path::Path;
+use support::*;
 
 fn shm_launch(port: u16, nproc: usize, args: Vec<String>) -> Vec<String> {
     let n = nproc.to_string();
-    let head = ["launch", "--nproc-per-node", &n, "--backend", "shm", "--master-port", &port.to_string(), "--"];
+    let head =
+        ["launch", "--nproc-per-node", &n, "--backend", "shm", "--master-port", &port.to_string(), "--"];
     head.iter().map(|s| s.to_string()).chain(args).collect()
 }
 

@@ -88,11 +88,13 @@ const BACKENDS: [(&str, c_int); 4] = [("hardware", 3), ("gpu_hybrid", 2), ("hybr
 /// Huffman decoding runs on the CPU, which is what decoding on the GPU is to spare).
 fn backends_to_try() -> Result<Vec<(&'static str, c_int)>, String> {
     match std::env::var("OXTRAIN_NVJPEG_BACKEND") {
-        Ok(name) if !name.is_empty() => BACKENDS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|b| vec![*b])
-            .ok_or_else(|| format!("OXTRAIN_NVJPEG_BACKEND = {name:?} is not one of hardware, gpu_hybrid, hybrid, default")),
+        Ok(name) if !name.is_empty() => {
+            BACKENDS.iter().find(|(n, _)| *n == name).map(|b| vec![*b]).ok_or_else(|| {
+                format!(
+                    "OXTRAIN_NVJPEG_BACKEND = {name:?} is not one of hardware, gpu_hybrid, hybrid, default"
+                )
+            })
+        }
         _ => Ok(BACKENDS.iter().copied().filter(|(n, _)| *n != "hybrid").collect()),
     }
 }
@@ -115,7 +117,9 @@ fn open_library() -> Result<Library, String> {
 /// Says once per process which back end decodes (every worker makes its own decoder).
 fn announce(backend: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| eprintln!("oxtrain-datasets: decoding JPEGs on the GPU with nvJPEG's {backend} back end"));
+    SAID.call_once(|| {
+        eprintln!("oxtrain-datasets: decoding JPEGs on the GPU with nvJPEG's {backend} back end")
+    });
 }
 
 /// The function `name` of `lib`, as a pointer of type `T`.
@@ -223,7 +227,8 @@ impl NvJpegDecoder {
     /// one per image.
     fn destinations(&self, sizes: &[(usize, usize)]) -> Result<Vec<(Tensor, NvImage)>, String> {
         let total: usize = sizes.iter().map(|(w, h)| w * h * 3).sum();
-        let all = Tensor::zeros([total.max(1)], DType::U8, Device::Cuda(self.ordinal)).map_err(|e| e.to_string())?;
+        let all = Tensor::zeros([total.max(1)], DType::U8, Device::Cuda(self.ordinal))
+            .map_err(|e| e.to_string())?;
         let base = match &*all.storage() {
             Storage::Cuda(s) => s.ptr(),
             Storage::Cpu(_) => return Err("a device tensor on the CPU".into()),
@@ -232,7 +237,8 @@ impl NvJpegDecoder {
         let mut out = Vec::with_capacity(sizes.len());
         for &(w, h) in sizes {
             let view = all.narrow(0, at, w * h * 3).reshape([h, w, 3]);
-            let mut img = NvImage { channel: [std::ptr::null_mut(); MAX_COMPONENT], pitch: [0; MAX_COMPONENT] };
+            let mut img =
+                NvImage { channel: [std::ptr::null_mut(); MAX_COMPONENT], pitch: [0; MAX_COMPONENT] };
             img.channel[0] = (base + at as u64) as *mut c_uchar;
             img.pitch[0] = w * 3;
             out.push((view, img));

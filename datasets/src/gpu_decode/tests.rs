@@ -254,7 +254,10 @@ fn a_gpu_decoded_batch_is_the_cpu_loaders_within_the_decoders_rounding() {
     let mut batches = 0;
     for (a, b) in cpu.epoch(1).zip(gpu.epoch(1)) {
         let (mut a, mut b) = (a.unwrap(), b.unwrap());
-        assert_eq!((&a.indices, a.flips(), a.labels().to_vec::<i64>()), (&b.indices, b.flips(), b.labels().to_vec::<i64>()));
+        assert_eq!(
+            (&a.indices, a.flips(), a.labels().to_vec::<i64>()),
+            (&b.indices, b.flips(), b.labels().to_vec::<i64>())
+        );
         assert!(b.device_ready().is_some(), "the GPU path's batch is on the device");
         assert_eq!(a.images_shape(), b.images_shape());
         let (mean, _) = differences(&a.images().to_vec::<u8>(), &b.images().to_vec::<u8>());
@@ -264,7 +267,8 @@ fn a_gpu_decoded_batch_is_the_cpu_loaders_within_the_decoders_rounding() {
     }
     assert_eq!(batches, cpu.len());
     // The drawn folder mixes PNGs in: nvJPEG refuses those (once per epoch), the CPU decodes them.
-    let pngs = gpu.dataset().samples.iter().filter(|(p, _)| p.extension().is_some_and(|e| e == "png")).count();
+    let pngs =
+        gpu.dataset().samples.iter().filter(|(p, _)| p.extension().is_some_and(|e| e == "png")).count();
     assert!(pngs > 0);
     assert_eq!(gpu.dataset().gpu_fallbacks(), pngs, "every PNG and nothing else went to the CPU");
     std::fs::remove_dir_all(&d).unwrap();

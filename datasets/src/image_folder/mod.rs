@@ -4,8 +4,8 @@
 use crate::dataset::{Dataset, Sample};
 use crate::decode::{read_file, DecodeLimits};
 use crate::error::{Error, Result};
-use crate::rng::SampleRng;
 use crate::gpu_decode::{GpuDecoding, PlannedFile};
+use crate::rng::SampleRng;
 use crate::transforms::{ChannelLayout, ImageTransform, PixelOutput};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -131,7 +131,15 @@ impl ImageFolder {
         let root = root.as_ref().to_path_buf();
         let (classes, class_to_idx) = find_classes(&root)?;
         let samples = make_dataset(&root, &class_to_idx, &IMG_EXTENSIONS)?;
-        Ok(ImageFolder { root, classes, class_to_idx, samples, transform, limits: DecodeLimits::default(), gpu: None })
+        Ok(ImageFolder {
+            root,
+            classes,
+            class_to_idx,
+            samples,
+            transform,
+            limits: DecodeLimits::default(),
+            gpu: None,
+        })
     }
 
     /// One split of an ImageNet-layout folder: `root/<split>/<class>/...` (`split` is "train"

@@ -36,9 +36,15 @@ impl PinnedPool {
 
 pub(crate) enum Images {
     Cpu(Tensor),
-    Pinned { buf: Option<PinnedBuffer>, pool: Arc<PinnedPool> },
+    Pinned {
+        buf: Option<PinnedBuffer>,
+        pool: Arc<PinnedPool>,
+    },
     /// Decoded on the GPU by a worker, on its own stream: `ready` marks the end of that work.
-    Device { tensor: Tensor, ready: Event },
+    Device {
+        tensor: Tensor,
+        ready: Event,
+    },
 }
 
 /// One batch: `images` of shape `[n, ...sample shape]` and `labels` of shape `[n]` (i64).

@@ -38,7 +38,13 @@ fn with_decoder<T>(ordinal: usize, f: impl FnOnce(&mut NvJpegDecoder, &Stream) -
 }
 
 fn crop_region(r: SourceRegion) -> CropRegion {
-    CropRegion { left: r.left, top: r.top, width: r.width, height: r.height, clip_to_region: r.clip_to_region }
+    CropRegion {
+        left: r.left,
+        top: r.top,
+        width: r.width,
+        height: r.height,
+        clip_to_region: r.clip_to_region,
+    }
 }
 
 fn upload(img: &RgbImage, ordinal: usize) -> Result<Tensor> {
@@ -102,7 +108,12 @@ pub(crate) fn load_batch<D: Dataset>(
                     let ((label, flip), used) = replacement(shared, epoch, index, &mut bad, load)?;
                     eprintln!("oxtrain-datasets: sample {index} replaced by sample {used}: {e} ({n} bad files so far)");
                     let img = RgbImage { width: out_w as u32, height: out_h as u32, data: slot };
-                    sources.push((upload(&img, gpu.ordinal)?, CropRegion::whole(out_w, out_h)), label, used, flip);
+                    sources.push(
+                        (upload(&img, gpu.ordinal)?, CropRegion::whole(out_w, out_h)),
+                        label,
+                        used,
+                        flip,
+                    );
                 }
                 Err(e) => return Err(e),
             }

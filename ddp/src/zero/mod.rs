@@ -269,7 +269,11 @@ impl<O: Optimizer> ZeroOptimizer<O> {
         self.reducer.comm.all_reduce(&sums, ReduceOp::Sum)?.wait()?;
         let norms = sums.sqrt();
         let at = |i: usize| norms.narrow(0, i, 1).reshape(());
-        Ok(self.order.iter().map(|&k| (at(2 * self.pieces[k].param), at(2 * self.pieces[k].param + 1))).collect())
+        Ok(self
+            .order
+            .iter()
+            .map(|&k| (at(2 * self.pieces[k].param), at(2 * self.pieces[k].param + 1)))
+            .collect())
     }
 
     fn all_gather_parameters(&self) -> Result<()> {

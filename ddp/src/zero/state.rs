@@ -77,7 +77,10 @@ impl ShardState {
     }
 
     /// The part in an open safetensors file (`path` for messages).
-    pub fn from_safetensors(file: &oxtrain_tensor::safetensors::SafetensorsFile, path: &Path) -> Result<ShardState> {
+    pub fn from_safetensors(
+        file: &oxtrain_tensor::safetensors::SafetensorsFile,
+        path: &Path,
+    ) -> Result<ShardState> {
         let not_a_shard = || DdpError::NotAShard { path: path.to_path_buf() };
         let meta: serde_json::Value =
             serde_json::from_str(file.metadata().get(META_KEY).ok_or_else(not_a_shard)?)

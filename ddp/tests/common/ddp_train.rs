@@ -167,9 +167,16 @@ pub fn optimizer(opt: Opt, params: Vec<Var>) -> Box<dyn Optimizer> {
         }
         Opt::AdamW => {
             Box::new(AdamW::new(params, AdamWConfig { lr: 0.01, weight_decay: 0.01, ..Default::default() }))
-        }        Opt::Lars => Box::new(Lars::new(
+        }
+        Opt::Lars => Box::new(Lars::new(
             params,
-            LarsConfig { lr: 0.5, momentum: 0.9, weight_decay: 1e-4, trust_coefficient: 0.02, ..Default::default() },
+            LarsConfig {
+                lr: 0.5,
+                momentum: 0.9,
+                weight_decay: 1e-4,
+                trust_coefficient: 0.02,
+                ..Default::default()
+            },
         )),
     }
 }

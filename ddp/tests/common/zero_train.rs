@@ -42,9 +42,16 @@ fn build_optimizer(opt: Opt, groups: Vec<ParamGroupSpec>) -> Box<dyn Optimizer> 
         }
         Opt::AdamW => {
             Box::new(AdamW::new(groups, AdamWConfig { lr: 0.01, weight_decay: 0.01, ..Default::default() }))
-        }        Opt::Lars => Box::new(Lars::new(
+        }
+        Opt::Lars => Box::new(Lars::new(
             groups,
-            LarsConfig { lr: 0.5, momentum: 0.9, weight_decay: 1e-4, trust_coefficient: 0.02, ..Default::default() },
+            LarsConfig {
+                lr: 0.5,
+                momentum: 0.9,
+                weight_decay: 1e-4,
+                trust_coefficient: 0.02,
+                ..Default::default()
+            },
         )),
     }
 }

@@ -78,7 +78,10 @@ pub trait Optimizer {
     /// the whole parameter each of its parameters is a slice of, in [`Optimizer::params`]
     /// order, for the next step only. True when the optimizer uses them (LARS's trust ratio);
     /// element-wise optimizers need no norms and return false.
-    fn set_whole_parameter_norms(&mut self, _norms: Vec<(oxtrain_tensor::Tensor, oxtrain_tensor::Tensor)>) -> bool {
+    fn set_whole_parameter_norms(
+        &mut self,
+        _norms: Vec<(oxtrain_tensor::Tensor, oxtrain_tensor::Tensor)>,
+    ) -> bool {
         false
     }
 
@@ -132,7 +135,10 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     fn load_state_dict(&mut self, state: &OptimizerState) -> oxtrain_tensor::Result<()> {
         (**self).load_state_dict(state)
     }
-    fn set_whole_parameter_norms(&mut self, norms: Vec<(oxtrain_tensor::Tensor, oxtrain_tensor::Tensor)>) -> bool {
+    fn set_whole_parameter_norms(
+        &mut self,
+        norms: Vec<(oxtrain_tensor::Tensor, oxtrain_tensor::Tensor)>,
+    ) -> bool {
         (**self).set_whole_parameter_norms(norms)
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {

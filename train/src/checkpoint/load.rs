@@ -95,7 +95,8 @@ impl Checkpoint {
                 let st = oxtrain_tensor::safetensors::load(&file).map_err(|e| restore_err(e.to_string()))?;
                 if !ShardState::is_shard(st.metadata()) {
                     return Err(restore_err(
-                        "it was saved without ddp.shard_optimizer: resume with ddp.shard_optimizer = false".into(),
+                        "it was saved without ddp.shard_optimizer: resume with ddp.shard_optimizer = false"
+                            .into(),
                     ));
                 }
                 ShardState::from_safetensors(&st, &file).map_err(|e| restore_err(e.to_string()))

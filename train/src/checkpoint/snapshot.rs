@@ -7,11 +7,11 @@ use super::write::{Content, PartFile};
 use super::writer::Job;
 use crossbeam_channel::Sender;
 use oxtrain_datasets::SamplerState;
+use oxtrain_ddp::ShardState;
 use oxtrain_nn::amp::GradScaler;
 use oxtrain_nn::lr_scheduler::LrScheduler;
 use oxtrain_nn::optim::Optimizer;
 use oxtrain_nn::Module;
-use oxtrain_ddp::ShardState;
 use oxtrain_tensor::{default_generator_state, Generator, GeneratorState, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -135,7 +135,11 @@ impl Snapshot {
         Ok(self)
     }
 
-    fn optimizer_file(&mut self, tensors: &[(String, Tensor)], metadata: HashMap<String, String>) -> Result<()> {
+    fn optimizer_file(
+        &mut self,
+        tensors: &[(String, Tensor)],
+        metadata: HashMap<String, String>,
+    ) -> Result<()> {
         let reuse = self.staging.remove(OPTIMIZER_FILE);
         let image = safetensors_image(tensors, Some(&metadata), reuse, Path::new(OPTIMIZER_FILE))?;
         self.hand_over(PartFile { name: OPTIMIZER_FILE.into(), content: Content::Image(image) })

@@ -63,7 +63,10 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "data.decode",
             "gpu",
-            format!("only images are decoded, and data.kind = {:?}: leave data.decode at \"auto\"", enum_name(&d.kind)),
+            format!(
+                "only images are decoded, and data.kind = {:?}: leave data.decode at \"auto\"",
+                enum_name(&d.kind)
+            ),
         ));
     }
     if d.eval_resize != 0 && d.eval_resize < d.image_size {

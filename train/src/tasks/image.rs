@@ -152,7 +152,8 @@ impl ImageClassification {
         }
         let classes = class_list(config, &train_dir)?;
         let on_gpu = decode_device(config, &place)?;
-        let train_set = maybe_on_gpu(open_labelled(&train_dir, train_tf, "data.train", &classes)?, on_gpu, "data.train")?;
+        let train_set =
+            maybe_on_gpu(open_labelled(&train_dir, train_tf, "data.train", &classes)?, on_gpu, "data.train")?;
         let global_batch = d.batch_size * place.world_size;
         if train_set.len() < global_batch {
             return Err(TrainError::TooFewImages {
@@ -190,7 +191,8 @@ impl ImageClassification {
             };
         let val = match val_dir {
             Some(v) => {
-                let set = maybe_on_gpu(open_labelled(&v, eval_tf, "data.val", &classes)?, on_gpu, "data.val")?;
+                let set =
+                    maybe_on_gpu(open_labelled(&v, eval_tf, "data.val", &classes)?, on_gpu, "data.val")?;
                 Some(loader(set, false, false)?)
             }
             None => None,
@@ -333,7 +335,10 @@ impl Task for ImageClassification {
 
     fn gpu_decode_fallbacks(&self) -> Option<usize> {
         self.train.dataset().gpu.as_ref()?;
-        Some(self.train.dataset().gpu_fallbacks() + self.val.as_ref().map_or(0, |v| v.dataset().gpu_fallbacks()))
+        Some(
+            self.train.dataset().gpu_fallbacks()
+                + self.val.as_ref().map_or(0, |v| v.dataset().gpu_fallbacks()),
+        )
     }
 
     fn loss(&self, model: &ResNet, (images, labels): &(Tensor, Tensor)) -> Var {

@@ -130,6 +130,7 @@ pub(crate) fn restore_loader<D: oxtrain_datasets::Dataset>(
         true => loader.load_state_dict(state),
         false => loader.load_state_dict_resharded(state),
     };
-    restored.map_err(|e| TrainError::data("the checkpoint's data position does not fit this run's data", e))?;
+    restored
+        .map_err(|e| TrainError::data("the checkpoint's data position does not fit this run's data", e))?;
     Ok(loader.remaining_batches())
 }

@@ -64,7 +64,7 @@ pub(super) fn resize_crops(
     let n = sources.len();
     let device = inputs[0].device();
     let bytes: Vec<u8> = sources.iter().flat_map(|s| bytemuck_bytes(s).to_vec()).collect();
-    let table = crate::Tensor::from_vec(bytes, [n * std::mem::size_of::<super::resize::CropSource>()], crate::Device::Cpu)
+    let table = crate::Tensor::from_vec(bytes, [std::mem::size_of_val(sources)], crate::Device::Cpu)
         .expect("a CPU tensor")
         .to_device_non_blocking(device)
         .unwrap_or_else(|e| panic!("{op}: uploading the crop table: {e}"));

@@ -55,7 +55,12 @@ fn bounds(start: f64, extent: f64, size: usize, clip: bool) -> (i32, i32) {
 }
 
 impl CropSource {
-    pub(crate) fn new(pixels: u64, (w, h): (usize, usize), r: CropRegion, (ow, oh): (usize, usize)) -> CropSource {
+    pub(crate) fn new(
+        pixels: u64,
+        (w, h): (usize, usize),
+        r: CropRegion,
+        (ow, oh): (usize, usize),
+    ) -> CropSource {
         let (x0, bound_w) = bounds(r.left, r.width, w, r.clip_to_region);
         let (y0, bound_h) = bounds(r.top, r.height, h, r.clip_to_region);
         CropSource {
@@ -141,8 +146,12 @@ impl Tensor {
             assert_eq!(t.device(), device, "{op}: image {i} is on {}, image 0 on {device}", t.device());
             let (h, w) = (t.dims()[0], t.dims()[1]);
             assert!(
-                r.width > 0.0 && r.height > 0.0 && r.left >= 0.0 && r.top >= 0.0
-                    && r.left + r.width <= w as f64 + 1e-6 && r.top + r.height <= h as f64 + 1e-6,
+                r.width > 0.0
+                    && r.height > 0.0
+                    && r.left >= 0.0
+                    && r.top >= 0.0
+                    && r.left + r.width <= w as f64 + 1e-6
+                    && r.top + r.height <= h as f64 + 1e-6,
                 "{op}: region {r:?} is not inside image {i} of {w}x{h}"
             );
             let t = t.contiguous();

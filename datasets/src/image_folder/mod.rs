@@ -150,6 +150,9 @@ impl ImageFolder {
 
     pub fn with_limits(mut self, limits: DecodeLimits) -> Self {
         self.limits = limits;
+        if let Some(gpu) = &mut self.gpu {
+            gpu.limits = limits;
+        }
         self
     }
 
@@ -157,7 +160,7 @@ impl ImageFolder {
     /// loader's workers read the files and draw each crop, the GPU decodes, crops and resizes;
     /// files it refuses go to the CPU decoder and are counted ([`ImageFolder::gpu_fallbacks`]).
     /// The transform must leave the pixels to the device
-    /// ([`ImageTransform::for_device_normalize`]); set the limits first.
+    /// ([`ImageTransform::for_device_normalize`]).
     pub fn decode_on_gpu(mut self, ordinal: usize) -> Result<Self> {
         let t = &self.transform;
         if !(t.pixels == PixelOutput::U8 && t.layout == ChannelLayout::Hwc && t.flip_on_device) {

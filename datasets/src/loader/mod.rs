@@ -223,10 +223,10 @@ impl<D: Dataset> DataLoader<D> {
         self.lock_sampler().load_state_dict(state)
     }
 
-    /// Restores a position saved by any rank of a run on another world size
-    /// ([`DistributedSampler::load_resharded`]): the remaining global order is the same.
-    pub fn load_state_dict_resharded(&self, state: &SamplerState) -> Result<()> {
-        self.lock_sampler().load_resharded(state)
+    /// Restores a position saved on this world size or on another
+    /// ([`DistributedSampler::load_state_dict_any_world`]): the remaining global order is the same.
+    pub fn load_state_dict_any_world(&self, state: &SamplerState) -> Result<()> {
+        self.lock_sampler().load_state_dict_any_world(state)
     }
 
     /// Batches left in the sampler's current epoch (all of `len()` at its start; 0 once a

@@ -187,6 +187,15 @@ impl DistributedSampler {
         Ok(())
     }
 
+    /// Restores a position saved on this world size ([`DistributedSampler::load_state_dict`])
+    /// or on another one ([`DistributedSampler::load_resharded`]), as the state says.
+    pub fn load_state_dict_any_world(&mut self, state: &SamplerState) -> Result<()> {
+        match state.num_replicas == self.num_replicas {
+            true => self.load_state_dict(state),
+            false => self.load_resharded(state),
+        }
+    }
+
     /// Restores a position saved by any rank of a run on another world size (a resume after
     /// losing or adding workers). The epoch's order is one permutation whatever the world
     /// size, dealt round-robin: sample `p` of it goes to rank `p % world` at local position

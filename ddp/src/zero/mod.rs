@@ -135,7 +135,7 @@ pub struct ZeroOptimizer<O: Optimizer> {
     /// Per bucket: this rank's updated slices (the all-gather's input) and the whole bucket.
     own: Vec<Tensor>,
     gathered: Vec<Tensor>,
-    /// Whether the inner optimizer takes whole-parameter norms (LARS); found at the first step.
+    /// Whether the inner optimizer takes whole-parameter norms (LARS).
     needs_norms: bool,
 }
 
@@ -173,7 +173,9 @@ impl<O: Optimizer> ZeroOptimizer<O> {
                 Ok(ParamGroupSpec { params, ..spec })
             })
             .collect::<Result<Vec<_>>>()?;
-        let inner = build(specs);
+        let mut inner = build(specs);
+        // Whether it takes whole-parameter norms (LARS): asked once, with none to use yet.
+        let needs_norms = inner.set_whole_parameter_norms(Vec::new());
         let device = shards.overflow.device();
         let overflow_sentinel =
             Var::parameter(Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the overflow flag"))?);
@@ -198,7 +200,7 @@ impl<O: Optimizer> ZeroOptimizer<O> {
             overflow_sentinel,
             own,
             gathered,
-            needs_norms: true,
+            needs_norms,
         })
     }
 
@@ -238,9 +240,9 @@ impl<O: Optimizer> ZeroOptimizer<O> {
         self.attach_gradients();
         // LARS scales each parameter by its whole norm, which no slice has: every rank's
         // partial sums of squares, all-reduced. Element-wise optimizers take no norms.
-        let norms = self.whole_parameter_norms()?;
-        if !self.inner.set_whole_parameter_norms(norms) {
-            self.needs_norms = false;
+        if self.needs_norms {
+            let norms = self.whole_parameter_norms()?;
+            self.inner.set_whole_parameter_norms(norms);
         }
         self.inner.step();
         no_grad(|| self.all_gather_parameters())
@@ -248,11 +250,8 @@ impl<O: Optimizer> ZeroOptimizer<O> {
 
     /// Per inner parameter, the L2 norms (weight, gradient) of the whole parameter it is a
     /// slice of: each rank's sums of squares over its slices, all-reduced (in f32, f64 for f64
-    /// parameters). Collective; nothing once the inner optimizer said it takes no norms.
+    /// parameters). Collective.
     fn whole_parameter_norms(&self) -> Result<Vec<(Tensor, Tensor)>> {
-        if !self.needs_norms {
-            return Ok(Vec::new());
-        }
         let params = &self.reducer.params;
         let dtype = if params.iter().any(|p| p.dtype() == DType::F64) { DType::F64 } else { DType::F32 };
         let device = self.shards().overflow.device();

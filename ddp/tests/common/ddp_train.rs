@@ -4,7 +4,7 @@
 use oxtrain_autograd::Var;
 use oxtrain_comm::Communicator;
 use oxtrain_ddp::{Ddp, DdpConfig};
-use oxtrain_nn::optim::{AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, Sgd, SgdConfig};
+use oxtrain_nn::optim::{AdamW, AdamWConfig, IntoParamGroups, Lars, LarsConfig, Optimizer, Sgd, SgdConfig};
 use oxtrain_nn::{
     AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Embedding, Flatten, Forward, LayerNorm, Linear,
     Module, MultiheadAttentionConfig, MultiheadSelfAttention, Parameter, ReLU, Sequential, Visitor,
@@ -160,7 +160,8 @@ pub fn logits_loss(model: Model, logits: &Var, y: &Tensor) -> Var {
     }
 }
 
-pub fn optimizer(opt: Opt, params: Vec<Var>) -> Box<dyn Optimizer> {
+/// The test optimizer of `opt` over parameters or groups (plain, or inside a ZeRO wrapper).
+pub fn optimizer(opt: Opt, params: impl IntoParamGroups) -> Box<dyn Optimizer> {
     match opt {
         Opt::SgdMomentum => {
             Box::new(Sgd::new(params, SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() }))

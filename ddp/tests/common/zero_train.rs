@@ -5,9 +5,7 @@ use super::ddp_train::{self as t, Model, Opt, Tiny};
 use oxtrain_comm::Communicator;
 use oxtrain_ddp::{Ddp, DdpConfig, ZeroOptimizer};
 use oxtrain_nn::amp::{GradScaler, GradScalerConfig};
-use oxtrain_nn::optim::{
-    clip_grad_norm_, AdamW, AdamWConfig, Lars, LarsConfig, Optimizer, ParamGroupSpec, Sgd, SgdConfig,
-};
+use oxtrain_nn::optim::{clip_grad_norm_, Optimizer, ParamGroupSpec};
 use oxtrain_nn::Module;
 use oxtrain_tensor::DType;
 use std::sync::Arc;
@@ -33,27 +31,6 @@ pub struct Run {
     pub losses: Vec<f32>,
     /// The grad scaler's scale after the last step (1 without a scaler).
     pub scale: f64,
-}
-
-fn build_optimizer(opt: Opt, groups: Vec<ParamGroupSpec>) -> Box<dyn Optimizer> {
-    match opt {
-        Opt::SgdMomentum => {
-            Box::new(Sgd::new(groups, SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() }))
-        }
-        Opt::AdamW => {
-            Box::new(AdamW::new(groups, AdamWConfig { lr: 0.01, weight_decay: 0.01, ..Default::default() }))
-        }
-        Opt::Lars => Box::new(Lars::new(
-            groups,
-            LarsConfig {
-                lr: 0.5,
-                momentum: 0.9,
-                weight_decay: 1e-4,
-                trust_coefficient: 0.02,
-                ..Default::default()
-            },
-        )),
-    }
 }
 
 /// Bytes of an optimizer's state tensors, the per-parameter step counters left out.
@@ -87,9 +64,9 @@ pub fn train_rank(
     let mut zero = None;
     let mut plain = None;
     if sharded {
-        zero = Some(ZeroOptimizer::new(&ddp, groups, |g| build_optimizer(opt, g)).unwrap());
+        zero = Some(ZeroOptimizer::new(&ddp, groups, |g| t::optimizer(opt, g)).unwrap());
     } else {
-        plain = Some(build_optimizer(opt, groups));
+        plain = Some(t::optimizer(opt, groups));
     }
     let mut scaler = GradScaler::new(GradScalerConfig {
         init_scale: extras.scale.unwrap_or(1.0),

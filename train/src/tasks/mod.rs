@@ -126,11 +126,8 @@ pub(crate) fn restore_loader<D: oxtrain_datasets::Dataset>(
     state: &SamplerState,
 ) -> TaskResult<usize> {
     // Saved on another number of ranks: the same global order, dealt to this world.
-    let restored = match state.num_replicas == loader.state_dict().num_replicas {
-        true => loader.load_state_dict(state),
-        false => loader.load_state_dict_resharded(state),
-    };
-    restored
+    loader
+        .load_state_dict_any_world(state)
         .map_err(|e| TrainError::data("the checkpoint's data position does not fit this run's data", e))?;
     Ok(loader.remaining_batches())
 }

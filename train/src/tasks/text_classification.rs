@@ -236,11 +236,7 @@ impl Task for TextClassification {
 
     fn restore_data_state(&self, state: &oxtrain_datasets::SamplerState) -> TaskResult<usize> {
         let mut s = self.sampler.lock().unwrap_or_else(|e| e.into_inner());
-        let restored = match state.num_replicas == s.state_dict().num_replicas {
-            true => s.load_state_dict(state),
-            false => s.load_resharded(state),
-        };
-        restored.map_err(|e| {
+        s.load_state_dict_any_world(state).map_err(|e| {
             TrainError::data("the checkpoint's data position does not fit this run's data", e)
         })?;
         Ok(s.num_samples().saturating_sub(s.position()) / self.config.data.batch_size)

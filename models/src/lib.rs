@@ -5,6 +5,7 @@
 pub mod bert;
 mod error;
 pub mod gpt2;
+mod linear_cross_entropy;
 mod list;
 pub mod loading;
 pub mod loss;
@@ -15,5 +16,6 @@ pub mod tokenizer;
 pub use bert::{BertConfig, BertForSequenceClassification, BertModel};
 pub use error::{ModelError, Result};
 pub use gpt2::{Gpt2Config, Gpt2LMHeadModel, Gpt2Model};
+pub use linear_cross_entropy::{linear_cross_entropy, LinearCrossEntropyOptions};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use tokenizer::{Encoded, Padding, Tokenizer};

@@ -47,6 +47,22 @@ fn sharded_checkpoint_matches_transformers() {
     );
 }
 
+/// The chunked loss (`set_chunked_loss`: the head and the cross-entropy in chunks of tokens,
+/// logits recomputed in backward) gives HF's loss and gradients too.
+#[test]
+fn chunked_loss_matches_transformers() {
+    let fx = Fixtures::parse(FIXTURES, "gpt2.json");
+    let mut model = Gpt2LMHeadModel::from_pretrained(dir(), None, Device::Cpu).unwrap();
+    model.eval();
+    model.set_chunked_loss(true);
+    let ids = fx.tensor("gpt2", "ids", Device::Cpu);
+    let loss = model.forward_loss(&ids, &fx.tensor("gpt2", "labels", Device::Cpu), None);
+    assert_scalar(loss.tensor().item(), fx.scalar("gpt2", "loss"), 1e-4, "loss");
+    loss.backward();
+    let names = ["transformer.h.0.attn.c_attn.weight", "transformer.wte.weight", "transformer.ln_f.weight"];
+    check_grads(&model, &fx, "gpt2", &names, 4, 1e-4);
+}
+
 #[test]
 fn lm_head_is_tied_to_wte() {
     let model = Gpt2LMHeadModel::new(&Gpt2Config::from_file(dir().join("config.json")).unwrap(), Device::Cpu)

@@ -136,7 +136,8 @@ fn gpt2_toy(dir: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
 }
 
 /// Activation checkpointing changes no number of a run (dropout on): the same losses,
-/// logged with all their digits, step for step.
+/// logged with all their digits, step for step; with the chunked loss too, whose losses are
+/// the plain head's to f32 rounding.
 #[test]
 fn gpt2_text_with_activation_checkpointing_logs_the_same_losses() {
     let losses = |extra: &[&str]| -> Vec<String> {
@@ -148,6 +149,14 @@ fn gpt2_text_with_activation_checkpointing_logs_the_same_losses() {
     let checkpointed = losses(&["model.dropout=0.1", "train.activation_checkpointing=blocks"]);
     assert_eq!(plain.len(), 15);
     assert_eq!(checkpointed, plain);
+    let chunked = losses(&["model.dropout=0.1", "train.chunked_loss=true"]);
+    let both =
+        losses(&["model.dropout=0.1", "train.chunked_loss=true", "train.activation_checkpointing=blocks"]);
+    assert_eq!(both, chunked);
+    for (step, (c, p)) in chunked.iter().zip(&plain).enumerate() {
+        let (c, p): (f64, f64) = (c.parse().unwrap(), p.parse().unwrap());
+        assert!((c - p).abs() <= 1e-4 * p.abs(), "step {step}: chunked loss {c}, plain {p}");
+    }
 }
 
 #[test]

@@ -7,8 +7,8 @@
 //! gradient of the logits keeps their row stride (the cross-entropy writes it so, with zeros in
 //! the pad columns), so nothing is copied to pad it.
 
+use crate::linear_cross_entropy::{padded_rows, padded_weight};
 use oxtrain_autograd::Var;
-use oxtrain_tensor::Tensor;
 
 /// `hidden [.., E] @ w^T` for `w [V, E]`, through `w` padded to `V.next_multiple_of(multiple)`
 /// rows: the plain product's values and gradients.
@@ -24,9 +24,7 @@ pub(super) fn padded_head_logits(hidden: &Var, w: &Var, multiple: usize) -> Var 
     }
     let rows = hidden.elem_count() / embd.max(1);
     let h2 = hidden.tensor().reshape([rows, embd]);
-    let wp =
-        Tensor::zeros([padded, embd], w.dtype(), w.device()).expect("the padded head's weight on its device");
-    wp.narrow(0, 0, vocab).copy_(w.tensor());
+    let wp = padded_weight(w.tensor(), padded);
     let mut dims = hidden.dims().to_vec();
     *dims.last_mut().expect("checked to have an embedding dim") = vocab;
     let hidden_dims = hidden.dims().to_vec();
@@ -38,22 +36,4 @@ pub(super) fn padded_head_logits(hidden: &Var, w: &Var, multiple: usize) -> Var 
         let dw = needs[1].then(|| g.t().matmul(&h2).narrow(0, 0, vocab));
         vec![dh, dw]
     })
-}
-
-/// The logits' gradient `g` (`[.., vocab]`) as `[rows, padded]` with zeros in the pad columns:
-/// a view of its own buffer when its rows already lie `padded` apart (the cross-entropy's
-/// gradient of a padded head), else a zero-padded copy.
-fn padded_rows(g: &Tensor, rows: usize, vocab: usize, padded: usize) -> Tensor {
-    let g2 = g.reshape([rows, vocab]);
-    let offset = g2.layout().offset();
-    let fits = g2.strides() == [padded, 1] && offset + rows * padded <= g2.storage().len();
-    if fits {
-        let full = g2.as_strided(&[rows, padded], &[padded, 1], offset);
-        full.narrow(1, vocab, padded - vocab).zero_();
-        return full;
-    }
-    let full =
-        Tensor::zeros([rows, padded], g.dtype(), g.device()).expect("the padded gradient on its device");
-    full.narrow(1, 0, vocab).copy_(&g2);
-    full
 }

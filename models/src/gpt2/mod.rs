@@ -9,6 +9,7 @@ mod layers;
 pub use config::Gpt2Config;
 pub use layers::{Activation, Conv1D, Gpt2Attention, Gpt2Block, Gpt2Mlp};
 
+use crate::linear_cross_entropy::{linear_cross_entropy, LinearCrossEntropyOptions};
 use crate::list::List;
 use crate::loading::{given_or_read, load_pretrained, read_checkpoint, NameRules};
 use crate::Result;
@@ -186,6 +187,9 @@ impl Module for LmHead {
 pub struct Gpt2LMHeadModel {
     pub transformer: Gpt2Model,
     pub lm_head: LmHead,
+    /// [`Gpt2LMHeadModel::forward_loss`] through [`linear_cross_entropy`] in chunks: see
+    /// [`Gpt2LMHeadModel::set_chunked_loss`].
+    chunked_loss: bool,
 }
 
 impl Gpt2LMHeadModel {
@@ -198,7 +202,20 @@ impl Gpt2LMHeadModel {
             init::normal_(&w, 0.0, config.initializer_range, None);
             Parameter::new(w)
         };
-        Ok(Gpt2LMHeadModel { transformer, lm_head: LmHead { weight } })
+        Ok(Gpt2LMHeadModel { transformer, lm_head: LmHead { weight }, chunked_loss: false })
+    }
+
+    /// Whether [`forward_loss`](Self::forward_loss) computes the head and the loss together in
+    /// chunks of tokens ([`linear_cross_entropy`]): the `[batch, seq, vocab]` logits are never
+    /// held whole, for one more product of the head in backward. Off by default. The loss and
+    /// gradients equal the unchunked ones to f32 rounding; with activation checkpointing they
+    /// are the same bit for bit as without it, chunked both times.
+    pub fn set_chunked_loss(&mut self, on: bool) {
+        self.chunked_loss = on;
+    }
+
+    pub fn chunked_loss(&self) -> bool {
+        self.chunked_loss
     }
 
     /// The model of a checkpoint, as `GPT2LMHeadModel.from_pretrained(path)`: `path_or_dir`
@@ -247,6 +264,24 @@ impl Gpt2LMHeadModel {
         lm_head_logits(&hidden, &w, HeadLayout::for_device(w.device()))
     }
 
+    /// `model(input_ids, labels=labels).loss` in Hugging Face: [`Self::loss`] of
+    /// [`Self::forward`], or with [`set_chunked_loss`](Self::set_chunked_loss) the same loss
+    /// through [`linear_cross_entropy`], without the whole logits.
+    pub fn forward_loss(&self, input_ids: &Tensor, labels: &Tensor, attention_mask: Option<&Tensor>) -> Var {
+        if !self.chunked_loss() {
+            return Self::loss(&self.forward(input_ids, attention_mask), labels);
+        }
+        let hidden = self.transformer.forward_hidden(input_ids, attention_mask);
+        let (b, t, e) = (hidden.dims()[0], hidden.dims()[1], hidden.dims()[2]);
+        let w = self.lm_head.weight.var();
+        let pad_classes_to = match HeadLayout::for_device(w.device()) {
+            HeadLayout::Plain => 1,
+            HeadLayout::PaddedWeight(multiple) => multiple,
+        };
+        let opts = LinearCrossEntropyOptions { pad_classes_to, ..Default::default() };
+        linear_cross_entropy(&hidden.reshape([b * t, e]), &w, &shifted_targets(labels, b, t), &opts)
+    }
+
     /// Hugging Face's causal-LM loss: position `t` predicts `labels[t + 1]`; labels equal to
     /// -100 are left out. `logits [B, T, V]`, `labels [B, T]`.
     pub fn loss(logits: &Var, labels: &Tensor) -> Var {
@@ -256,16 +291,20 @@ impl Gpt2LMHeadModel {
             [b, t],
             "GPT-2 loss: labels must be [batch, seq] like the logits' first dims"
         );
-        // The labels move, not the logits: position t's target is labels[t + 1], and the last
-        // position's is ignore_index. Slicing the logits instead copied the whole [B, T - 1, V]
-        // block forward and scattered its gradient back into [B, T, V]; here the logits stay a
-        // view and the last positions get zero gradient from the loss's own masking.
-        let pad = Tensor::full([b, 1], crate::loss::IGNORE_INDEX as f64, DType::I64, labels.device())
-            .expect("a [batch, 1] tensor on the labels' device");
-        let targets =
-            Tensor::cat(&[labels.to_dtype(DType::I64).narrow(1, 1, t - 1), pad], 1).reshape([b * t]);
-        crate::loss::cross_entropy(&logits.reshape([b * t, v]), &targets)
+        crate::loss::cross_entropy(&logits.reshape([b * t, v]), &shifted_targets(labels, b, t))
     }
+}
+
+/// The causal-LM targets `[B * T]` of `labels [B, T]`: position `t`'s is `labels[t + 1]`, the
+/// last position's is ignore_index. The labels move, not the logits: slicing the logits
+/// instead copied the whole `[B, T - 1, V]` block forward and scattered its gradient back into
+/// `[B, T, V]`; this way the logits stay a view and the last positions get zero gradient from
+/// the loss's own masking.
+fn shifted_targets(labels: &Tensor, b: usize, t: usize) -> Tensor {
+    assert_eq!(labels.dims(), [b, t], "GPT-2 loss: labels must be [batch, seq] like the input ids");
+    let pad = Tensor::full([b, 1], crate::loss::IGNORE_INDEX as f64, DType::I64, labels.device())
+        .expect("a [batch, 1] tensor on the labels' device");
+    Tensor::cat(&[labels.to_dtype(DType::I64).narrow(1, 1, t - 1), pad], 1).reshape([b * t])
 }
 
 /// How the head's product is computed. With GPT-2's vocabulary of 50257 the product's N is odd,

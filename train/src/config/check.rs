@@ -123,6 +123,16 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     check_lora(c)?;
+    if c.train.chunked_loss && c.model.name != ModelName::Gpt2 {
+        return Err(ConfigError::invalid(
+            "train.chunked_loss",
+            true,
+            format!(
+                "the chunked loss is GPT-2's LM head and loss, and model.name = \"{}\": set it to false",
+                model_name(c.model.name)
+            ),
+        ));
+    }
     if c.model.dropout >= 1.0 || c.model.dropout.is_nan() {
         return Err(ConfigError::invalid(
             "model.dropout",

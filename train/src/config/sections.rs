@@ -348,6 +348,10 @@ pub struct TrainConfig {
     /// "blocks": each transformer block (GPT-2, BERT) or ResNet stage keeps only its input
     /// and recomputes its activations in backward (less memory, about one more forward).
     pub activation_checkpointing: ActivationCheckpointing,
+    /// GPT-2: the LM head and the cross-entropy computed together in chunks of tokens, the
+    /// logits made again in backward (Liger's fused linear cross-entropy, torchtune's chunked
+    /// output loss): the `[batch, seq, vocab]` logits and their gradient are never held whole.
+    pub chunked_loss: bool,
 }
 
 impl Default for TrainConfig {
@@ -365,6 +369,7 @@ impl Default for TrainConfig {
             on_nonfinite: NonFinite::Stop,
             max_skipped: 10,
             activation_checkpointing: ActivationCheckpointing::None,
+            chunked_loss: false,
         }
     }
 }

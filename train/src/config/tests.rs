@@ -82,6 +82,16 @@ fn data_decode_takes_auto_cpu_or_gpu_and_gpu_only_for_images() {
 }
 
 #[test]
+fn chunked_loss_is_for_gpt2_only() {
+    let m = err("", &["train.chunked_loss=true"]);
+    assert_eq!(
+        m,
+        "`train.chunked_loss` = true is not allowed: the chunked loss is GPT-2's LM head and loss, and \
+         model.name = \"resnet18\": set it to false"
+    );
+}
+
+#[test]
 fn impossible_values_say_what_is_allowed() {
     let m = err("", &["data.batch_size=0"]);
     assert_eq!(m, "`data.batch_size` = 0 is not allowed: a batch needs at least one sample: use 1 or more");

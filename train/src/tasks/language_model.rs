@@ -209,6 +209,7 @@ impl Task for LanguageModel {
         check_shard_ids(&[("data.train", Some(self.train.dataset())), ("data.val", val)], vocab)?;
         let mut model = build_gpt2(&self.config, self.vocab_size, self.place.device)?;
         model.transformer.set_activation_checkpointing(self.config.train.activation_checkpointing.is_on());
+        model.set_chunked_loss(self.config.train.chunked_loss);
         tune(model, &self.config, GPT2_LORA)
     }
 
@@ -236,7 +237,7 @@ impl Task for LanguageModel {
     }
 
     fn loss(&self, model: &Tuned<Gpt2LMHeadModel>, (x, y): &(Tensor, Tensor)) -> Var {
-        Gpt2LMHeadModel::loss(&model.forward(x, None), y)
+        model.forward_loss(x, y, None)
     }
 
     fn evaluate(&self, strategy: &Strategy<Tuned<Gpt2LMHeadModel>>) -> TaskResult<Option<Evaluation>> {

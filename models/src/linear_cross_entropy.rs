@@ -4,10 +4,14 @@
 //! A language model's logits `[tokens, vocab]` are the largest activation of a small or
 //! long-sequence model: GPT-2's vocabulary of 50257 makes them 200 MB in f32 for 1024 tokens,
 //! and the plain head keeps them for backward and then makes their gradient, as large again.
-//! Here no more than one chunk of logits exists at a time: forward keeps, per row, only the
-//! log-sum-exp; backward computes each chunk's logits again, turns them into their gradient,
-//! and multiplies it into the hidden states' and the weight's gradients before the next chunk.
-//! The price is the head's forward product once more (about a third of the head's time).
+//! Here no more than one chunk of logits exists at a time. Forward runs over chunks of rows and
+//! keeps, per row, only the log-sum-exp. Backward runs over blocks of classes: with the
+//! log-sum-exp known, a block's softmax needs only that block's logits, made again, so each
+//! block of the weight's gradient is one product written once (no `[classes, features]`
+//! partial sums), and the hidden states' gradient adds up block by block. The target's `-1`
+//! (and label smoothing's `-s / C`) in `softmax - q` are added afterwards as two small
+//! gathers and scatters of rows. The price is the head's forward product once more (about a
+//! third of the head's time).
 //!
 //! The chunks run in a fixed order and each is the same computation in forward and backward,
 //! so the result does not depend on anything but the inputs and the chunk size: a run with
@@ -29,9 +33,10 @@ pub struct LinearCrossEntropyOptions {
     /// `Mean` (over targets not ignored) or `Sum`; `None` is not offered (the per-row losses
     /// of every chunk would be one more tensor kept for backward).
     pub reduction: Reduction,
-    /// Rows of logits made at a time; 0: as many as the hidden states have features, so a
-    /// chunk of logits is about as large as the weight and its gradient.
-    pub chunk_rows: usize,
+    /// Logits made at a time, in elements (rows of all classes in forward, blocks of classes
+    /// for all rows in backward); 0: [`DEFAULT_CHUNK_ELEMENTS`], or a 32nd of the logits when
+    /// that is more.
+    pub chunk_elements: usize,
     /// Runs the products over the weight padded with zero rows to a multiple of this many
     /// classes (1: unpadded); see `gpt2::head` for why CUDA wants 128 with GPT-2's vocabulary.
     pub pad_classes_to: usize,
@@ -43,11 +48,14 @@ impl Default for LinearCrossEntropyOptions {
             ignore_index: IGNORE_INDEX,
             label_smoothing: 0.0,
             reduction: Reduction::Mean,
-            chunk_rows: 0,
+            chunk_elements: 0,
             pad_classes_to: 1,
         }
     }
 }
+
+/// The smallest default chunk: 16 MiB of f32 logits.
+pub const DEFAULT_CHUNK_ELEMENTS: usize = 1 << 22;
 
 /// `F.cross_entropy(hidden @ weight.T, target)` for `hidden [N, E]`, `weight [C, E]` and int64
 /// `target [N]`, without ever holding the `[N, C]` logits whole (see the [module
@@ -107,6 +115,7 @@ struct Head {
     w: Tensor,
     classes: usize,
     target: Tensor,
+    /// Logits per chunk, in elements.
     chunk: usize,
     ignore_index: i64,
     label_smoothing: f64,
@@ -137,10 +146,14 @@ impl Head {
             "{op}: label_smoothing must be in [0, 1], got {}",
             opts.label_smoothing
         );
-        let (classes, features) = (w.dims()[0], w.dims()[1]);
+        let classes = w.dims()[0];
         let padded = classes.next_multiple_of(opts.pad_classes_to.max(1));
         let w = if padded == classes { w.clone() } else { padded_weight(w, padded) };
-        let chunk = if opts.chunk_rows == 0 { features.max(1) } else { opts.chunk_rows };
+        let rows = h.dims()[0];
+        let chunk = match opts.chunk_elements {
+            0 => DEFAULT_CHUNK_ELEMENTS.max((rows * classes).div_ceil(32)),
+            n => n,
+        };
         Head {
             h: h.clone(),
             w,
@@ -156,10 +169,20 @@ impl Head {
         self.h.dims()[0]
     }
 
-    /// `(start, len)` of every chunk, in order.
+    /// `(start, len)` of every chunk of rows of forward, in order.
     fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         let rows = self.rows();
-        (0..rows).step_by(self.chunk).map(move |s| (s, self.chunk.min(rows - s)))
+        let step = (self.chunk / self.classes).max(1);
+        (0..rows).step_by(step).map(move |s| (s, step.min(rows - s)))
+    }
+
+    /// `(start, len)` of every block of classes of backward, in order: over the padded classes,
+    /// in multiples of 128 where a block has that many (whole tiles of the products).
+    fn class_blocks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let padded = self.w.dims()[0];
+        let step = self.chunk / self.rows();
+        let step = if step >= 128 { step / 128 * 128 } else { step }.clamp(1, padded);
+        (0..padded).step_by(step).map(move |s| (s, step.min(padded - s)))
     }
 
     /// The logits of rows `start..start + len`: `[len, C]`, a view of `[len, padded C]` when
@@ -177,42 +200,73 @@ impl Head {
         self.target.narrow(0, start, len)
     }
 
-    /// The gradients of `hidden` and of the weight (where `needs` them), chunk by chunk:
-    /// `row_weights [N]` is the loss's gradient per row (the mean's `1 / count` folded in).
+    /// The gradients of `hidden` and of the weight (where `needs` them): `lse [N]` from
+    /// forward, `row_weights [N]` the loss's gradient per row (the mean's `1 / count` folded
+    /// in). `dlogits = w_i * (softmax - (1 - s) * onehot(t_i) - s / C)`: all but the label
+    /// smoothing block by block of classes, label smoothing's two terms from rows of the
+    /// weight and of `hidden`.
     fn backward(&self, lse: &Tensor, row_weights: &Tensor, needs: (bool, bool)) -> Vec<Option<Tensor>> {
-        let zeros = |dims: &[usize], like: &Tensor| {
-            Tensor::zeros(dims, like.dtype(), like.device())
-                .expect("a gradient buffer on the operands' device")
-        };
-        let dh = needs.0.then(|| zeros(self.h.dims(), &self.h));
-        let mut dw: Option<Tensor> = None;
-        let padded = self.w.dims()[0];
-        for (start, len) in self.chunks() {
-            // The chunk's logits live only until their gradient is made.
-            let g = self.logits(start, len).cross_entropy_rows_backward(
-                &self.targets(start, len),
-                &lse.narrow(0, start, len),
-                &row_weights.narrow(0, start, len),
-                self.ignore_index,
-                self.label_smoothing,
+        let (classes, features) = (self.classes, self.h.dims()[1]);
+        let compute = lse.dtype();
+        let mut dh: Option<Tensor> = None;
+        let dw = needs.1.then(|| {
+            Tensor::zeros([classes, features], compute, self.w.device())
+                .expect("the weight's gradient buffer")
+        });
+        for (start, len) in self.class_blocks() {
+            let w_block = self.w.narrow(0, start, len);
+            let shift = -(start as f64);
+            // The pad classes' columns of `g` are not zero, but they meet only the weight's zero
+            // pad rows (for `hidden`) and the rows of the weight's gradient that are dropped.
+            let g = self.h.matmul(&w_block.t()).cross_entropy_block_backward(
+                &self.target.add_scalar(shift),
+                lse,
+                row_weights,
+                self.ignore_index - start as i64,
             );
-            let g = if padded == self.classes { g } else { padded_rows(&g, len, self.classes, padded) };
-            if let Some(dh) = &dh {
-                dh.narrow(0, start, len).copy_(&g.matmul(&self.w));
-            }
-            if needs.1 {
-                let part = g.t().matmul(&self.h.narrow(0, start, len));
-                match &dw {
+            if needs.0 {
+                let part = g.matmul(&w_block).to_dtype(compute);
+                match &dh {
                     Some(acc) => {
                         acc.add_(&part);
                     }
-                    None => dw = Some(part),
+                    None => dh = Some(part),
                 }
             }
+            let real = classes.saturating_sub(start).min(len);
+            if let (Some(dw), true) = (&dw, real > 0) {
+                // Each block writes its own rows of the weight's gradient, once.
+                dw.narrow(0, start, real).copy_(&g.t().matmul(&self.h).narrow(0, 0, real));
+            }
         }
-        let dw = dw.map(|d| if padded == self.classes { d } else { d.narrow(0, 0, self.classes) });
-        let dw = dw.or_else(|| needs.1.then(|| zeros(&[self.classes, self.w.dims()[1]], &self.w)));
-        vec![dh, dw]
+        if self.label_smoothing > 0.0 {
+            self.add_smoothing_terms(row_weights, (dh.as_ref(), dw.as_ref()));
+        }
+        vec![dh.map(|d| d.to_dtype(self.h.dtype())), dw.map(|d| d.to_dtype(self.w.dtype()))]
+    }
+
+    /// Label smoothing's part of the gradients beyond what the blocks gave (the blocks' target
+    /// term is the whole one-hot): `+s w_i onehot(t_i) - (s / C) w_i` for every row's logits,
+    /// through the weight into `dh` and through `hidden` into `dw`.
+    fn add_smoothing_terms(&self, row_weights: &Tensor, (dh, dw): (Option<&Tensor>, Option<&Tensor>)) {
+        let (rows, classes, s) = (self.rows(), self.classes, self.label_smoothing);
+        let compute = row_weights.dtype();
+        let valid = self.target.cmp_scalar(self.ignore_index as f64, CmpOp::Ne).to_dtype(compute);
+        let w = row_weights.mul(&valid).reshape([rows, 1]);
+        let (target_part, spread) = (w.mul_scalar(s), w.mul_scalar(-s / classes as f64));
+        let ids = self.target.clamp(0.0, (classes - 1) as f64); // ignored rows have w = 0
+        if let Some(dh) = dh {
+            // s w_i W[t_i] - (s / C) w_i sum_c W[c]
+            let weight = self.w.narrow(0, 0, classes).to_dtype(compute);
+            dh.add_(&ids.embedding(&weight).mul(&target_part));
+            dh.add_(&spread.mul(&weight.sum(0, true)));
+        }
+        if let Some(dw) = dw {
+            // s sum_{i: t_i = c} w_i h_i - (s / C) sum_i w_i h_i
+            let h = self.h.to_dtype(compute);
+            dw.add_(&h.mul(&target_part).embedding_backward(&ids, classes));
+            dw.add_(&h.mul(&spread).sum(0, true));
+        }
     }
 }
 

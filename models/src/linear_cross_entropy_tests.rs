@@ -48,8 +48,8 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
     a.to_f64_vec().iter().zip(b.to_f64_vec()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
 
-/// Every chunk size (one row, one that does not divide the rows, all rows, more than all,
-/// automatic), both reductions and label smoothing, in f64: the unfused values.
+/// Every chunk size (one row and one class; 4 classes a block; 4 rows a chunk; all rows; more
+/// than all; automatic), both reductions and label smoothing, in f64: the unfused values.
 #[test]
 fn chunked_equals_the_plain_head_and_loss() {
     let (h, w, t) = operands(DType::F64);
@@ -57,13 +57,13 @@ fn chunked_equals_the_plain_head_and_loss() {
         for label_smoothing in [0.0, 0.1] {
             let base = LinearCrossEntropyOptions { reduction, label_smoothing, ..Default::default() };
             let plain = run(&h, &w, &t, &base, false);
-            for chunk_rows in [1, 4, ROWS, 3 * ROWS, 0] {
-                let fused = run(&h, &w, &t, &LinearCrossEntropyOptions { chunk_rows, ..base }, true);
+            for chunk_elements in [1, 4 * ROWS, 4 * CLASSES, ROWS * CLASSES, 3 * ROWS * CLASSES, 0] {
+                let fused = run(&h, &w, &t, &LinearCrossEntropyOptions { chunk_elements, ..base }, true);
                 for (what, (a, b)) in ["loss", "d hidden", "d weight"].iter().zip(plain.iter().zip(&fused)) {
                     let d = max_diff(a, b);
                     assert!(
                         d < 1e-12,
-                        "{what}: {reduction:?}, smoothing {label_smoothing}, chunks of {chunk_rows}: off by {d}"
+                        "{what}: {reduction:?}, smoothing {label_smoothing}, chunks of {chunk_elements}: off by {d}"
                     );
                 }
             }
@@ -75,7 +75,11 @@ fn chunked_equals_the_plain_head_and_loss() {
 #[test]
 fn gradients_match_finite_differences() {
     let (h, w, t) = operands(DType::F64);
-    let opts = LinearCrossEntropyOptions { chunk_rows: 4, label_smoothing: 0.05, ..Default::default() };
+    let opts = LinearCrossEntropyOptions {
+        chunk_elements: 4 * CLASSES,
+        label_smoothing: 0.05,
+        ..Default::default()
+    };
     gradcheck(|x| linear_cross_entropy(&x[0], &x[1], &t, &opts), &[h, w], 1e-6, 1e-6).unwrap();
 }
 
@@ -84,7 +88,7 @@ fn gradients_match_finite_differences() {
 #[test]
 fn padded_classes_are_invisible() {
     let (h, w, t) = operands(DType::F64);
-    let chunked = LinearCrossEntropyOptions { chunk_rows: 4, ..Default::default() };
+    let chunked = LinearCrossEntropyOptions { chunk_elements: 4 * CLASSES, ..Default::default() };
     let plain = run(&h, &w, &t, &chunked, true);
     let padded = run(&h, &w, &t, &LinearCrossEntropyOptions { pad_classes_to: 8, ..chunked }, true);
     assert_eq!(padded[2].dims(), [CLASSES, FEATURES]);
@@ -99,7 +103,7 @@ fn f32_is_close_to_f64_and_deterministic() {
     let (h, w, t) = operands(DType::F64);
     let exact = run(&h, &w, &t, &Default::default(), false);
     let (h32, w32) = (h.to_dtype(DType::F32), w.to_dtype(DType::F32));
-    let opts = LinearCrossEntropyOptions { chunk_rows: 3, ..Default::default() };
+    let opts = LinearCrossEntropyOptions { chunk_elements: 3 * CLASSES, ..Default::default() };
     let a = run(&h32, &w32, &t, &opts, true);
     let b = run(&h32, &w32, &t, &opts, true);
     for ((x, y), e) in a.iter().zip(&b).zip(&exact) {
@@ -138,7 +142,8 @@ fn cuda_padded_chunks_match_the_cpu_head() {
     let exact = run(&h, &w, &t, &Default::default(), false);
     let gpu = Device::Cuda(0);
     let (hg, wg, tg) = (h.to_device(gpu).unwrap(), w.to_device(gpu).unwrap(), t.to_device(gpu).unwrap());
-    let opts = LinearCrossEntropyOptions { chunk_rows: 128, pad_classes_to: 128, ..Default::default() };
+    let opts =
+        LinearCrossEntropyOptions { chunk_elements: 128 * 50304, pad_classes_to: 128, ..Default::default() };
     let fused = run(&hg, &wg, &tg, &opts, true);
     for ((what, e), f) in ["loss", "d hidden", "d weight"].iter().zip(&exact).zip(&fused) {
         let f = f.to_device(Device::Cpu).unwrap();

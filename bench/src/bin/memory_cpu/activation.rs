@@ -31,7 +31,10 @@ const CASES: &[Case] = &[
     Case { name: "gpt2_124m", layers: 12, width: 768, heads: 12, batch: 1, seq: 512 },
 ];
 
-const MODES: [&str; 3] = ["baseline", "none", "blocks"];
+/// Each measurement's mode: the first three on both sides, the chunked loss (oxtrain's
+/// `set_chunked_loss`, which transformers has no counterpart of) on oxtrain's only.
+const MODES: [&str; 5] = ["baseline", "none", "blocks", "none_chunked", "blocks_chunked"];
+const PEER_MODES: usize = 3;
 
 /// The issue's goal: a checkpointed GPT-2 step needs at most this fraction of the activation
 /// memory of a step without.
@@ -60,15 +63,16 @@ pub fn child(args: &[String]) -> Result<Value, Box<dyn std::error::Error>> {
     match mode.as_str() {
         // A copy, not zeros: untouched zero pages would not count in the RSS.
         "baseline" => model.parameters().iter().for_each(|p| p.set_grad(Some(p.tensor().copy()))),
-        "none" | "blocks" => {
-            model.transformer.set_activation_checkpointing(mode == "blocks");
+        "none" | "blocks" | "none_chunked" | "blocks_chunked" => {
+            model.transformer.set_activation_checkpointing(mode.starts_with("blocks"));
+            model.set_chunked_loss(mode.ends_with("_chunked"));
             let mut times = Vec::new();
             for i in 0..steps {
                 let start = Instant::now();
                 model.zero_grad();
                 let before = cpu_memory_stats().allocated;
                 reset_cpu_peak();
-                let loss = Gpt2LMHeadModel::loss(&model.forward(&ids, None), &ids);
+                let loss = model.forward_loss(&ids, &ids, None);
                 let saved = cpu_memory_stats().allocated - before;
                 loss.backward();
                 times.push(start.elapsed().as_secs_f64());
@@ -79,9 +83,7 @@ pub fn child(args: &[String]) -> Result<Value, Box<dyn std::error::Error>> {
             }
             out["step_seconds"] = json!(if times.len() > 1 { median(&times[1..]) } else { times[0] });
         }
-        other => {
-            return Err(format!("memory_cpu child: mode {other:?}, expected baseline, none or blocks").into())
-        }
+        other => return Err(format!("memory_cpu child: mode {other:?}, expected one of {MODES:?}").into()),
     }
     out["peak_rss_kb"] = json!(peak_rss_kb());
     Ok(out)
@@ -93,7 +95,7 @@ pub fn measure(runner: &Runner) -> Result<Section, String> {
     let mut peer_error = None;
     for case in CASES {
         // [side][mode] -> one JSON per round; side 0 is oxtrain, 1 the peer.
-        let mut runs: [[Vec<Value>; 3]; 2] = Default::default();
+        let mut runs: [[Vec<Value>; MODES.len()]; 2] = Default::default();
         for round in 0..runner.rounds {
             for (m, mode) in MODES.iter().enumerate() {
                 let args: Vec<String> = ["activation".to_string()]
@@ -102,7 +104,7 @@ pub fn measure(runner: &Runner) -> Result<Section, String> {
                     .chain([mode.to_string(), steps().to_string()])
                     .collect();
                 runs[0][m].push(runner.oxtrain(&args)?);
-                if peer_error.is_none() {
+                if peer_error.is_none() && m < PEER_MODES {
                     match runner.peer(&args) {
                         Ok(v) => runs[1][m].push(v),
                         Err(e) => peer_error = Some(e),
@@ -129,7 +131,11 @@ pub fn measure(runner: &Runner) -> Result<Section, String> {
          ratio = PyTorch's figure over oxtrain's (memory and time: lower is better, so higher ratio is better); \
          oxtrain_allocator_* are the bytes of oxtrain's live CPU tensors at their peak during the first step \
          beyond those alive before it (activations and the gradients made so far), oxtrain_saved_for_backward_* \
-         those alive when the loss is computed (what the graph keeps for backward).{}",
+         those alive when the loss is computed (what the graph keeps for backward). Rows ending \
+         _chunked_loss: oxtrain with set_chunked_loss (the LM head and the cross-entropy in chunks of \
+         tokens, the logits made again in backward) in both its runs, against the peer's plain-head \
+         figures (transformers has no chunked loss); *_chunked_loss_activation_fraction: oxtrain's \
+         chunked loss over its plain head, both without checkpointing.{}",
         steps(),
         peer_error.map(|e| format!(" The peer did not run: {e}")).unwrap_or_default()
     );
@@ -154,25 +160,43 @@ fn lower_is_better(name: String, unit: &str, oxtrain: f64, peer: Option<f64>, pe
     }
 }
 
-fn add_rows(section: &mut Section, case: &Case, runs: &[[Vec<Value>; 3]; 2]) {
+/// The rows of one case: for the plain head and for the chunked loss (named `_chunked_loss`),
+/// the activation memory without and with checkpointing, its fraction and its time cost; the
+/// peer's figures are always its plain head's (transformers has no chunked loss).
+fn add_rows(section: &mut Section, case: &Case, runs: &[[Vec<Value>; MODES.len()]; 2]) {
     let prefix = format!("{}_b{}_t{}", case.name, case.batch, case.seq);
-    let mb = |side: usize, mode: usize| -> Option<f64> {
-        Some((field(&runs[side][mode], "peak_rss_kb")? - field(&runs[side][0], "peak_rss_kb")?) / 1024.0)
-    };
+    for (suffix, none, blocks) in [("", 1, 2), ("_chunked_loss", 3, 4)] {
+        add_loss_rows(section, &format!("{prefix}{{}}{suffix}"), runs, (none, blocks));
+    }
+    if let (Some(chunked), Some(plain)) = (mb(runs, 0, 3), mb(runs, 0, 1)) {
+        let name = format!("{prefix}_chunked_loss_activation_fraction");
+        section.rows.push(lower_is_better(name, "fraction", chunked / plain, None, "none (oxtrain alone)"));
+    }
+}
+
+/// Activation memory in MB of `side`'s `mode` runs: peak RSS less the baseline's.
+fn mb(runs: &[[Vec<Value>; MODES.len()]; 2], side: usize, mode: usize) -> Option<f64> {
+    Some((field(&runs[side][mode], "peak_rss_kb")? - field(&runs[side][0], "peak_rss_kb")?) / 1024.0)
+}
+
+/// The rows of one loss kind: `name` has a `{}` where the row's own words go; `none` and
+/// `blocks` are oxtrain's modes without and with checkpointing.
+fn add_loss_rows(
+    section: &mut Section,
+    name: &str,
+    runs: &[[Vec<Value>; MODES.len()]; 2],
+    (none, blocks): (usize, usize),
+) {
+    let named = |what: &str| name.replace("{}", what);
     let peer_name = "torch.utils.checkpoint (use_reentrant=False) via transformers GPT2LMHeadModel";
-    let (Some(ox_none), Some(ox_blocks)) = (mb(0, 1), mb(0, 2)) else { return };
-    let (pt_none, pt_blocks) = (mb(1, 1), mb(1, 2));
-    section.rows.push(lower_is_better(format!("{prefix}_activation_mb"), "MB", ox_none, pt_none, peer_name));
-    section.rows.push(lower_is_better(
-        format!("{prefix}_activation_mb_checkpointed"),
-        "MB",
-        ox_blocks,
-        pt_blocks,
-        peer_name,
-    ));
-    let fraction_name = format!("{prefix}_checkpointed_activation_fraction");
+    let (Some(ox_none), Some(ox_blocks)) = (mb(runs, 0, none), mb(runs, 0, blocks)) else { return };
+    let (pt_none, pt_blocks) = (mb(runs, 1, 1), mb(runs, 1, 2));
+    let rows = &mut section.rows;
+    rows.push(lower_is_better(named("_activation_mb"), "MB", ox_none, pt_none, peer_name));
+    rows.push(lower_is_better(named("_activation_mb_checkpointed"), "MB", ox_blocks, pt_blocks, peer_name));
+    let fraction_name = named("_checkpointed_activation_fraction");
     let pt_fraction = pt_none.zip(pt_blocks).map(|(n, b)| b / n);
-    section.rows.push(lower_is_better(
+    rows.push(lower_is_better(
         fraction_name.clone(),
         "fraction",
         ox_blocks / ox_none,
@@ -180,28 +204,34 @@ fn add_rows(section: &mut Section, case: &Case, runs: &[[Vec<Value>; 3]; 2]) {
         peer_name,
     ));
     let alloc = |mode: usize| field(&runs[0][mode], "allocator_peak_bytes").map(|b| b / (1 << 20) as f64);
+    let saved = |mode: usize| field(&runs[0][mode], "allocator_saved_bytes").map(|b| b / (1 << 20) as f64);
     let mut more = Map::new();
     more.insert("oxtrain_goal_at_most".into(), json!(GOAL));
-    more.insert("oxtrain_allocator_peak_mb".into(), json!(alloc(1)));
-    more.insert("oxtrain_allocator_peak_mb_checkpointed".into(), json!(alloc(2)));
-    more.insert("oxtrain_allocator_fraction".into(), json!(alloc(2).zip(alloc(1)).map(|(b, n)| b / n)));
-    let saved = |mode: usize| field(&runs[0][mode], "allocator_saved_bytes").map(|b| b / (1 << 20) as f64);
-    more.insert("oxtrain_saved_for_backward_mb".into(), json!(saved(1)));
-    more.insert("oxtrain_saved_for_backward_mb_checkpointed".into(), json!(saved(2)));
+    more.insert("oxtrain_allocator_peak_mb".into(), json!(alloc(none)));
+    more.insert("oxtrain_allocator_peak_mb_checkpointed".into(), json!(alloc(blocks)));
+    more.insert(
+        "oxtrain_allocator_fraction".into(),
+        json!(alloc(blocks).zip(alloc(none)).map(|(b, n)| b / n)),
+    );
+    more.insert("oxtrain_saved_for_backward_mb".into(), json!(saved(none)));
+    more.insert("oxtrain_saved_for_backward_mb_checkpointed".into(), json!(saved(blocks)));
     more.insert(
         "oxtrain_saved_for_backward_fraction".into(),
-        json!(saved(2).zip(saved(1)).map(|(b, n)| b / n)),
+        json!(saved(blocks).zip(saved(none)).map(|(b, n)| b / n)),
     );
     section.extras.push((fraction_name, more));
     let time = |side: usize, mode: usize| field(&runs[side][mode], "step_seconds");
-    if let (Some(on), Some(off)) = (time(0, 2), time(0, 1)) {
-        let name = format!("{prefix}_checkpointing_time_cost");
+    if let (Some(on), Some(off)) = (time(0, blocks), time(0, none)) {
+        let name = named("_checkpointing_time_cost");
         let peer = time(1, 2).zip(time(1, 1)).map(|(b, n)| b / n);
         section.rows.push(lower_is_better(name.clone(), "x", on / off, peer, peer_name));
         let mut more = Map::new();
-        for (key, side, mode) in
-            [("oxtrain", 0, 1), ("oxtrain_checkpointed", 0, 2), ("peer", 1, 1), ("peer_checkpointed", 1, 2)]
-        {
+        for (key, side, mode) in [
+            ("oxtrain", 0, none),
+            ("oxtrain_checkpointed", 0, blocks),
+            ("peer", 1, 1),
+            ("peer_checkpointed", 1, 2),
+        ] {
             more.insert(format!("{key}_step_seconds"), json!(time(side, mode)));
         }
         section.extras.push((name, more));

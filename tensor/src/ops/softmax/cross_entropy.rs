@@ -86,6 +86,36 @@ impl Tensor {
         label_smoothing: f64,
     ) -> Tensor {
         let name = "cross_entropy_rows_backward";
+        self.rows_backward(name, target, (lse, weight), ignore_index, label_smoothing, false)
+    }
+
+    /// [`Tensor::cross_entropy_rows_backward`] without label smoothing for `self [rows, n]`,
+    /// the logits of a block of `n` consecutive classes out of more: `lse` is the log-sum-exp
+    /// over all the classes (from the forward), and `target` counts from the block's first
+    /// class, so a target outside `0..n` is a class of another block and subtracts nothing
+    /// here. A language model's loss computed block by block of its vocabulary (the chunked
+    /// loss of `oxtrain-models`) never holds whole rows of logits.
+    pub fn cross_entropy_block_backward(
+        &self,
+        target: &Tensor,
+        lse: &Tensor,
+        weight: &Tensor,
+        ignore_index: i64,
+    ) -> Tensor {
+        let name = "cross_entropy_block_backward";
+        self.rows_backward(name, target, (lse, weight), ignore_index, 0.0, true)
+    }
+
+    /// Both backwards; `in_block`: targets out of range are other blocks' classes.
+    fn rows_backward(
+        &self,
+        name: &str,
+        target: &Tensor,
+        (lse, weight): (&Tensor, &Tensor),
+        ignore_index: i64,
+        label_smoothing: f64,
+        in_block: bool,
+    ) -> Tensor {
         let (rows, classes) = self.check_rows(name, target);
         let cdt = compute_dtype(self.dtype());
         for (what, v) in [("lse", lse), ("weight", weight)] {
@@ -107,7 +137,7 @@ impl Tensor {
                     let ls = &ls.as_slice::<<T as ComputeAs>::C>()[l.layout().offset()..][..rows];
                     let ws = &ws.as_slice::<<T as ComputeAs>::C>()[w.layout().offset()..][..rows];
                     let v = &v[x.layout().offset()..];
-                    T::into_storage(backward_cpu::<T>(v, ts, (ls, ws), (classes, ld), ignore_index, label_smoothing))
+                    T::into_storage(backward_cpu::<T>(v, ts, (ls, ws), (classes, ld), (ignore_index, in_block), label_smoothing))
                 });
                 Storage::Cpu(grad)
             }
@@ -289,7 +319,7 @@ fn backward_cpu<T: ComputeAs>(
     target: &[i64],
     (lse, weight): (&[T::C], &[T::C]),
     (classes, ld): (usize, usize),
-    ignore: i64,
+    (ignore, in_block): (i64, bool),
     smoothing: f64,
 ) -> Vec<T> {
     let rows = target.len();
@@ -305,7 +335,11 @@ fn backward_cpu<T: ComputeAs>(
                 g.fill(MaybeUninit::new(T::zero()));
                 continue;
             }
-            let t = check_target(target[r], r, classes);
+            let t = if in_block {
+                usize::try_from(target[r]).ok().filter(|&t| t < classes)
+            } else {
+                Some(check_target(target[r], r, classes))
+            };
             let (l, w) = (lse[r], weight[r]);
             let row = &x[r * ld..][..classes];
             let sw = spread * w;
@@ -317,7 +351,9 @@ fn backward_cpu<T: ComputeAs>(
                     }
                 },
             );
-            g[t].write(T::down(((row[t].up() - l).exp_v() - spread - keep) * w));
+            if let Some(t) = t {
+                g[t].write(T::down(((row[t].up() - l).exp_v() - spread - keep) * w));
+            }
         }
     };
     if rows * classes > 0 {
@@ -394,6 +430,38 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    crate::device_test! {
+        fn block_backward_pieces_make_the_rows_backward(dev: Device) {
+            // Blocks of columns with the targets counted from each block's first class give,
+            // side by side, the whole rows' gradient: the same formula, element for element.
+            for (rows, classes, block) in [(5usize, 37usize, 8usize), (3, 50257, 4096)] {
+                for dtype in [DType::F64, DType::F32, DType::BF16] {
+                    let xs: Vec<f64> = (0..rows * classes).map(|i| ((i * 7919) % 997) as f64 / 60.0 - 8.0).collect();
+                    let x = Tensor::from_vec(xs, [rows, classes], dev).unwrap().to_dtype(dtype);
+                    let ts: Vec<i64> = (0..rows).map(|r| if r == 1 { -100 } else { ((r * 31) % classes) as i64 }).collect();
+                    let t = Tensor::from_vec(ts, [rows], dev).unwrap();
+                    let (_, lse) = x.cross_entropy_rows(&t, -100, 0.0);
+                    let cdt = lse.dtype();
+                    let w = Tensor::from_vec((0..rows).map(|r| 0.5 + r as f64).collect::<Vec<_>>(), [rows], dev)
+                        .unwrap()
+                        .to_dtype(cdt);
+                    let whole = x.cross_entropy_rows_backward(&t, &lse, &w, -100, 0.0);
+                    let pieces: Vec<Tensor> = (0..classes)
+                        .step_by(block)
+                        .map(|start| {
+                            let len = block.min(classes - start);
+                            let shifted = t.add_scalar(-(start as f64));
+                            x.narrow(1, start, len).contiguous().cross_entropy_block_backward(&shifted, &lse, &w, -100 - start as i64)
+                        })
+                        .collect();
+                    let joined = Tensor::cat(&pieces, 1);
+                    let bits = |g: &Tensor| g.to_dtype(DType::F64).to_vec::<f64>();
+                    assert_eq!(bits(&joined), bits(&whole), "{dtype} {rows}x{classes} in blocks of {block}");
                 }
             }
         }

@@ -44,6 +44,10 @@ pub struct DdpConfig {
     /// [`crate::ZeroOptimizer`] steps only this rank's shard of each bucket, then all-gathers
     /// the parameters (`ddp.shard_optimizer` in a run's config).
     pub shard_optimizer: bool,
+    /// ZeRO-1: the step launches the parameters' all-gathers and returns; each bucket's
+    /// gather is waited for when the next forward first reads one of its parameters (on by
+    /// default). Off: the step waits for every gather before it returns.
+    pub overlap_param_gather: bool,
 }
 
 impl Default for DdpConfig {
@@ -57,6 +61,7 @@ impl Default for DdpConfig {
             compression: Compression::None,
             trace: std::env::var_os("OXTRAIN_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from),
             shard_optimizer: false,
+            overlap_param_gather: true,
         }
     }
 }

@@ -36,9 +36,14 @@ fn config(shard: bool) -> DdpConfig {
 /// Each rank's parameters, losses, state bytes and final scale.
 type Outcome = (Vec<(String, Vec<f32>)>, Vec<f32>, usize, f64);
 
+/// With the parameters' all-gather overlapping the next forward (the default).
 fn run(world: usize, model: Model, opt: Opt, shard: bool, extras: Extras) -> Vec<Outcome> {
+    run_with(world, model, opt, config(shard), extras)
+}
+
+fn run_with(world: usize, model: Model, opt: Opt, config: DdpConfig, extras: Extras) -> Vec<Outcome> {
     on_ranks(world, move |comm| {
-        let r = z::train_rank(comm, model, opt, STEPS, PER_RANK, config(shard), extras);
+        let r = z::train_rank(comm, model, opt, STEPS, PER_RANK, config.clone(), extras);
         (t::params(r.ddp.module()), r.losses, r.state_bytes, r.scale)
     })
 }
@@ -80,6 +85,30 @@ fn sharded_equals_plain_ddp_with_clipping_and_accumulation() {
             }
             let err = t::assert_close(&what, &sharded[0].0, &plain[0].0, 1e-5);
             eprintln!("{what}: {err:.2e} relative from plain DDP");
+        }
+    }
+}
+
+#[test]
+fn with_the_gather_waited_for_in_the_step_sharded_still_equals_plain_ddp() {
+    let eager = DdpConfig { overlap_param_gather: false, ..config(true) };
+    for (clip, bitwise) in [(None, true), (Some(0.05), false)] {
+        let extras = Extras { accumulate: 2, clip, scale: None, dtype: DType::F32 };
+        for world in [2, 3] {
+            for (model, opt) in CASES {
+                let what = format!("{model:?} {opt:?} {world} ranks, eager gather, clip {clip:?}");
+                let plain = run(world, model, opt, false, extras);
+                let sharded = run_with(world, model, opt, eager.clone(), extras);
+                for r in 0..world {
+                    t::assert_bitwise_equal(&what, &sharded[r].0, &sharded[0].0);
+                    if bitwise {
+                        t::assert_bitwise_equal(&what, &sharded[r].0, &plain[0].0);
+                        assert_eq!(sharded[r].1, plain[r].1, "{what}: losses of rank {r}");
+                    } else {
+                        t::assert_close(&what, &sharded[r].0, &plain[0].0, 1e-5);
+                    }
+                }
+            }
         }
     }
 }

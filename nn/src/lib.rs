@@ -14,6 +14,6 @@ pub mod optim;
 
 pub use layers::*;
 pub use module::{
-    freeze_matching, set_requires_grad, Buffer, Forward, FreezeError, LoadError, LoadReport, Module,
-    Parameter, ShapeMismatch, TrainingFlag, Visitor,
+    freeze_matching, parameter_gates, set_requires_grad, Buffer, Forward, FreezeError, LoadError, LoadReport,
+    Module, Parameter, PendingValue, ShapeMismatch, TrainingFlag, ValueGate, Visitor,
 };

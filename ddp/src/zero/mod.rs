@@ -5,7 +5,7 @@
 //! `reduce_scatter` (instead of its all-reduce) the moment the bucket is ready, so rank r ends
 //! backward with the averaged gradient of [`shard_range`]`(bucket length, world, r)` only.
 //! [`ZeroOptimizer`] steps the parameters' slices that fall in those shards, then all-gathers
-//! every bucket's updated slices back into the whole parameters.
+//! every bucket's updated slices back into the whole parameters (below: when they are waited for).
 //!
 //! The inner optimizer runs, unchanged, over one parameter per slice: a `Var` whose tensor is
 //! a view of the model parameter's memory (flattened, narrowed to the slice) and whose
@@ -16,7 +16,20 @@
 //! ratio needs norms over whole parameters, which no slice has: every rank's sums of squares
 //! over its slices are all-reduced before the step and handed to it
 //! ([`Optimizer::set_whole_parameter_norms`]).
+//!
+//! The all-gather overlaps the next forward (`DdpConfig::overlap_param_gather`, on by
+//! default): `step` launches one gather per bucket and returns. Each `Parameter` of the module
+//! has a gate ([`oxtrain_nn::ValueGate`]) that the step arms; the first read of a parameter
+//! (`Parameter::var` in the forward, `state_dict`, ...) waits for its bucket's gather and
+//! fills that bucket's parameters, so the forward's first layers wait only for their own
+//! bucket while the later ones are still gathered. The next `step`, [`ZeroOptimizer::clip_grad_norm_`],
+//! [`ZeroOptimizer::shard_state`], [`ZeroOptimizer::load_shard_states`] and drop wait for
+//! whatever no one read; [`ZeroOptimizer::wait_parameters`] does it on demand (before reading
+//! parameters through `Var`s cloned earlier, which pass no gate). A gather that failed is
+//! returned by the next of those calls that returns a `Result`. With the option off, `step`
+//! waits for every gather before it returns, as before.
 
+mod gather;
 mod state;
 
 pub use state::ShardState;
@@ -25,10 +38,11 @@ use crate::bucket::Bucket;
 use crate::error::tensor_error;
 use crate::reducer::Reducer;
 use crate::{Compression, DdpError, DistributedDataParallel, Result};
+use gather::ParamGather;
 use oxtrain_autograd::{no_grad, Var};
 use oxtrain_comm::{shard_range, Communicator, ReduceOp};
 use oxtrain_nn::optim::{IntoParamGroups, Optimizer, OptimizerState, ParamGroupSpec};
-use oxtrain_nn::Module;
+use oxtrain_nn::{parameter_gates, Module};
 use oxtrain_tensor::{DType, Device, Tensor};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,8 +125,9 @@ struct Piece {
 /// let mut opt = ZeroOptimizer::new(&ddp, groups, |g| AdamW::new(g, AdamWConfig::default()))?;
 /// // forward, loss.backward() (buckets reduce-scattered while it runs), then:
 /// opt.clip_grad_norm_(1.0, 2.0)?;                      // the norm over every rank's shard
-/// opt.step();                                          // shard step, then parameter all-gather
+/// opt.step();                                          // shard step, parameter all-gathers launched
 /// opt.zero_grad();
+/// // the next forward waits for each bucket's gather when it first reads a parameter of it
 /// # Ok(()) }
 /// ```
 ///
@@ -132,9 +147,8 @@ pub struct ZeroOptimizer<O: Optimizer> {
     /// A parameter of no model whose gradient is the all-reduced overflow flag, listed last by
     /// [`Optimizer::params`] so that a grad scaler's inf check sees every rank's overflow.
     overflow_sentinel: Var,
-    /// Per bucket: this rank's updated slices (the all-gather's input) and the whole bucket.
-    own: Vec<Tensor>,
-    gathered: Vec<Tensor>,
+    /// The parameters' all-gather after each step, and the gates that wait for it.
+    gather: ParamGather,
     /// Whether the inner optimizer takes whole-parameter norms (LARS).
     needs_norms: bool,
 }
@@ -179,16 +193,8 @@ impl<O: Optimizer> ZeroOptimizer<O> {
         let device = shards.overflow.device();
         let overflow_sentinel =
             Var::parameter(Tensor::zeros(1, DType::F32, device).map_err(tensor_error("the overflow flag"))?);
-        let own = shards
-            .buckets
-            .iter()
-            .map(|s| Tensor::zeros(s.range.len(), s.grad.dtype(), device).map_err(tensor_error("a shard")))
-            .collect::<Result<Vec<_>>>()?;
-        let gathered = reducer
-            .buckets
-            .iter()
-            .map(|b| Ok(reducer.comm.symmetric_tensor(b.flat.elem_count().into(), b.flat.dtype(), device)?))
-            .collect::<Result<Vec<_>>>()?;
+        let gates = ddp.config().overlap_param_gather.then(|| parameter_gates(ddp.module()));
+        let gather = ParamGather::new(&reducer, shards, gates)?;
         shards.attached.store(true, Ordering::Relaxed);
         Ok(ZeroOptimizer {
             inner,
@@ -198,8 +204,7 @@ impl<O: Optimizer> ZeroOptimizer<O> {
             unsharded_order,
             group_sizes,
             overflow_sentinel,
-            own,
-            gathered,
+            gather,
             needs_norms,
         })
     }
@@ -234,9 +239,34 @@ impl<O: Optimizer> ZeroOptimizer<O> {
         self.overflow_sentinel.set_grad(Some(shards.overflow.clone()));
     }
 
-    /// Steps this rank's slices, then all-gathers every bucket's parameters; the error of a
-    /// collective that failed (the parameters are left as they were before the gather).
+    /// Waits for every parameter gather still pending (the last step's, where no forward read
+    /// them yet) and fills the parameters; returns the error of a gather that failed since the
+    /// last call (its bucket's parameters were left as they were). Needed only before reading
+    /// parameters through `Var`s cloned before the step: the module's own reads
+    /// (`Parameter::var`, `state_dict`) wait by themselves.
+    pub fn wait_parameters(&self) -> Result<()> {
+        self.gather.wait()
+    }
+
+    /// How many buckets' parameter gathers are still in flight (launched by the last step, not
+    /// yet waited for by a read of their parameters).
+    pub fn pending_gathers(&self) -> usize {
+        self.gather.pending()
+    }
+
+    /// Whether `step` returns with the parameter gathers in flight (`overlap_param_gather`, and
+    /// every reduced parameter reachable through the module's walk).
+    pub fn overlaps_param_gather(&self) -> bool {
+        self.gather.overlaps()
+    }
+
+    /// Steps this rank's slices, then launches the all-gather of every bucket's parameters
+    /// (waited for by their next reader, or here with the overlap off). The error of a
+    /// collective that failed, this step's or a gather's of the last step.
     pub fn try_step(&mut self) -> Result<()> {
+        // The slices about to step are views of the parameters, which a pending copy would
+        // overwrite; the gathers' inputs are about to be rewritten.
+        self.gather.wait()?;
         self.attach_gradients();
         // LARS scales each parameter by its whole norm, which no slice has: every rank's
         // partial sums of squares, all-reduced. Element-wise optimizers take no norms.
@@ -245,7 +275,7 @@ impl<O: Optimizer> ZeroOptimizer<O> {
             self.inner.set_whole_parameter_norms(norms);
         }
         self.inner.step();
-        no_grad(|| self.all_gather_parameters())
+        no_grad(|| self.gather.launch(&*self.reducer.comm, &self.pieces))
     }
 
     /// Per inner parameter, the L2 norms (weight, gradient) of the whole parameter it is a
@@ -275,33 +305,12 @@ impl<O: Optimizer> ZeroOptimizer<O> {
             .collect())
     }
 
-    fn all_gather_parameters(&self) -> Result<()> {
-        for pc in &self.pieces {
-            self.own[pc.bucket].narrow(0, pc.at_shard, pc.len).copy_(pc.var.tensor());
-        }
-        let comm = &self.reducer.comm;
-        let launched: Vec<_> =
-            self.own.iter().zip(&self.gathered).map(|(o, g)| comm.all_gather(g, o)).collect();
-        // Wait for every launched gather, even after a failure, so none runs into the next step.
-        let mut error = None;
-        for work in launched {
-            if let Err(e) = work.and_then(|w| w.wait()) {
-                error.get_or_insert(e);
-            }
-        }
-        if let Some(e) = error {
-            return Err(e.into());
-        }
-        for (p, slot) in self.reducer.params.iter().zip(&self.reducer.slots) {
-            p.tensor().copy_(&self.gathered[slot.bucket].narrow(0, slot.offset, slot.len).reshape(p.dims()));
-        }
-        Ok(())
-    }
-
     /// Scales the reduced gradients so that their global `norm_type`-norm over every rank's
     /// shard is at most `max_norm`, as `clip_grad_norm_` over the unsharded gradients (each
     /// rank's partial, all-reduced: the same coefficient on every rank). Returns the norm.
     pub fn clip_grad_norm_(&mut self, max_norm: f64, norm_type: f64) -> Result<Tensor> {
+        // Gradients only, but a gather's error surfaces here rather than after the clip.
+        self.gather.wait()?;
         self.attach_gradients();
         clip_grad_norm_sharded(&*self.reducer.comm, &self.inner.params(), max_norm, norm_type)
     }
@@ -409,6 +418,17 @@ impl<O: Optimizer + 'static> Optimizer for ZeroOptimizer<O> {
     }
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(self)
+    }
+}
+
+impl<O: Optimizer> Drop for ZeroOptimizer<O> {
+    /// Leaves nothing in flight: the gathers write into the model's parameters and read this
+    /// optimizer's buffers. An error no call returned yet has no one left to take it.
+    fn drop(&mut self) {
+        self.gather.resolve_all();
+        if let Some(e) = self.gather.take_error() {
+            eprintln!("oxtrain ZeroOptimizer: the last parameter all-gather failed: {e}");
+        }
     }
 }
 

@@ -124,7 +124,10 @@ fn hyper_names(groups: &[ParamGroupState]) -> Vec<String> {
 
 impl<O: Optimizer> ZeroOptimizer<O> {
     /// This rank's part of the optimizer state, for a checkpoint (copied to the CPU).
+    /// Waits for the last step's parameter gathers first: a checkpoint takes the model with
+    /// its optimizer, and a gather's failure must stop the save.
     pub fn shard_state(&self) -> Result<ShardState> {
+        self.wait_parameters()?;
         let state = self.inner.state_dict();
         let shards = self.shards();
         let mut buffers: BTreeMap<String, Vec<Tensor>> = BTreeMap::new();
@@ -210,7 +213,9 @@ impl<O: Optimizer> ZeroOptimizer<O> {
     /// Resumes from every rank's part of a save made on any world size: gathers each bucket
     /// from the parts in rank order and keeps this rank's [`oxtrain_comm::shard_range`] of it. Refuses parts
     /// of another model or another optimizer, changing nothing.
+    /// Waits for the last step's parameter gathers first, so none lands after the resume.
     pub fn load_shard_states(&mut self, parts: &[ShardState]) -> Result<()> {
+        self.wait_parameters()?;
         let parts = self.check_parts(parts)?;
         let shards = self.shards();
         let mut state = OptimizerState { tensors: BTreeMap::new(), param_groups: Vec::new() };

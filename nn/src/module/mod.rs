@@ -5,10 +5,12 @@
 //! See [`Module`] for how to write one.
 
 mod freeze;
+mod gate;
 mod params;
 mod state;
 
 pub use freeze::{freeze_matching, set_requires_grad, FreezeError};
+pub use gate::{PendingValue, ValueGate};
 pub use params::{Buffer, Parameter};
 pub use state::{LoadError, LoadReport, ShapeMismatch};
 
@@ -17,6 +19,7 @@ use oxtrain_tensor::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// What a module shows of itself to [`Module::visit`]: its own parameters and buffers, and its
 /// children. Names are local ("weight", "conv1", "0"); the walk joins them with dots.
@@ -287,6 +290,19 @@ pub trait Module: Send + Sync {
         assert!(dtype.is_float(), "to_dtype: modules convert to floating-point dtypes only, got {dtype}");
         convert(&|v| self.visit(v), None, Some(dtype))
     }
+}
+
+/// Every parameter of `module` (tied ones under each of their names: each name has its own
+/// [`Parameter`], so its own gate), as the `Var` it holds and its [`ValueGate`]: what a producer
+/// of the values (ZeRO-1's all-gather) arms. Frozen parameters are listed too.
+pub fn parameter_gates(module: &dyn Module) -> Vec<(Var, Arc<ValueGate>)> {
+    let mut out = Vec::new();
+    walk(&|v| module.visit(v), "", &mut |_, item| {
+        if let Item::Param(p) = item {
+            out.push((p.var(), p.gate().clone()));
+        }
+    });
+    out
 }
 
 /// A thing found by [`walk`], with its full dotted name.

@@ -5,18 +5,30 @@
 //! a module (modules are shared between threads by DDP). Everyday updates (optimizer steps,
 //! running statistics, `load_state_dict`) do not swap anything: they write into the existing
 //! storage with `Tensor::copy_`, so every clone of the `Var` sees them.
+//!
+//! A parameter's value may also be on its way (ZeRO-1 all-gathers the updated parameters while
+//! the next forward starts): its [`ValueGate`] is then armed, and reading the value waits for it.
 
+use super::gate::ValueGate;
 use oxtrain_autograd::Var;
 use oxtrain_tensor::{DType, Device, Tensor};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 /// A learnable tensor of a module (`nn.Parameter`): a `Var` leaf that collects a gradient.
-pub struct Parameter(RwLock<Var>);
+pub struct Parameter {
+    var: RwLock<Var>,
+    /// Passed before every read of the value ([`Parameter::var`], [`Parameter::tensor`]).
+    gate: Arc<ValueGate>,
+}
 
 impl Parameter {
     /// A new leaf that requires grad; `tensor` must be floating-point.
     pub fn new(tensor: Tensor) -> Parameter {
-        Parameter(RwLock::new(Var::parameter(tensor)))
+        Parameter::wrap(Var::parameter(tensor))
+    }
+
+    fn wrap(var: Var) -> Parameter {
+        Parameter { var: RwLock::new(var), gate: Arc::new(ValueGate::new()) }
     }
 
     /// Wraps an existing parameter `Var`, e.g. to tie one weight into two modules (GPT-2's
@@ -26,13 +38,26 @@ impl Parameter {
             var.requires_grad() && var.is_leaf(),
             "Parameter::from_var: expected a leaf that requires grad (made with Var::parameter), got {var:?}"
         );
-        Parameter(RwLock::new(var))
+        Parameter::wrap(var)
     }
 
     /// The parameter as a `Var` for use in a forward pass (a cheap clone sharing the leaf and
-    /// its gradient).
+    /// its gradient). Waits first for a value still on its way (an armed [`ValueGate`]).
     pub fn var(&self) -> Var {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.gate.pass();
+        self.current_leaf()
+    }
+
+    /// The leaf as it is, without passing the gate: for what does not depend on the value.
+    fn current_leaf(&self) -> Var {
+        self.var.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The gate every read of the value passes: whoever produces the value later (ZeRO-1's
+    /// parameter all-gather) keeps it and arms it. A clone of the `Var` taken earlier does not
+    /// pass it: read values through the module.
+    pub fn gate(&self) -> &Arc<ValueGate> {
+        &self.gate
     }
 
     /// The current value (shares storage with the parameter). Owned, where `Var::tensor`
@@ -44,14 +69,14 @@ impl Parameter {
     }
 
     pub fn dims(&self) -> Vec<usize> {
-        self.var().dims().to_vec()
+        self.current_leaf().dims().to_vec()
     }
 
     /// Whether the parameter learns (`param.requires_grad`). A frozen one is left out of
     /// [`Module::named_parameters`](crate::Module::named_parameters) (so out of optimizers and
     /// DDP's buckets) and gets no gradient, but stays in the state dict.
     pub fn requires_grad(&self) -> bool {
-        self.var().requires_grad()
+        self.current_leaf().requires_grad()
     }
 
     /// Freezes (`false`) or unfreezes the parameter (`param.requires_grad_(flag)`). The value
@@ -68,7 +93,7 @@ impl Parameter {
     /// Swaps in a new leaf (dropping the old gradient). Used by `Module::to_device` /
     /// `to_dtype`; an optimizer built before holds the old `Var`.
     pub(crate) fn replace(&self, var: Var) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = var;
+        *self.var.write().unwrap_or_else(PoisonError::into_inner) = var;
     }
 }
 

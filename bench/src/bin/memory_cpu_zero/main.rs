@@ -5,7 +5,13 @@
 //! `local` backend; the peer's (`bench/peers/zero_memory.py`, under `OXTRAIN_PEER_PYTHON`,
 //! default `python3`) are processes over gloo.
 //!
-//! Writes its entries (`optimizer_state_gpt2_<config>_ranks<N>`) into
+//! Also the step-time cost of ZeRO-1: a GPT-2 4x256 training step (forward, backward, AdamW) on
+//! 2 ranks with the optimizer sharded over the time of the same step with plain DDP, each rank
+//! a fresh process of this program with one thread (`memory_cpu_zero child-time ...`) against
+//! `bench/peers/zero_step_time.py` (DDP with `ZeroRedundancyOptimizer` over DDP with AdamW,
+//! gloo, one thread per rank), interleaved.
+//!
+//! Writes its entries (`optimizer_state_gpt2_<config>_ranks<N>`, `zero_step_time_cost_*`) into
 //! `bench/results/memory-cpu.json`, keeping the other entries of that file (the activation
 //! checkpointing section): run from the repository root or `bench/`.
 
@@ -22,7 +28,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 const RESULT_FILE: &str = "memory-cpu.json";
-const PREFIX: &str = "optimizer_state_gpt2_";
+const PREFIXES: [&str; 2] = ["optimizer_state_gpt2_", "zero_step_time_cost_"];
+const PREFIX: &str = PREFIXES[0];
 
 /// Model building draws from the process-wide generator: one rank at a time.
 static BUILD: Mutex<()> = Mutex::new(());
@@ -83,6 +90,11 @@ fn configs() -> Vec<(&'static str, Gpt2Config)> {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("child-time") {
+        step_time::child(&args[2..]);
+        return;
+    }
     let mut entries = Vec::new();
     let mut torch = String::from("?");
     for (label, config) in configs() {
@@ -111,11 +123,18 @@ fn main() {
             });
         }
     }
+    entries.extend(step_time::measure());
     let notes = "optimizer_state_*: ZeRO-1 AdamW state bytes after one step, largest rank; oxtrain ranks are \
                  threads (local backend), the peer's gloo processes; a step counter is 8 bytes in oxtrain (i64), \
-                 4 in torch (f32)";
+                 4 in torch (f32); zero_step_time_cost_*: the median step (forward, backward, AdamW step) with \
+                 ZeRO-1 over the median step of plain DDP, slowest rank, ranks as one-thread processes (oxtrain: \
+                 shm backend, the all-gather overlapped with the next forward; PyTorch: gloo, \
+                 ZeroRedundancyOptimizer), 5 rounds interleaved, the median round; lower is better, ratio = \
+                 PyTorch's cost over oxtrain's";
     merge_into_results(&entries, notes);
 }
+
+mod step_time;
 
 /// Replaces this program's entries in `memory-cpu.json` (created if absent), keeping the rest.
 fn merge_into_results(entries: &[Benchmark], notes: &str) {
@@ -140,7 +159,10 @@ fn merge_into_results(entries: &[Benchmark], notes: &str) {
     let mut all: Vec<Value> = report["benchmarks"]
         .as_array()
         .map(|a| {
-            a.iter().filter(|b| !b["name"].as_str().is_some_and(|n| n.starts_with(PREFIX))).cloned().collect()
+            a.iter()
+                .filter(|b| !b["name"].as_str().is_some_and(|n| PREFIXES.iter().any(|p| n.starts_with(p))))
+                .cloned()
+                .collect()
         })
         .unwrap_or_default();
     all.extend(mine);

@@ -7,6 +7,8 @@ Usage: python zero_step_time.py MODE STEPS WORLD   (prints one JSON object)
 """
 import json
 import os
+import queue
+import socket
 import sys
 import time
 
@@ -49,15 +51,31 @@ def rank_main(rank, world, mode, steps, port, out):
     dist.destroy_process_group()
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main():
     mode, steps, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    port = 29500 + os.getpid() % 1000
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, world, mode, steps, port, out)) for r in range(world)]
     for p in procs:
         p.start()
-    result = out.get()
+    # A rank that dies leaves the others waiting in gloo: give up on the group then.
+    result = None
+    while result is None:
+        try:
+            result = out.get(timeout=5)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                sys.exit(f"a rank exited with {dead[0]}")
     for p in procs:
         p.join()
     print(json.dumps({"step_seconds": result, "torch": torch.__version__}))

@@ -76,9 +76,13 @@ def main():
                 for p in procs:
                     p.kill()
                 sys.exit(f"a rank exited with {dead[0]}")
+    print(json.dumps({"step_seconds": result, "torch": torch.__version__}), flush=True)
+    # A rank can hang in destroy_process_group after the result is out (seen about once in
+    # ten groups here): it is not waited for long.
     for p in procs:
-        p.join()
-    print(json.dumps({"step_seconds": result, "torch": torch.__version__}))
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,6 @@ pub mod tokenizer;
 pub use bert::{BertConfig, BertForSequenceClassification, BertModel};
 pub use error::{ModelError, Result};
 pub use gpt2::{Gpt2Config, Gpt2LMHeadModel, Gpt2Model};
-pub use linear_cross_entropy::{linear_cross_entropy, LinearCrossEntropyOptions};
+pub use linear_cross_entropy::{linear_cross_entropy, LinearCrossEntropyOptions, DEFAULT_CHUNK_ELEMENTS};
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use tokenizer::{Encoded, Padding, Tokenizer};

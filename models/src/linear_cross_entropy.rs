@@ -8,10 +8,11 @@
 //! keeps, per row, only the log-sum-exp. Backward runs over blocks of classes: with the
 //! log-sum-exp known, a block's softmax needs only that block's logits, made again, so each
 //! block of the weight's gradient is one product written once (no `[classes, features]`
-//! partial sums), and the hidden states' gradient adds up block by block. The target's `-1`
-//! (and label smoothing's `-s / C`) in `softmax - q` are added afterwards as two small
-//! gathers and scatters of rows. The price is the head's forward product once more (about a
-//! third of the head's time).
+//! partial sums), and the hidden states' gradient adds up block by block. Each block's
+//! `softmax - onehot` is one pass ([`Tensor::cross_entropy_block_backward`], the targets
+//! counted from the block's first class); label smoothing's two other terms are added
+//! afterwards from rows of the weight and of the hidden states. The price is the head's
+//! forward product once more (about a third of the head's time).
 //!
 //! The chunks run in a fixed order and each is the same computation in forward and backward,
 //! so the result does not depend on anything but the inputs and the chunk size: a run with
@@ -58,8 +59,8 @@ impl Default for LinearCrossEntropyOptions {
 pub const DEFAULT_CHUNK_ELEMENTS: usize = 1 << 22;
 
 /// `F.cross_entropy(hidden @ weight.T, target)` for `hidden [N, E]`, `weight [C, E]` and int64
-/// `target [N]`, without ever holding the `[N, C]` logits whole (see the [module
-/// docs](self)). Under autocast the products run in the autocast dtype and the loss in f32,
+/// `target [N]`, without ever holding the `[N, C]` logits whole: forward keeps a log-sum-exp
+/// per row, backward makes the logits again block by block of classes. Under autocast the products run in the autocast dtype and the loss in f32,
 /// as the unfused head and cross-entropy do.
 pub fn linear_cross_entropy(
     hidden: &Var,

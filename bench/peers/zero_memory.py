@@ -6,20 +6,17 @@ over ranks. Ranks are processes over gloo on the CPU.
 Usage: python zero_memory.py N_LAYER N_EMBD N_HEAD WORLD   (prints one JSON object)
 """
 import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from transformers import GPT2Config, GPT2LMHeadModel
 
+import gloo_group
 
-def rank_main(rank, world, n_layer, n_embd, n_head, port, out):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+def rank_main(rank, world, n_layer, n_embd, n_head):
     torch.manual_seed(0)
     config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head)
     model = GPT2LMHeadModel(config)
@@ -36,24 +33,12 @@ def rank_main(rank, world, n_layer, n_embd, n_head, port, out):
     )
     gathered = [None] * world
     dist.all_gather_object(gathered, state_bytes)
-    if rank == 0:
-        out.put(max(gathered))
-    dist.destroy_process_group()
+    return max(gathered)
 
 
 def main():
     n_layer, n_embd, n_head, world = (int(a) for a in sys.argv[1:5])
-    port = 29500 + os.getpid() % 1000
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=rank_main, args=(r, world, n_layer, n_embd, n_head, port, out)) for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    result = out.get()
-    for p in procs:
-        p.join()
+    result = gloo_group.run(rank_main, world, n_layer, n_embd, n_head)
     print(json.dumps({"state_bytes_per_rank": result, "torch": torch.__version__}))
 
 

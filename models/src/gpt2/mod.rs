@@ -286,11 +286,6 @@ impl Gpt2LMHeadModel {
     /// -100 are left out. `logits [B, T, V]`, `labels [B, T]`.
     pub fn loss(logits: &Var, labels: &Tensor) -> Var {
         let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
-        assert_eq!(
-            labels.dims(),
-            [b, t],
-            "GPT-2 loss: labels must be [batch, seq] like the logits' first dims"
-        );
         crate::loss::cross_entropy(&logits.reshape([b * t, v]), &shifted_targets(labels, b, t))
     }
 }
@@ -301,7 +296,11 @@ impl Gpt2LMHeadModel {
 /// `[B, T, V]`; this way the logits stay a view and the last positions get zero gradient from
 /// the loss's own masking.
 fn shifted_targets(labels: &Tensor, b: usize, t: usize) -> Tensor {
-    assert_eq!(labels.dims(), [b, t], "GPT-2 loss: labels must be [batch, seq] like the input ids");
+    assert_eq!(
+        labels.dims(),
+        [b, t],
+        "GPT-2 loss: labels must be [batch, seq] like the input ids and logits"
+    );
     let pad = Tensor::full([b, 1], crate::loss::IGNORE_INDEX as f64, DType::I64, labels.device())
         .expect("a [batch, 1] tensor on the labels' device");
     Tensor::cat(&[labels.to_dtype(DType::I64).narrow(1, 1, t - 1), pad], 1).reshape([b * t])

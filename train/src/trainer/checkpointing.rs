@@ -337,11 +337,14 @@ impl Saver {
             return Ok(());
         }
         self.wait()?;
-        eprintln!(
-            "oxtrain: test hook: rank {} (pid {}) halted after step {step}",
+        // One write of the whole line: eprintln! writes its pieces one by one to the
+        // unbuffered stderr, and two ranks sharing a pipe interleaved them mid-line.
+        let line = format!(
+            "oxtrain: test hook: rank {} (pid {}) halted after step {step}\n",
             self.rank,
             std::process::id()
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         while !self.policy.stop_requested() {
             std::thread::sleep(Duration::from_millis(20));
         }
